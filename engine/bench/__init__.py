@@ -1,0 +1,95 @@
+"""`python -m engine.bench SCENARIO [--json]`: figures printed by the tool itself.
+
+Each scenario is a module in this package with `add_args(parser)` (optional) and
+`run(args, out) -> dict`. Human-readable lines go through `out(...)` as the scenario runs;
+with --json the last line printed is one JSON object holding the raw figures and a `ratio`.
+Runs alternate between the variants compared, in one process, and report medians: these
+machines are shared and noisy, so a lone absolute time means little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import sys
+import time
+
+SCENARIOS = {
+    "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
+    "bandwidth": "memory copy bandwidth vs decode bandwidth achieved",
+    "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
+}
+
+CHAT_PROMPTS = [
+    "Explain how a refrigerator keeps food cold.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "What are the main differences between Python lists and tuples?",
+    "Describe the water cycle for a ten-year-old.",
+    "Give me five tips for writing a clear email to a busy manager.",
+]
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..cli import add_load_args
+
+    p = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.splitlines()[0])
+    p.add_argument("scenario", choices=sorted(SCENARIOS), help="; ".join(f"{k}: {v}" for k, v in SCENARIOS.items()))
+    p.add_argument("--json", action="store_true", help="end with one JSON line of raw figures")
+    add_load_args(p)
+    known, _ = p.parse_known_args(argv)
+    module = importlib.import_module(f".{known.scenario}", __name__)
+    if hasattr(module, "add_args"):
+        module.add_args(p)
+    args = p.parse_args(argv)
+
+    def out(*parts):
+        print(*parts, flush=True)
+
+    t0 = time.perf_counter()
+    result = module.run(args, out)
+    result.setdefault("scenario", args.scenario)
+    result["bench_s"] = round(time.perf_counter() - t0, 1)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        out(f"ratio: {result.get('ratio')}")
+    return 0
+
+
+def load_model(args, **overrides):
+    """Load the model the flags name (no progress bar in the figures' output)."""
+    from ..cli import load_config_from_args
+    from ..loader import load
+
+    cfg = load_config_from_args(args, progress=False)
+    if overrides:
+        from dataclasses import replace
+
+        cfg = replace(cfg, **overrides)
+    return load(cfg)
+
+
+def run_request(loaded, messages, config, **request_kw):
+    """Run one request through the decode loop on this thread; return the done event."""
+    from ..generate import Request, generate
+    from ..timeline import Timeline
+
+    tl = Timeline()
+    tl.started_ns = tl.enqueued_ns = tl.received_ns
+    done = None
+    for event in generate(loaded.model, loaded.tokenizer, loaded.eos_token_ids,
+                          Request(messages=messages, config=config, **request_kw), tl):
+        if event.kind == "done":
+            done = event
+    return done
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""`python -m engine "PROMPT"`: stream a reply to the terminal, then one line of timings.
+
+Without a prompt it is an interactive multi-turn chat. `--json` prints exactly one JSON object,
+`{"text": ..., "timeline": {...}}`. The flag builders here are shared by the bench and app.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import DEVICES, DTYPES, SPECULATIVE_MODES, GenerationConfig, LoadConfig
+from .errors import LatencyLabError
+
+
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None,
+                   help="a model folder, a .gguf file or a hub id (default: bundled SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations (default: auto)")
+    g.add_argument("--device", default="auto", choices=DEVICES)
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--no-fast-path", action="store_true",
+                   help="use the generic transformers forward instead of our Llama-family forward")
+
+
+def load_config_from_args(args, progress: bool = True) -> LoadConfig:
+    return LoadConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
+                      fast_path=not args.no_fast_path, progress=progress)
+
+
+def add_generation_args(p: argparse.ArgumentParser) -> None:
+    d = GenerationConfig()
+    g = p.add_argument_group("generation")
+    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=d.top_p)
+    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    g.add_argument("--system", default=None, help="system prompt")
+    g.add_argument("--no-kv-reuse", action="store_true", help="prefill the whole prompt every turn")
+    g.add_argument("--speculative", default=d.speculative, choices=SPECULATIVE_MODES)
+    g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens)
+    g.add_argument("--quantization", default=None, help="quantization variant name")
+
+
+def generation_config_from_args(args) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.seed, stop=tuple(args.stop), kv_reuse=not args.no_kv_reuse, speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
+    ).validate()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    p.add_argument("prompt", nargs="?", help="the message to answer (omit for an interactive chat)")
+    p.add_argument("--json", action="store_true", help="print only one JSON object: text and timeline")
+    add_load_args(p)
+    add_generation_args(p)
+    return p
+
+
+def _messages(system: str | None, history: list[dict]) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + history
+
+
+def _answer(engine, messages, gen, stream_to=None):
+    """Run one request; stream its text to `stream_to`; return the done event."""
+    handle = engine.submit(messages, gen, session="cli")
+    for event in handle.events():
+        if event.kind == "chunk" and stream_to is not None:
+            stream_to.write(event.text)
+            stream_to.flush()
+        elif event.kind == "error":
+            raise event.detail.get("exception") or LatencyLabError(event.detail["message"])
+    return handle.final
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .service import Engine
+
+    try:
+        gen = generation_config_from_args(args)
+        if args.prompt is not None and not args.prompt.strip():
+            raise LatencyLabError("the prompt is empty: pass a message, or no argument for a chat")
+        engine = Engine.load(load_config_from_args(args, progress=not args.json))
+    except LatencyLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.prompt is None:
+            return _chat(engine, args, gen)
+        done = _answer(engine, _messages(args.system, [{"role": "user", "content": args.prompt}]), gen,
+                       None if args.json else sys.stdout)
+        if args.json:
+            print(json.dumps({"text": done.text, "model": engine.info(), "timeline": done.timeline.to_dict()}))
+        else:
+            print(f"\n[{done.timeline.summary()}]", file=sys.stderr)
+        return 0
+    except LatencyLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close()
+
+
+def _chat(engine, args, gen) -> int:
+    info = engine.info()
+    print(f"{info['name']} ({info['dtype']}, {info['device']}, loaded in {info['load_s']:.1f}s). "
+          "Type a message; /reset starts over, Ctrl-D quits.", file=sys.stderr)
+    history: list[dict] = []
+    while True:
+        try:
+            line = input("\n> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if line.strip() == "/reset":
+            history.clear()
+            continue
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            done = _answer(engine, _messages(args.system, history), gen, sys.stdout)
+        except LatencyLabError as exc:
+            history.pop()
+            print(f"error: {exc}", file=sys.stderr)
+            continue
+        history.append({"role": "assistant", "content": done.text})
+        print(f"\n[{done.timeline.summary()}]", file=sys.stderr)

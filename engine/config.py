@@ -1,0 +1,117 @@
+"""Options: how to load a model (`LoadConfig`) and how to answer one request (`GenerationConfig`).
+
+Both are plain dataclasses. `GenerationConfig.validate` turns every bad value into an
+`InvalidRequest` whose message says which field is wrong and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from .errors import InvalidRequest
+
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+SPECULATIVE_MODES = ("off", "prompt_lookup", "draft")
+MAX_STOP_STRINGS = 8
+MAX_STOP_CHARS = 200
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How the engine loads its model. Paths come only from here (the command line), never a request."""
+
+    model: str | None = None  # None: the bundled SmolLM2-135M-Instruct; else a folder, a .gguf file or a hub id
+    dtype: str = "auto"  # auto picks what measured fastest for the device (see loader.resolve_dtype)
+    device: str = "auto"
+    threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
+    cache_dir: Path | None = None  # where converted weights are kept; default: per-user cache folder
+    fast_path: bool = True  # our own Llama-family forward; False forces the generic transformers forward
+    progress: bool = True  # show a progress bar while loading
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise InvalidRequest(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}", "dtype")
+        if self.device not in DEVICES:
+            raise InvalidRequest(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}", "device")
+        if self.threads is not None and not (1 <= self.threads <= 1024):
+            raise InvalidRequest(f"--threads must be a positive integer, not {self.threads!r}", "threads")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Per-request options: sampling, stopping, and the optimization toggles."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.2  # SmolLM2's model card suggests 0.2 / top_p 0.9; 0 means greedy
+    top_p: float = 0.9
+    top_k: int = 0  # 0: no top-k cut
+    seed: int | None = None  # same seed, same output
+    stop: tuple[str, ...] = ()
+    # Optimization toggles. Later features read them; the core loop ignores what it does not know.
+    kv_reuse: bool = True
+    speculative: str = "off"
+    num_speculative_tokens: int = 4
+    quantization: str | None = None  # a variant name; None: the default variant
+    extra: dict = field(default_factory=dict, compare=False)  # room for features still to come
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def replace(self, **changes) -> GenerationConfig:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stop"] = list(self.stop)
+        return d
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def validate(self) -> GenerationConfig:
+        """Raise InvalidRequest for any value the engine cannot honour; return self otherwise."""
+        _check_int("max_new_tokens", self.max_new_tokens, lo=1)
+        _check_number("temperature", self.temperature, lo=0.0, hi=100.0)
+        _check_number("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
+        _check_int("top_k", self.top_k, lo=0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) for s in self.stop):
+            raise InvalidRequest("stop must be a list of strings", "stop")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
+        for s in self.stop:
+            if not s or len(s) > MAX_STOP_CHARS:
+                raise InvalidRequest(f"each stop string must have 1 to {MAX_STOP_CHARS} characters", "stop")
+        if not isinstance(self.kv_reuse, bool):
+            raise InvalidRequest("kv_reuse must be true or false", "kv_reuse")
+        if self.speculative not in SPECULATIVE_MODES:
+            raise InvalidRequest(
+                f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, not {self.speculative!r}", "speculative"
+            )
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=1, hi=16)
+        if self.quantization is not None and not isinstance(self.quantization, str):
+            raise InvalidRequest("quantization must be a variant name", "quantization")
+        return self
+
+
+def _check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{name} must be an integer, not {value!r}", name)
+    if lo is not None and value < lo:
+        raise InvalidRequest(f"{name} must be at least {lo}, not {value}", name)
+    if hi is not None and value > hi:
+        raise InvalidRequest(f"{name} must be at most {hi}, not {value}", name)
+
+
+def _check_number(name: str, value, lo: float, hi: float, lo_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a finite number, not {value!r}", name)
+    if value < lo or (lo_open and value == lo) or value > hi:
+        lo_text = f"> {lo}" if lo_open else f">= {lo}"
+        raise InvalidRequest(f"{name} must be {lo_text} and <= {hi}, not {value}", name)

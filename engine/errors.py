@@ -1,0 +1,28 @@
+"""Errors a user can act on. Their messages are shown as they are: no traceback."""
+
+
+class LatencyLabError(Exception):
+    """Base class: the message is written for the person who caused it."""
+
+
+class InvalidRequest(LatencyLabError, ValueError):
+    """A request the engine will not run (bad sampling values, empty prompt, too long...).
+
+    `param` names the offending field so an API can point at it.
+    """
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class ContextOverflow(InvalidRequest):
+    """The prompt (plus the tokens asked for) does not fit the model's context window."""
+
+
+class LoadError(LatencyLabError):
+    """A model (or tokenizer) could not be loaded; the message says why and what to try."""
+
+
+class Cancelled(LatencyLabError):
+    """The request was cancelled before it finished."""

@@ -1,0 +1,194 @@
+"""Our own forward pass for Llama-family models (Llama, SmolLM, Mistral without sliding window, Qwen2).
+
+Why not the transformers forward: at this model size a decode step is a few milliseconds of
+matmuls, and the generic forward adds Python work around them (mask building, cache classes,
+per-projection calls). This module keeps the weights transformers loaded, fuses the q/k/v and
+gate/up projections into one matmul each, writes keys and values straight into a preallocated
+`KVCache`, and returns logits only for the positions asked for. Measured against the same
+model's `generate` by `python -m engine.bench baseline` (README).
+
+Every projection is an `nn.Linear` module, so quantization (quantize.py) can swap it for a
+quantized module and this forward keeps working unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .kv_cache import KVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def unsupported_reason(hf_model) -> str | None:
+    """Why `hf_model` cannot use this fast path (None when it can)."""
+    cfg = hf_model.config
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model type {cfg.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r} is not silu"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return "sliding-window attention is not implemented in the fast path"
+    if not hasattr(hf_model, "model") or not hasattr(hf_model.model, "rotary_emb"):
+        return "the model has no rotary embedding module where a Llama-family model keeps it"
+    return None
+
+
+def _fuse(*linears: nn.Linear) -> nn.Linear:
+    """One Linear whose output is the concatenation of the given Linears' outputs."""
+    weight = torch.cat([lin.weight for lin in linears])
+    has_bias = [lin.bias is not None for lin in linears]
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=any(has_bias), device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if any(has_bias):
+        fused.bias = nn.Parameter(
+            torch.cat([lin.bias if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in linears]),
+            requires_grad=False,
+        )
+    return fused
+
+
+class RMSNorm(nn.Module):
+    """The Llama RMSNorm, computed in float32 exactly as transformers does."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, hf_layer, eps: float):
+        super().__init__()
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        self.attn_norm = RMSNorm(hf_layer.input_layernorm.weight, eps)
+        self.qkv = _fuse(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o = attn.o_proj
+        self.mlp_norm = RMSNorm(hf_layer.post_attention_layernorm.weight, eps)
+        self.gate_up = _fuse(mlp.gate_proj, mlp.up_proj)
+        self.down = mlp.down_proj
+        self.q_size = attn.q_proj.out_features
+        self.kv_size = attn.k_proj.out_features
+        self.scaling = attn.scaling
+
+
+class FastLlama(nn.Module):
+    """A Llama-family causal LM with a preallocated KV cache. Batch size 1, one sequence."""
+
+    def __init__(self, hf_model):
+        super().__init__()
+        reason = unsupported_reason(hf_model)
+        if reason:
+            raise ValueError(reason)
+        cfg = hf_model.config
+        base = hf_model.model
+        self.config = cfg
+        self.embed = base.embed_tokens
+        self.blocks = nn.ModuleList(Block(layer, cfg.rms_norm_eps) for layer in base.layers)
+        self.norm = RMSNorm(base.norm.weight, cfg.rms_norm_eps)
+        self.lm_head = hf_model.lm_head
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = cfg.num_key_value_heads
+        self.head_dim = self.blocks[0].q_size // self.n_heads
+        self.max_context = int(getattr(cfg, "max_position_embeddings", 2048))
+        self.vocab_size = self.lm_head.out_features
+        rotary = base.rotary_emb
+        # cos/sin for every position, float32 like transformers' rotary module, cast once.
+        positions = torch.arange(self.max_context, dtype=torch.float32, device=rotary.inv_freq.device)
+        freqs = torch.outer(positions, rotary.inv_freq.float())
+        emb = torch.cat([freqs, freqs], dim=-1)
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        dtype = self.embed.weight.dtype
+        self.register_buffer("cos", (emb.cos() * scale).to(dtype), persistent=False)
+        self.register_buffer("sin", (emb.sin() * scale).to(dtype), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(len(self.blocks), self.n_kv_heads, self.head_dim, capacity, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
+        """Run `ids` (1-D) at positions [cache.length, cache.length + T); append their KV.
+
+        Returns float32 logits: [T, vocab] when all_logits, else [1, vocab] for the last position.
+        """
+        T, start = ids.shape[0], cache.length
+        end = start + T
+        if end > self.max_context:
+            raise ValueError(f"position {end} is beyond the context window ({self.max_context})")
+        cache.ensure_capacity(end)
+        with _gemm_backend(rows=T):
+            x = self._blocks(ids, cache, start, end)
+        cache.length = end
+        if not all_logits:
+            x = x[:, -1:]
+        with _gemm_backend(rows=x.shape[1]):
+            return self.lm_head(self.norm(x))[0].float()
+
+    def _blocks(self, ids, cache: KVCache, start: int, end: int) -> torch.Tensor:
+        T = end - start
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        mask = None
+        if T > 1 and start > 0:  # new tokens see the whole cached prefix, and causally each other
+            mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)
+        x = self.embed(ids[None])
+        for i, blk in enumerate(self.blocks):
+            q, k, v = blk.qkv(blk.attn_norm(x)).split([blk.q_size, blk.kv_size, blk.kv_size], dim=-1)
+            cache.k[i, :, :, start:end] = _rope(k.view(1, T, KV, D).transpose(1, 2), cos, sin)
+            cache.v[i, :, :, start:end] = v.view(1, T, KV, D).transpose(1, 2)
+            attn = F.scaled_dot_product_attention(
+                _rope(q.view(1, T, H, D).transpose(1, 2), cos, sin),
+                cache.k[i, :, :, :end],
+                cache.v[i, :, :, :end],
+                attn_mask=mask,
+                is_causal=T > 1 and start == 0,
+                scale=blk.scaling,
+                enable_gqa=H != KV,
+            )
+            x = x + blk.o(attn.transpose(1, 2).reshape(1, T, H * D))
+            gate, up = blk.gate_up(blk.mlp_norm(x)).chunk(2, dim=-1)
+            x = x + blk.down(F.silu(gate) * up)
+        return x
+
+
+@contextlib.contextmanager
+def _gemm_backend(rows: int):
+    """Route one- and two-row matmuls away from oneDNN.
+
+    On CPU, oneDNN's bf16 GEMM is slow for a single row: measured here, the 120 projection
+    matmuls of a SmolLM2 decode step took 20.5 ms through oneDNN and 8.5 ms through ATen's own
+    GEMV (with fp32 accumulation); from 4 rows on oneDNN wins (16.8 vs 22.6 ms). fp32 and fp16
+    are unaffected. `python -m engine.bench dtypes` prints the figures on the machine at hand.
+    """
+    if rows > 2 or not torch.backends.mkldnn.is_available():
+        yield
+        return
+    previous = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(previous)
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,217 @@
+"""The decode loop: setup → prefill → first token → decode → stop, each stage timed.
+
+`Decoding` holds one sequence's state (token ids, KV cache, sampler) and knows how to prefill
+and take one decode step. `generate` drives it for a request, turns token ids into text, applies
+the stop rules and records every timestamp on the request's `Timeline`. It yields `Event`s;
+the worker forwards them to whoever waits (CLI, API, page).
+
+Stopping: EOS, a stop string, `max_new_tokens`, or cancellation, checked before every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import GenerationConfig
+from .detokenize import IncrementalDetokenizer, StopStrings
+from .errors import ContextOverflow, InvalidRequest
+from .sampling import Sampler
+from .timeline import Timeline, now_ns
+
+SPECULATION_SLACK = 17  # spare cache room: a verify pass may write k+1 positions past the end
+
+
+@dataclass
+class Request:
+    """What to answer: chat `messages` (rendered with the chat template) or ready `prompt_ids`."""
+
+    messages: list[dict] | None = None
+    prompt_ids: list[int] | None = None
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+    session: str | None = None  # prefix-cache scope (KV reuse); None: private to this request
+    id: str = ""
+
+
+@dataclass
+class Event:
+    kind: str  # status | chunk | done | error
+    text: str = ""  # chunk: the new text; done: the whole reply
+    token_ids: list[int] = field(default_factory=list)  # chunk: new ids; done: all output ids
+    output_tokens: int = 0  # tokens sampled so far
+    stage: str = ""  # status: queued | setup | prefill | decode
+    detail: dict = field(default_factory=dict)  # status/done/error specifics
+    timeline: Timeline | None = None
+    decoding: Decoding | None = None  # done: the finished sequence (its cache can be kept for reuse)
+
+    def to_dict(self) -> dict:
+        d = {"kind": self.kind, "text": self.text, "token_ids": list(self.token_ids),
+             "output_tokens": self.output_tokens, "stage": self.stage, "detail": {k: v for k, v in self.detail.items() if k != "exception"}}
+        if self.timeline is not None and self.kind in ("done", "error"):
+            d["timeline"] = self.timeline.to_dict()
+        return d
+
+
+def validate_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a string 'content'", "messages")
+        if m.get("role") not in ("system", "user", "assistant"):
+            raise InvalidRequest(f"messages[{i}].role must be system, user or assistant", "messages")
+        out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["content"].strip() for m in out if m["role"] != "system"):
+        raise InvalidRequest("the prompt is empty: write a message first", "messages")
+    return out
+
+
+def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Render chat messages with the model's chat template and tokenize them."""
+    messages = validate_messages(messages)
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    return tokenizer(text)["input_ids"]
+
+
+def check_lengths(prompt_tokens: int, config: GenerationConfig, max_context: int) -> None:
+    if prompt_tokens == 0:
+        raise InvalidRequest("the prompt is empty", "messages")
+    if prompt_tokens >= max_context:
+        raise ContextOverflow(
+            f"the prompt has {prompt_tokens:,} tokens but the model's context window is {max_context:,}; "
+            "shorten the conversation or start a new one",
+            "messages",
+        )
+    room = max_context - prompt_tokens
+    if config.max_new_tokens > room:
+        raise ContextOverflow(
+            f"max_new_tokens={config.max_new_tokens:,} does not fit: the prompt has {prompt_tokens:,} tokens "
+            f"and the context window is {max_context:,}, so at most {room:,} new tokens fit",
+            "max_new_tokens",
+        )
+
+
+class Decoding:
+    """One sequence being generated: its ids, KV cache and sampler."""
+
+    def __init__(self, model, prompt_ids: list[int], config: GenerationConfig, cache=None, cached_tokens: int = 0):
+        self.model = model
+        self.config = config
+        self.device = model.device
+        self.prompt_len = len(prompt_ids)
+        self.ids: list[int] = list(prompt_ids)  # prompt + output so far
+        self.sampler = Sampler(config, self.device)
+        capacity = self.prompt_len + config.max_new_tokens + SPECULATION_SLACK
+        self.cache = cache if cache is not None else model.new_cache(capacity)
+        self.cache.ensure_capacity(capacity)
+        # At least the last prompt token must run through the model to give the first logits.
+        self.cached_tokens = min(cached_tokens, self.prompt_len - 1)
+        if self.cache.length > self.cached_tokens:
+            self.cache.crop(self.cached_tokens)
+        self.forward_passes = 0
+
+    def _tensor(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    def prefill(self) -> list[int]:
+        """Run the uncached prompt tokens; return the first output token."""
+        logits = self.model.forward(self._tensor(self.ids[self.cached_tokens :]), self.cache)
+        self.forward_passes += 1
+        return self._accept([self.sampler.sample(logits)])
+
+    def step(self) -> list[int]:
+        """One decode step: feed the last token, return the next (speculation returns several)."""
+        logits = self.model.forward(self._tensor(self.ids[-1:]), self.cache)
+        self.forward_passes += 1
+        return self._accept([self.sampler.sample(logits)])
+
+    def _accept(self, tokens: list[int]) -> list[int]:
+        self.ids.extend(tokens)
+        if self.device.type == "cuda":  # a timestamp that claims a token exists must follow the GPU
+            torch.cuda.synchronize(self.device)
+        return tokens
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.ids[self.prompt_len :]
+
+
+def generate(
+    model,
+    tokenizer,
+    eos_token_ids: set[int],
+    request: Request,
+    timeline: Timeline,
+    should_stop: Callable[[], bool] = lambda: False,
+    decoding_factory: Callable[..., Decoding] = Decoding,
+) -> Iterator[Event]:
+    """Answer one request, yielding status, chunk and finally a done event.
+
+    Raises InvalidRequest (before any token) for requests the engine cannot run.
+    """
+    cfg = request.config.validate()
+    yield Event("status", stage="setup")
+    prompt_ids = list(request.prompt_ids) if request.prompt_ids is not None else build_prompt_ids(
+        tokenizer, request.messages
+    )
+    check_lengths(len(prompt_ids), cfg, model.max_context)
+    dec = decoding_factory(model, prompt_ids, cfg)
+    timeline.prompt_tokens = len(prompt_ids)
+    timeline.cached_tokens = dec.cached_tokens
+    timeline.prefill_tokens = len(prompt_ids) - dec.cached_tokens
+    timeline.counters["seed"] = dec.sampler.seed
+    timeline.mark("setup_done")
+    yield Event("status", stage="prefill", detail={"prefill_tokens": timeline.prefill_tokens})
+
+    detok = IncrementalDetokenizer(tokenizer)
+    stops = StopStrings(cfg.stop)
+    text_parts: list[str] = []
+    finish, hit_stop, produced = None, False, 0
+    timeline.prefill_start_ns = now_ns()
+    new_tokens = dec.prefill()
+    while True:
+        t = now_ns()
+        kept, finish = _truncate(new_tokens, eos_token_ids, cfg.max_new_tokens - produced)
+        timeline.add_tokens(len(kept), t)
+        produced += len(kept)
+        shown, hit_stop = stops.push(detok.add([tok for tok in kept if tok not in eos_token_ids]))
+        if hit_stop:
+            finish = "stop"
+        text_parts.append(shown)
+        yield Event("chunk", text=shown, token_ids=kept, output_tokens=produced)
+        if finish is None and should_stop():
+            finish = "cancelled"
+        if finish is not None:
+            break
+        new_tokens = dec.step()
+
+    if not hit_stop:  # text held back (an unfinished character, a possible stop string) is real text
+        tail, hit_stop = stops.push(detok.flush())
+        tail += "" if hit_stop else stops.flush()
+        finish = "stop" if hit_stop else finish
+        if tail:
+            text_parts.append(tail)
+            yield Event("chunk", text=tail, token_ids=[], output_tokens=produced)
+    timeline.finish_reason = finish
+    timeline.counters["forward_passes"] = dec.forward_passes
+    timeline.mark("done")
+    yield Event("done", text="".join(text_parts), token_ids=dec.output_ids[:produced], output_tokens=produced,
+                detail={"finish_reason": finish}, timeline=timeline, decoding=dec)
+
+
+def _truncate(tokens: list[int], eos: set[int], room: int) -> tuple[list[int], str | None]:
+    """Keep tokens up to and including the first EOS, and at most `room`; say why it ended."""
+    kept = []
+    for tok in tokens[: max(room, 0)]:
+        kept.append(tok)
+        if tok in eos:
+            return kept, "stop"
+    return kept, ("length" if len(kept) >= room else None)

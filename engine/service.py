@@ -1,0 +1,40 @@
+"""`Engine`: a loaded model plus the worker that serves it — what the CLI, API and page hold."""
+
+from __future__ import annotations
+
+from .config import GenerationConfig, LoadConfig
+from .generate import Event, Request
+from .loader import LoadedModel, load
+from .timeline import Timeline
+from .worker import RequestHandle, Worker
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, max_queue: int | None = None):
+        self.loaded = loaded
+        self.worker = Worker(loaded, max_queue=max_queue)
+
+    @classmethod
+    def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
+        return cls(load(config), max_queue=max_queue)
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    def submit(self, messages: list[dict] | None = None, config: GenerationConfig | None = None, *,
+               prompt_ids: list[int] | None = None, session: str | None = None,
+               timeline: Timeline | None = None) -> RequestHandle:
+        request = Request(messages=messages, prompt_ids=prompt_ids, config=config or GenerationConfig(),
+                          session=session)
+        return self.worker.submit(request, timeline)
+
+    def complete(self, messages: list[dict], config: GenerationConfig | None = None, **kw) -> Event:
+        """Blocking: the done event (text, token ids, timeline). Raises the request's error."""
+        return self.submit(messages, config, **kw).result()
+
+    def info(self) -> dict:
+        return self.loaded.info()
+
+    def close(self) -> None:
+        self.worker.close()

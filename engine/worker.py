@@ -1,0 +1,213 @@
+"""The one thread that owns the model, and the FIFO queue in front of it.
+
+`Worker.submit` validates a request, stamps it enqueued and returns a `RequestHandle` at once;
+the worker thread runs requests one at a time in arrival order. A handle yields the request's
+events (sync or async), can be cancelled (checked before every decode step), and stamps each
+chunk's hand-off to the transport on the Timeline when its consumer asks for the next event.
+A request that fails, for any reason, ends with an error event; the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+
+from .errors import InvalidRequest, LatencyLabError
+from .generate import Event, Request, generate
+from .timeline import Timeline, now_ns
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+
+class QueueFull(LatencyLabError):
+    """The queue is at its bound; try again later (HTTP 429)."""
+
+
+class RequestHandle:
+    def __init__(self, request: Request, timeline: Timeline):
+        self.request = request
+        self.timeline = timeline
+        self.id = request.id
+        self._cancel = threading.Event()
+        self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async: asyncio.Queue[Event] | None = None
+        self.final: Event | None = None
+
+    # --- producer side (worker thread) -----------------------------------------------------
+    def push(self, event: Event) -> None:
+        if event.kind in ("done", "error"):
+            self.final = event
+        with self._lock:
+            if self._loop is None:
+                self._sync.put(event)
+                return
+            loop, aq = self._loop, self._async
+        try:
+            loop.call_soon_threadsafe(aq.put_nowait, event)
+        except RuntimeError:  # the consumer's event loop is gone: nobody is listening any more
+            self.cancel()
+
+    # --- consumer side --------------------------------------------------------------------
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Events until done/error. Each chunk counts as handed to the transport when the
+        consumer comes back for the next event."""
+        while True:
+            event = self._sync.get(timeout=timeout)
+            yield event
+            self._after_yield(event)
+            if event.kind in ("done", "error"):
+                return
+
+    async def aevents(self) -> AsyncIterator[Event]:
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._async = asyncio.Queue()
+            while True:  # events pushed before we attached
+                try:
+                    self._async.put_nowait(self._sync.get_nowait())
+                except queue.Empty:
+                    break
+        while True:
+            event = await self._async.get()
+            yield event
+            self._after_yield(event)
+            if event.kind in ("done", "error"):
+                return
+
+    def _after_yield(self, event: Event) -> None:
+        if event.kind == "chunk":
+            self.timeline.add_chunk_out(event.output_tokens)
+
+    def result(self, timeout: float | None = None) -> Event:
+        """Wait for the end; return the done event, or raise the request's error."""
+        for event in self.events(timeout=timeout):
+            if event.kind == "error":
+                raise event.detail.get("exception") or LatencyLabError(event.detail.get("message", "failed"))
+        return self.final
+
+
+class Worker:
+    """Runs requests one at a time on a thread of its own, in arrival order."""
+
+    def __init__(self, loaded, max_queue: int | None = None, decoding_factory=None):
+        self.loaded = loaded
+        self.max_queue = max_queue
+        self.decoding_factory = decoding_factory
+        self._queue: deque[RequestHandle] = deque()
+        self._cv = threading.Condition()
+        self._running: RequestHandle | None = None
+        self._stopping = False
+        self.completed = 0
+        self.failed = 0
+        self._thread = threading.Thread(target=self._loop, name="model-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request, timeline: Timeline | None = None) -> RequestHandle:
+        """Queue a request. Bad options raise InvalidRequest here, before it waits in line."""
+        request.config.validate()
+        if request.prompt_ids is None and request.messages is None:
+            raise InvalidRequest("a request needs messages or prompt_ids", "messages")
+        request.id = request.id or f"req-{next(_ids)}"
+        timeline = timeline or Timeline()
+        timeline.request_id = request.id
+        handle = RequestHandle(request, timeline)
+        with self._cv:
+            if self._stopping:
+                raise LatencyLabError("the worker is shutting down")
+            if self.max_queue is not None and len(self._queue) >= self.max_queue:
+                raise QueueFull(f"the queue is full ({self.max_queue} waiting); try again shortly")
+            timeline.queue_position = len(self._queue) + (1 if self._running else 0)
+            timeline.mark("enqueued")
+            self._queue.append(handle)
+            self._cv.notify()
+        handle.push(Event("status", stage="queued", detail={"position": timeline.queue_position}))
+        return handle
+
+    def queue_depth(self) -> int:
+        with self._cv:
+            return len(self._queue)
+
+    def position(self, handle: RequestHandle) -> int | None:
+        """Requests ahead of this one (the running one included); None once it has started."""
+        with self._cv:
+            if handle in self._queue:
+                return self._queue.index(handle) + (1 if self._running else 0)
+        return None
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cv:
+            self._stopping = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cv.notify_all()
+        for handle in pending:
+            handle.push(Event("error", detail={"message": "the server is shutting down", "type": "shutdown"},
+                              timeline=handle.timeline))
+        if self._running:
+            self._running.cancel()
+        self._thread.join(timeout)
+
+    # --- the worker thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                handle = self._queue.popleft()
+                self._running = handle
+            try:
+                self._run(handle)
+            finally:
+                with self._cv:
+                    self._running = None
+
+    def _run(self, handle: RequestHandle) -> None:
+        tl = handle.timeline
+        tl.mark("started")
+        if handle.cancelled:  # cancelled while it waited: never touches the model
+            tl.finish_reason = "cancelled"
+            tl.mark("done")
+            handle.push(Event("done", detail={"finish_reason": "cancelled"}, timeline=tl))
+            return
+        lm = self.loaded
+        kwargs = {"decoding_factory": self.decoding_factory} if self.decoding_factory else {}
+        try:
+            for event in generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
+                                  should_stop=lambda: handle.cancelled, **kwargs):
+                handle.push(event)
+            self.completed += 1
+        except Exception as exc:  # the request fails alone; the worker lives on
+            self.failed += 1
+            tl.finish_reason = "error"
+            tl.done_ns = tl.done_ns or now_ns()
+            user_error = isinstance(exc, LatencyLabError)
+            if not user_error:
+                log.exception("request %s failed", handle.id)
+            handle.push(Event("error", timeline=tl, detail={
+                "message": str(exc) if user_error else f"internal error: {type(exc).__name__}: {exc}",
+                "type": type(exc).__name__,
+                "param": getattr(exc, "param", None),
+                "user_error": user_error,
+                "exception": exc,
+            }))

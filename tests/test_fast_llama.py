@@ -1,0 +1,91 @@
+"""Our Llama-family forward gives the logits transformers gives, with and without a cached prefix."""
+
+import pytest
+import torch
+
+from engine.fast_llama import FastLlama, unsupported_reason
+from engine.hf_model import HFCausalLM
+from engine.kv_cache import KVCache
+
+from conftest import build_tiny_model_dir
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request, tmp_path_factory, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    folder = build_tiny_model_dir(tmp_path_factory.mktemp(request.param), tokenizer, request.param, seed=3)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return FastLlama(hf), reference
+
+
+def test_prefill_then_decode_matches_transformers(pair):
+    fast, ref = pair
+    ids = torch.randint(0, fast.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        want = ref(ids[None]).logits[0]
+    cache = fast.new_cache(4)  # too small on purpose: it must grow
+    got_prefill = fast.forward(ids[:7], cache, all_logits=True)
+    got_steps = [fast.forward(ids[i : i + 1], cache) for i in range(7, 12)]
+    assert cache.length == 12
+    torch.testing.assert_close(got_prefill, want[:7], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.cat(got_steps), want[7:], atol=1e-4, rtol=1e-4)
+
+
+def test_several_tokens_after_a_cached_prefix_match(pair):
+    """A prefill that starts mid-sequence (KV reuse, speculative verification) needs an offset mask."""
+    fast, ref = pair
+    ids = torch.randint(0, fast.vocab_size, (16,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = ref(ids[None]).logits[0]
+    cache = fast.new_cache(16)
+    fast.forward(ids[:9], cache)
+    got = fast.forward(ids[9:], cache, all_logits=True)
+    torch.testing.assert_close(got, want[9:], atol=1e-4, rtol=1e-4)
+
+
+def test_crop_rolls_back_exactly(pair):
+    fast, _ = pair
+    ids = torch.arange(10, 20)
+    cache = fast.new_cache(32)
+    fast.forward(ids[:6], cache)
+    a = fast.forward(ids[6:7], cache)
+    fast.forward(ids[7:10], cache)  # tokens that are then rejected
+    cache.crop(6)
+    b = fast.forward(ids[6:7], cache)
+    torch.testing.assert_close(a, b)
+
+
+def test_generic_path_matches_fast_path(tiny):
+    fast = tiny.model
+    from transformers import AutoModelForCausalLM
+
+    generic = HFCausalLM(AutoModelForCausalLM.from_pretrained(tiny.weights, dtype=torch.float32).eval())
+    ids = torch.arange(100, 110)
+    c1, c2 = fast.new_cache(16), generic.new_cache(16)
+    torch.testing.assert_close(fast.forward(ids, c1), generic.forward(ids, c2), atol=1e-4, rtol=1e-4)
+    c2.crop(5)
+    assert c2.length == 5
+    copy = c2.copy_prefix(3)
+    assert copy.length == 3 and c2.length == 5
+
+
+def test_kv_cache_copy_prefix_and_bytes():
+    c = KVCache(layers=2, kv_heads=2, head_dim=4, capacity=8, dtype=torch.float32, device="cpu")
+    c.k[:, :, :, :5] = 1.0
+    c.length = 5
+    d = c.copy_prefix(3)
+    assert d.length == 3 and torch.all(d.k[:, :, :, :3] == 1.0)
+    assert c.nbytes() == 2 * 2 * 4 * 4 * 5 * 2  # layers * heads * dim * 4 bytes * positions * (K and V)
+    with pytest.raises(ValueError):
+        c.crop(6)
+
+
+def test_unsupported_architectures_are_named():
+    from transformers import AutoModelForCausalLM
+
+    from transformers import GPT2Config
+
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100))
+    assert "gpt2" in unsupported_reason(gpt2)
