@@ -133,6 +133,8 @@ class RemoteEngine:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5.0)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     # --- one request, on the engine's event loop ----------------------------------------------
     async def _run(self, handle: RemoteHandle) -> None:
