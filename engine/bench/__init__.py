@@ -20,6 +20,7 @@ SCENARIOS = {
     "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
     "bandwidth": "memory copy bandwidth vs decode bandwidth achieved",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
+    "remote": "an OpenAI-compatible server measured from the client (default: our own API on loopback)",
 }
 
 CHAT_PROMPTS = [

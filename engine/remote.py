@@ -1,0 +1,293 @@
+"""A remote OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp, Ollama, another Latency Lab)
+as an engine, measured from the client side.
+
+`RemoteEngine` has the `Engine` interface — `submit(messages, config, session=, timeline=)` returns a
+handle with `events()` / `aevents()` / `cancel()` / `timeline` / `result()`, and `info()` — so the page,
+A/B and the bench use local and remote engines alike.
+
+What its Timeline means (this machine's clock): `received` = submit, `started` = the HTTP request
+is sent, `token_ns` = arrival of each streamed chunk that carries text (the client cannot see the
+server's tokens, so one chunk counts as one token: most servers send one token per chunk; the
+server's own `usage.completion_tokens` is kept in `counters`). `ttft_ms`, `itl_ms`, `e2e_ms` are
+therefore client-measured. Whatever timings the server returns — our `timings`, llama.cpp's
+`timings`, vLLM's per-request `metrics`, Ollama's `*_duration` fields (native API only) — land in
+`counters["server_timings"]`; where the server reports its own time to first token,
+`counters["transport_overhead_ms"]` is client ttft − server ttft (network + HTTP + streaming).
+
+HTTP goes through httpx (async, one connection pool, one event-loop thread per engine) and the
+stream through httpx-sse, not the openai SDK: we need the arrival time of each SSE event as the
+bytes land, the servers' non-standard fields, and no hidden retries inside a measured request.
+Cancelling a handle cancels its task, which closes the connection: the server sees the client go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import threading
+
+import httpx
+from httpx_sse import EventSource
+
+from .config import GenerationConfig
+from .errors import InvalidRequest, LatencyLabError
+from .generate import Event, Request, validate_messages
+from .timeline import Timeline, now_ns
+from .worker import RequestHandle
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+TOGGLES = ("kv_reuse", "speculative", "num_speculative_tokens", "quantization")
+# Where servers report their own time to first token, most faithful first. llama.cpp's prompt_ms
+# is prompt processing only (no queue), so it is a lower bound of its TTFT.
+SERVER_TTFT_KEYS = ("ttft_ms", "time_to_first_token_ms", "prompt_ms")
+
+
+class RemoteError(LatencyLabError):
+    """The remote server refused or failed a request; its HTTP status and error fields are kept."""
+
+    def __init__(self, message: str, status: int = 502, error_type: str = "server_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.error_type, self.param, self.code = status, error_type, param, code
+
+
+class RemoteHandle(RequestHandle):
+    future = None  # the request's task on the engine's event loop
+
+    def cancel(self) -> None:
+        super().cancel()
+        if self.future is not None:
+            self.future.cancel()  # cancels the task: the connection closes, the server stops
+
+
+class RemoteEngine:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 600.0,
+                 send_toggles: bool = True):
+        """`base_url` is the API root as the openai SDK takes it, e.g. `http://host:8000/v1`.
+        `send_toggles`: send our toggles (kv_reuse, speculative...) when they differ from the defaults;
+        servers that do not know them ignore them (vLLM, llama.cpp) — turn off for strict servers."""
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.send_toggles = send_toggles
+        self.completed = self.failed = 0
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        self._active: set[RemoteHandle] = set()
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"remote-{model}", daemon=True)
+        self._thread.start()
+        self._client = self._call(self._new_client())
+
+    async def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+
+    def _call(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # --- the Engine interface ----------------------------------------------------------------
+    tokenizer = None  # the server tokenizes; we never see token ids
+
+    def submit(self, messages: list[dict] | None = None, config: GenerationConfig | None = None, *,
+               prompt_ids: list[int] | None = None, session: str | None = None,
+               timeline: Timeline | None = None) -> RemoteHandle:
+        config = (config or GenerationConfig()).validate()
+        if prompt_ids is not None:
+            raise InvalidRequest("a remote engine takes chat messages, not token ids", "prompt_ids")
+        if self._closed:
+            raise LatencyLabError("the remote engine is closed")
+        request = Request(messages=messages, config=config, session=session, id=f"remote-{next(_ids)}")
+        timeline = timeline or Timeline()
+        timeline.request_id = request.id
+        timeline.queue_position = 0
+        timeline.counters["measured_at"] = "client"
+        handle = RemoteHandle(request, timeline)
+        timeline.mark("enqueued")
+        handle.push(Event("status", stage="queued", detail={"position": 0}))
+        handle.future = asyncio.run_coroutine_threadsafe(self._run(handle), self._loop)
+        return handle
+
+    def complete(self, messages: list[dict], config: GenerationConfig | None = None, **kw) -> Event:
+        return self.submit(messages, config, **kw).result()
+
+    def info(self) -> dict:
+        return {"name": self.model, "source": "remote", "backend": "openai", "path": self.base_url,
+                "dtype": None, "device": "remote", "load_s": 0.0, "fast_path": None, "weight_bytes": None,
+                "max_context": None, "threads": None,
+                "notes": [f"a remote server at {self.base_url}, measured from this machine"]}
+
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for handle in list(self._active):
+            handle.cancel()
+        try:
+            self._call(self._client.aclose(), timeout=5.0)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5.0)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    # --- one request, on the engine's event loop ----------------------------------------------
+    async def _run(self, handle: RemoteHandle) -> None:
+        tl, req = handle.timeline, handle.request
+        url = f"{self.base_url}/chat/completions"
+        parts: list[str] = []
+        finish = None
+        self._active.add(handle)
+        try:
+            if handle.cancelled:
+                raise asyncio.CancelledError
+            body = request_body(self.model, validate_messages(req.messages), req.config, req.session,
+                                self.send_toggles)
+            tl.mark("started")
+            handle.push(Event("status", stage="setup"))
+            async with self._client.stream("POST", url, json=body,
+                                           headers={"Accept": "text/event-stream"}) as resp:
+                tl.counters["response_headers_ms"] = (now_ns() - tl.received_ns) / 1e6
+                if resp.status_code != 200:
+                    raise remote_error(resp.status_code, await resp.aread())
+                handle.push(Event("status", stage="prefill"))  # accepted: the server works on token one
+                async for sse in EventSource(resp).aiter_sse():
+                    t = now_ns()
+                    if sse.data.strip() == "[DONE]":
+                        break
+                    piece, reason = self._read_chunk(tl, sse.data)
+                    finish = reason or finish
+                    if piece:
+                        tl.add_tokens(1, t)
+                        parts.append(piece)
+                        handle.push(Event("chunk", text=piece, output_tokens=len(parts)))
+            tl.finish_reason = finish or "stop"
+            tl.counters["chunks"] = len(parts)
+            _server_ttft(tl)
+            tl.mark("done")
+            self.completed += 1
+            handle.push(Event("done", text="".join(parts), output_tokens=len(parts),
+                              detail={"finish_reason": tl.finish_reason}, timeline=tl))
+        except asyncio.CancelledError:
+            tl.finish_reason = "cancelled"
+            tl.mark("done")
+            handle.push(Event("done", text="".join(parts), output_tokens=len(parts),
+                              detail={"finish_reason": "cancelled"}, timeline=tl))
+        except Exception as exc:  # the request fails alone; the engine keeps serving
+            self.failed += 1
+            user_error = isinstance(exc, LatencyLabError)
+            if isinstance(exc, httpx.HTTPError):
+                exc, user_error = RemoteError(f"could not talk to {url}: {type(exc).__name__}: {exc}"), True
+            elif not user_error:
+                log.exception("remote request %s failed", handle.id)
+            tl.finish_reason = "error"
+            tl.mark("done")
+            handle.push(Event("error", timeline=tl, detail={
+                "message": str(exc) if user_error else f"internal error: {type(exc).__name__}: {exc}",
+                "type": type(exc).__name__, "param": getattr(exc, "param", None),
+                "user_error": user_error, "exception": exc}))
+        finally:
+            self._active.discard(handle)
+
+    @staticmethod
+    def _read_chunk(tl: Timeline, data: str) -> tuple[str, str | None]:
+        """One SSE payload: its text and finish_reason; usage and server timings go on the Timeline."""
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            raise RemoteError(f"the server sent a chunk that is not JSON: {data[:200]!r}") from None
+        if not isinstance(payload, dict):
+            raise RemoteError(f"the server sent an unexpected chunk: {data[:200]!r}")
+        if payload.get("error") is not None:
+            raise remote_error(502, payload)
+        timings = server_timings(payload)
+        if timings:
+            tl.counters.setdefault("server_timings", {}).update(timings)
+        if isinstance(payload.get("usage"), dict):
+            _apply_usage(tl, payload["usage"])
+        text, finish = "", None
+        for choice in payload.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                text += delta["content"]
+            finish = choice.get("finish_reason") or finish
+        return text, finish
+
+
+def request_body(model: str, messages: list[dict], cfg: GenerationConfig, session: str | None,
+                 send_toggles: bool) -> dict:
+    body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p}
+    if cfg.seed is not None:
+        body["seed"] = cfg.seed
+    if cfg.stop:
+        body["stop"] = list(cfg.stop)
+    if cfg.top_k:
+        body["top_k"] = cfg.top_k  # vLLM, SGLang and llama.cpp take it; OpenAI itself does not
+    if send_toggles:
+        default = GenerationConfig()
+        body.update({name: getattr(cfg, name) for name in TOGGLES if getattr(cfg, name) != getattr(default, name)})
+        if session:
+            body["session"] = session
+    return body
+
+
+def server_timings(payload: dict) -> dict:
+    """Timing fields a server put in a chunk or body (ours and llama.cpp: `timings`; vLLM: `metrics`;
+    Ollama: `*_duration` in ns)."""
+    found = {}
+    for key in ("timings", "metrics"):
+        if isinstance(payload.get(key), dict):
+            found.update(payload[key])
+    found.update({k: v for k, v in payload.items() if k.endswith("_duration") and isinstance(v, (int, float))})
+    return found
+
+
+def _apply_usage(tl: Timeline, usage: dict) -> None:
+    prompt = usage.get("prompt_tokens")
+    if isinstance(prompt, int):
+        tl.prompt_tokens = prompt
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, int):
+        tl.cached_tokens = cached
+    tl.prefill_tokens = max(tl.prompt_tokens - tl.cached_tokens, 0)
+    if isinstance(usage.get("completion_tokens"), int):
+        tl.counters["completion_tokens"] = usage["completion_tokens"]
+
+
+def _server_ttft(tl: Timeline) -> None:
+    timings = tl.counters.get("server_timings") or {}
+    for key in SERVER_TTFT_KEYS:
+        value = timings.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            tl.counters["server_ttft_ms"] = float(value)
+            tl.counters["server_ttft_source"] = key
+            if tl.ttft_ms is not None:
+                tl.counters["transport_overhead_ms"] = tl.ttft_ms - float(value)
+            return
+
+
+def remote_error(status: int, raw) -> RemoteError:
+    """An error answer (bytes or a parsed payload) → RemoteError with the server's own fields."""
+    payload = raw
+    if isinstance(raw, (bytes, str)):
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            return RemoteError(f"the remote server answered {status}: {text.strip()[:300]}", status)
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(err, str):  # some servers send {"error": "message"}
+        err = {"message": err}
+    if not isinstance(err, dict):
+        err = {"message": json.dumps(payload)[:300]}
+    return RemoteError(f"the remote server answered {status}: {err.get('message') or 'no message'}", status,
+                       err.get("type") or ("invalid_request_error" if status < 500 else "server_error"),
+                       err.get("param"), err.get("code"))
+

@@ -1,0 +1,35 @@
+"""`python -m server`: the API and /metrics alone (no page), on 127.0.0.1:7860 by default."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.cli import add_load_args, load_config_from_args
+    from engine.errors import LatencyLabError
+
+    from . import add_server_args, build_backends, create_api
+
+    p = argparse.ArgumentParser(prog="python -m server", description=__doc__.splitlines()[0])
+    add_load_args(p)
+    add_server_args(p)
+    args = p.parse_args(argv)
+    try:
+        from engine.service import Engine
+
+        backends = build_backends(args, lambda: Engine.load(load_config_from_args(args)))
+    except LatencyLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    print(f"serving {', '.join(backends)} on http://{args.host}:{args.port}/v1 "
+          f"(auth {'on' if args.api_key else 'off'}); metrics at /metrics", file=sys.stderr)
+    uvicorn.run(create_api(backends, api_key=args.api_key), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

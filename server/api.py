@@ -1,0 +1,264 @@
+"""OpenAI-compatible API: `POST /v1/chat/completions` (SSE and not), `GET /v1/models`, `GET /metrics`.
+
+`create_api(engine_or_backends, api_key=None)` returns a FastAPI app. The page mounts into the
+same app, so page and API share one port: `gr.mount_gradio_app(app, blocks, path="/")` (our routes
+are added first, so they win over the page's catch-all mount). `app.state.backends` holds the
+engines wrapped for /metrics: hand those to the page and its requests are counted too.
+
+Timing: a request's Timeline starts (`received`) when the handler runs, before the body is read.
+A streamed reply is answered with status 200 only once the engine has accepted the request (the
+prompt is tokenized and fits), so bad input, context overflow and a full queue are 4xx with an
+OpenAI error body, never an error inside a 200 stream. A client that goes away — while queued,
+while waiting for its first token, or mid-stream — cancels its generation at once.
+
+Streaming uses Starlette's own `StreamingResponse` rather than sse-starlette: OpenAI's framing is
+only `data: JSON\\n\\n` lines, Starlette already stops the stream when the client leaves, and one
+try/finally (`_CancelWhenDone`) cancels the generation however the response ends (finished, client
+gone, failed); sse-starlette's pings and callbacks would not replace any of that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import LatencyLabError
+from engine.timeline import Timeline
+
+from .metrics import Metrics
+from .protocol import (APIError, api_error_from, chunk_body, completion_body, in_api_terms, new_completion_id,
+                       now_s, parse_chat_request, sse, timings_of, usage_of)
+
+MAX_BODY_BYTES = 2 * 1024 * 1024  # far beyond any prompt that fits the context; refuses memory abuse
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
+
+
+def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metrics | None = None) -> FastAPI:
+    """The API app over one engine or a {model name: engine} dict (local `Engine` or `RemoteEngine`)."""
+    metrics = metrics or Metrics()
+    backends = {name: metrics.instrument(b, name) for name, b in named_backends(engine_or_backends).items()}
+    default_model = next(iter(backends))
+    started = now_s()
+
+    app = FastAPI(title="Latency Lab API", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.backends = backends
+    app.state.metrics = metrics
+    authorized = [Depends(_bearer_auth(api_key))]
+
+    def error_response(err: APIError) -> JSONResponse:
+        metrics.api_errors.labels(str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(APIError)
+    @app.exception_handler(LatencyLabError)
+    async def _api_error(request, exc):
+        return error_response(api_error_from(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):  # unknown path, wrong method
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(APIError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request, exc):  # a bug of ours: still an OpenAI-shaped body
+        return error_response(api_error_from(exc))
+
+    def model_card(name: str) -> dict:
+        info = backends[name].info()
+        return {"id": name, "object": "model", "created": started, "owned_by": "latency-lab",
+                "max_model_len": info.get("max_context"), "backend": info.get("source")}
+
+    @app.get("/v1/models", dependencies=authorized)
+    async def list_models():
+        return {"object": "list", "data": [model_card(name) for name in backends]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=authorized)
+    async def get_model(model_id: str):
+        if model_id not in backends:
+            raise _unknown_model(model_id, backends)
+        return model_card(model_id)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        data, content_type = metrics.render()
+        return Response(data, media_type=content_type)
+
+    @app.post("/v1/chat/completions", dependencies=authorized)
+    async def chat_completions(request: Request):
+        timeline = Timeline()  # glossary: "request received by the server" — before the body is read
+        chat = parse_chat_request(await _read_json(request))
+        name = chat.model or default_model
+        if name not in backends:
+            raise _unknown_model(name, backends)
+        handle = backends[name].submit(chat.messages, chat.config, session=chat.session, timeline=timeline)
+        return await _respond(request, handle, chat, name)
+
+    return app
+
+
+def named_backends(engine_or_backends) -> dict:
+    """One engine → {its model name: it}; a dict passes through."""
+    if hasattr(engine_or_backends, "submit"):
+        return {engine_or_backends.info()["name"]: engine_or_backends}
+    backends = dict(engine_or_backends)
+    if not backends:
+        raise ValueError("create_api needs at least one engine")
+    return backends
+
+
+def _unknown_model(name: str, backends: dict) -> APIError:
+    return APIError(404, f"the model {name!r} does not exist here; available: {', '.join(backends)}",
+                    param="model", code="model_not_found")
+
+
+def _bearer_auth(api_key: str | None):
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or incorrect API key: send the header 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    return check
+
+
+async def _read_json(request: Request):
+    size, parts = 0, []
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB",
+                           code="request_too_large")
+        parts.append(part)
+    try:
+        return json.loads(b"".join(parts))
+    except (ValueError, RecursionError) as exc:  # ValueError covers bad UTF-8 too
+        raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+# --- answering ----------------------------------------------------------------------------------
+class ClientGone(Exception):
+    """The client closed its connection before its reply was ready."""
+
+
+async def _respond(request: Request, handle, chat, model: str) -> Response:
+    events = handle.aevents()
+    try:
+        head = await _accepted(request, events)
+    except ClientGone:
+        handle.cancel()
+        return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
+    except BaseException:
+        handle.cancel()
+        raise
+    if head[-1].kind == "error":
+        raise in_api_terms(_exception_of(head[-1]), chat.max_tokens_field)
+    cid, created = new_completion_id(), now_s()
+    headers = {"X-Request-Id": handle.id}
+    if chat.stream:
+        body = _sse_stream(handle, _chain(head, events), chat, model, cid, created)
+        return _CancelWhenDone(handle, body, media_type="text/event-stream", headers={**STREAM_HEADERS, **headers})
+    try:
+        rest = await _unless_disconnected(request, _collect(events))
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        handle.cancel()  # a no-op once done; stops the generation if we got here any other way
+    final = (head + rest)[-1]
+    if final.kind == "error":
+        raise in_api_terms(_exception_of(final), chat.max_tokens_field)
+    tl = final.timeline or handle.timeline
+    return JSONResponse(completion_body(cid, created, model, final.text, _finish_reason(final), tl), headers=headers)
+
+
+async def _accepted(request: Request, events) -> list:
+    """Events until the engine has accepted the request (tokenized, fits) or ended it."""
+    head = []
+    while True:
+        event = await _unless_disconnected(request, anext(events))
+        head.append(event)
+        if event.kind != "status" or event.stage not in ("queued", "setup"):
+            return head
+
+
+async def _unless_disconnected(request: Request, awaitable):
+    """Await `awaitable`, or raise ClientGone (cancelling it) if the client disconnects first."""
+    work = asyncio.ensure_future(awaitable)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+    if work.done() and not work.cancelled():
+        return work.result()
+    raise ClientGone()
+
+
+async def _disconnect(request: Request) -> None:
+    # The body has been read, so the next ASGI message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(events) -> list:
+    return [event async for event in events]
+
+
+async def _chain(head: list, events):
+    for event in head:
+        yield event
+    async for event in events:
+        yield event
+
+
+async def _sse_stream(handle, events, chat, model: str, cid: str, created: int):
+    def chunk(delta, finish_reason=None, **extra) -> str:
+        return sse(chunk_body(cid, created, model, delta, finish_reason, **extra))
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for event in events:
+        if event.kind == "chunk" and event.text:
+            yield chunk({"content": event.text})
+        elif event.kind == "done":
+            tl = event.timeline or handle.timeline
+            # like llama.cpp's server: `timings` ride on the chunk that carries finish_reason
+            yield chunk({}, _finish_reason(event), timings=timings_of(tl))
+            if chat.include_usage:
+                yield sse(chunk_body(cid, created, model, None, usage=usage_of(tl)))
+        elif event.kind == "error":  # headers are sent: the error goes in the stream, as OpenAI's does
+            yield sse(api_error_from(_exception_of(event)).body())
+    yield sse("[DONE]")
+
+
+class _CancelWhenDone(StreamingResponse):
+    """A stream that cancels its generation however it ends: finished, client gone, or failed.
+
+    Starlette (ASGI spec < 2.4, as uvicorn runs it) listens for the disconnect while streaming and
+    cancels the send loop at once, so a client that leaves frees the worker within one decode step.
+    """
+
+    def __init__(self, handle, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.handle = handle
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.handle.cancel()
+
+
+def _exception_of(event) -> Exception:
+    return event.detail.get("exception") or LatencyLabError(event.detail.get("message", "the request failed"))
+
+
+def _finish_reason(event) -> str | None:
+    return event.detail.get("finish_reason") or (event.timeline.finish_reason if event.timeline else None)

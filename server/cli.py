@@ -1,0 +1,48 @@
+"""Server flags (`add_server_args`) and the engines they name (`build_backends`).
+
+app.py and `python -m server` share these. `--api-key` protects this server's API; the key sent
+to a remote server is a separate flag (`--remote-api-key`), so our own key never leaves the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from engine.errors import InvalidRequest
+
+BACKENDS = ("local", "openai", "both")
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
+    g.add_argument("--port", type=int, default=7860)
+    g.add_argument("--api-key", default=os.environ.get("LATENCY_LAB_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $LATENCY_LAB_API_KEY, else none)")
+    g = p.add_argument_group("remote engine")
+    g.add_argument("--backend", default="local", choices=BACKENDS,
+                   help="local: the engine in this process; openai: a remote OpenAI-compatible server "
+                        "measured from here; both: one of each (A/B local vs remote)")
+    g.add_argument("--base-url", default=None, help="the remote server's API root, e.g. http://host:8000/v1")
+    g.add_argument("--remote-model", default=None, help="the model name the remote server serves")
+    g.add_argument("--remote-api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer key for the remote server (default: $OPENAI_API_KEY)")
+
+
+def build_backends(args, load_local) -> dict:
+    """{model name: engine} for the flags; `load_local()` returns the local Engine when one is needed."""
+    backends = {}
+    if args.backend in ("local", "both"):
+        engine = load_local()
+        backends[engine.info()["name"]] = engine
+    if args.backend in ("openai", "both"):
+        if not args.base_url or not args.remote_model:
+            raise InvalidRequest("--backend openai needs --base-url URL and --remote-model NAME", "base_url")
+        from engine.remote import RemoteEngine
+
+        remote = RemoteEngine(args.base_url, args.remote_model, api_key=args.remote_api_key)
+        name = args.remote_model if args.remote_model not in backends else f"remote/{args.remote_model}"
+        backends[name] = remote
+    return backends
