@@ -206,6 +206,7 @@ class ChatStore:
                     yield "chunk", {"text": event.text, "n": event.output_tokens,
                                     "token_ms": [(t - timeline.received_ns) / 1e6 for t in new]}
                 elif event.kind == "done":
+                    conv.inflight = None  # before the last yield: the consumer may stop reading here
                     reply.text = event.text
                     conv.messages = history + [{"role": "user", "content": message},
                                                {"role": "assistant", "content": event.text}]
@@ -213,10 +214,12 @@ class ChatStore:
                     record = reply.record()
                     yield "done", {"record": record, "row": records.row(record)}
                 else:  # error: the conversation is unchanged, so nothing is lost
+                    conv.inflight = None
                     yield "error", {"message": event.detail.get("message", "the request failed"),
                                     "param": event.detail.get("param"), "request_id": handle.id}
         finally:
-            conv.inflight = None
+            if conv.inflight is handle:
+                conv.inflight = None
             if handle.final is None:  # the consumer left mid-stream: free the worker
                 handle.cancel()
 

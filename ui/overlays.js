@@ -71,6 +71,10 @@
     paintMs.forEach((t, i) => { if (num(t) != null) painted.push([t, arrivalTokens[i]]); });
     const firstTok = tok.length ? tok[0] : null;
     const lastTok = last(tok);
+    // the server time of the token behind the last painted text (a final end-of-sequence chunk
+    // paints nothing, so the last token is the wrong reference for the paint lag)
+    let lastPaintedTok = null;
+    paintMs.forEach((t, i) => { if (num(t) != null && arrivalTokens[i] > 0) lastPaintedTok = tok[arrivalTokens[i] - 1]; });
     return {
       clockKnown,
       clockBound: num(c.clock_bound_ms),
@@ -82,7 +86,7 @@
         prefill: [at(num(ev.prefill_start) != null ? ev.prefill_start : ev.setup_done), at(firstTok)],
         decode: [at(firstTok), at(lastTok)],
         network_out: [at(firstTok), painted.length ? painted[0][0] : null],
-        paint_lag: tl.finish_reason ? [at(lastTok), painted.length ? last(painted)[0] : null] : null,
+        paint_lag: tl.finish_reason ? [at(lastPaintedTok), painted.length ? last(painted)[0] : null] : null,
       },
       ttft_ms: num(tl.ttft_ms) != null ? tl.ttft_ms : firstTok,
       e2e_ms: num(tl.e2e_ms),
@@ -256,7 +260,6 @@
     for (const n of ticks(yMax, 3)) {
       body += `<text x="${LEFT - 8}" y="${y(n) + 3}" class="lab-tick" text-anchor="end">${fmtInt(n)}</text>`;
     }
-    body += `<text x="${LEFT - 8}" y="${top + 2}" class="lab-tick" text-anchor="end" dy="-1">tok</text>`;
     for (const [a, b] of stalls(v.paint)) {
       body += `<rect x="${x(a)}" y="${top}" width="${Math.max(1, x(b) - x(a))}" height="${bottom - top}" fill="${COLORS.stall}" opacity="0.12"><title>stall: ${esc(fmtMs(b - a))} with no new text painted</title></rect>`;
     }
@@ -336,7 +339,7 @@
     o.xMax = o.xMax || extent([v]);
     return card("TTFT vs total", "time to first token and total completion time, as the server measured them and as the browser perceived them", ttftVsTotal(v, o)) +
       card("Where the time went", "each stage on one axis: ms since you pressed send (browser clock; server stages placed through the clock offset)", waterfall(v, o)) +
-      card("Token timeline", "cumulative tokens over time: when the server sampled them, when the browser received them, when they were painted", tokenTimeline(v, o) + legend()) +
+      card("Token timeline (tokens vs time)", "cumulative tokens over time: when the server sampled them, when the browser received them, when they were painted", tokenTimeline(v, o) + legend()) +
       card("Optimization effects", "what the toggles did to this reply", effects(v, o));
   }
 

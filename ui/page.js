@@ -315,9 +315,12 @@
     }, DRAW_EVERY_MS);
   }
 
+  lab.refreshTable = (p) => refreshTable(p);
+
   async function refreshTable(p) {
+    await ready;
     const el = q(`#lab-table-${p === "B" ? "A" : p} .lab-table-wrap`);
-    if (!el) return;
+    if (!el) return; // its accordion is closed: it refreshes when opened
     const panes = p === "chat" ? "&pane=chat" : "";
     const r = await fetch(`/lab/table?session=${encodeURIComponent(lab.session)}${panes}`);
     if (r.ok) el.innerHTML = (await r.json()).html;

@@ -65,25 +65,23 @@ def _exports(pane: str | None, label: str) -> str:
             f'<a class="lab-export" data-fmt="json"{attr} href="#" download>JSON</a></div>')
 
 
-def settings_controls(variants: list[str], backends: list[str], *, temperature: float, max_new_tokens: int = 128,
-                      values: dict | None = None) -> list:
+def settings_controls(pane: str, variants: list[str], backends: list[str], *, temperature: float,
+                      max_new_tokens: int = 128) -> list:
     """One pane's controls, in the order of settings.FIELDS (the page's JS relies on it)."""
-    v = values or {}
     g = glossary.METRICS
     with gr.Row():
-        max_new = gr.Slider(1, 1024, value=v.get("max_new_tokens", max_new_tokens), step=1, label="Max tokens")
-        temp = gr.Slider(0, 2, value=v.get("temperature", temperature), step=0.05, label="Temperature",
-                         info="0 = greedy")
+        max_new = gr.Slider(1, 1024, value=max_new_tokens, step=1, label="Max tokens", elem_id=f"lab-{pane}-max")
+        temp = gr.Slider(0, 2, value=temperature, step=0.05, label="Temperature", info="0 = greedy",
+                         elem_id=f"lab-{pane}-temperature")
     with gr.Row():
         top_p = gr.Slider(0.05, 1, value=0.9, step=0.05, label="Top-p")
         seed = gr.Number(value=-1, precision=0, label="Seed", info="-1 = random", minimum=-1)
     with gr.Row():
-        kv = gr.Checkbox(value=v.get("kv_reuse", True), label="KV reuse", info=g["cached_tokens"].end)
-        quant = gr.Dropdown(variants, value=v.get("quantization", DEFAULT_VARIANT), label="Weights",
-                            info="quantization variant")
+        kv = gr.Checkbox(value=True, label="KV reuse", info=g["cached_tokens"].end)
+        quant = gr.Dropdown(variants, value=DEFAULT_VARIANT, label="Weights", info="quantization variant")
     with gr.Row():
-        spec = gr.Dropdown(list(SPECULATIVE_MODES), value=v.get("speculative", "off"), label="Speculation")
-        k = gr.Slider(1, 16, value=v.get("num_speculative_tokens", 4), step=1, label="Draft tokens (k)")
+        spec = gr.Dropdown(list(SPECULATIVE_MODES), value="off", label="Speculation")
+        k = gr.Slider(1, 16, value=4, step=1, label="Draft tokens (k)")
     backend = gr.Dropdown(backends, value=backends[0], label="Backend", visible=len(backends) > 1)
     system = gr.Textbox(label="System prompt", lines=1, max_lines=6, placeholder="(none)")
     controls = {"system": system, "max_new_tokens": max_new, "temperature": temp, "top_p": top_p, "seed": seed,
@@ -128,17 +126,27 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
 
     async def run_sweep_event(set_name, custom, max_items, *values, progress=gr.Progress()):
         n = len(FIELDS)
-        sa = dict(zip(FIELDS, values[:n]))
-        sb = dict(zip(FIELDS, values[n:2 * n]))
         try:
             prompt_set = custom_prompt_set(custom) if set_name == "custom" else prompt_sets[set_name]
-            rows = await sweep.run_sweep(store, prompt_set, sa, sb, max_items=int(max_items),
+            rows = await sweep.run_sweep(store, prompt_set, dict(zip(FIELDS, values[:n])),
+                                         dict(zip(FIELDS, values[n:2 * n])), max_items=int(max_items),
                                          progress=lambda d, t, desc: progress((d, t), desc=desc, unit="replies"))
         except LatencyLabError as exc:
             raise gr.Error(str(exc)) from exc
-        if not rows:
-            raise gr.Error("the sweep produced no replies")
         return sweep.summary_html(rows), sweep.distributions_figure(rows), sweep.export_files(rows)
+
+    async def sweep_api(prompt_set: str = "open_questions", prompts: str = "", settings_a: dict | None = None,
+                        settings_b: dict | None = None, max_items: int = 4) -> dict:
+        """Run a prompt set (a preset name, or "custom" with `prompts`, one per line) through
+        settings A and B; returns {"summary": p50/p90 per metric, "rows": one per reply}."""
+        try:
+            chosen = custom_prompt_set(prompts) if prompt_set == "custom" else prompt_sets.get(prompt_set)
+            if chosen is None:
+                raise LatencyLabError(f"prompt_set must be one of {', '.join(prompt_sets)} or custom")
+            rows = await sweep.run_sweep(store, chosen, settings_a or {}, settings_b or {}, max_items=max_items)
+        except LatencyLabError as exc:
+            raise gr.Error(str(exc)) from exc
+        return {"summary": sweep.summary(rows), "rows": rows}
 
     def preset_values(name: str):
         p = presets[name]
@@ -174,7 +182,8 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
                             regen = gr.Button("Regenerate", size="sm", elem_id="lab-regen")
                             clear = gr.Button("Clear", size="sm", elem_id="lab-clear")
                         with gr.Accordion("Settings", open=True):
-                            chat_settings = settings_controls(variants, backends, temperature=0.2, max_new_tokens=128)
+                            chat_settings = settings_controls("chat", variants, backends, temperature=0.2,
+                                                              max_new_tokens=128)
                             with gr.Row():
                                 transport = gr.Radio(TRANSPORTS, value="sse", label="Token transport",
                                                      info="how tokens reach this page", elem_id="lab-transport")
@@ -183,7 +192,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
                                                  info="the dashed line: ~238 words/min silent reading")
                     with gr.Column(scale=4, min_width=380):
                         gr.HTML(_overlay("chat"), elem_id="lab-ov-chat")
-                with gr.Accordion("Replies in this tab", open=False):
+                with gr.Accordion("Replies in this tab", open=False) as chat_table:
                     gr.HTML('<div class="lab-table-wrap"></div>' + _exports("chat", "Export this tab's chat"),
                             elem_id="lab-table-chat")
 
@@ -206,13 +215,13 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
                     for side in ("A", "B"):
                         with gr.Column(min_width=380):
                             with gr.Accordion(f"{side} settings", open=False):
-                                ab_settings[side] = settings_controls(variants, backends, temperature=0.0,
+                                ab_settings[side] = settings_controls(side, variants, backends, temperature=0.0,
                                                                       max_new_tokens=64)
                             gr.HTML(_log(side), elem_id=f"lab-log-{side}")
                             gr.HTML(_overlay(side), elem_id=f"lab-ov-{side}")
                 gr.HTML('<h3 class="lab-h">A vs B (latest pair)</h3><div class="lab-delta-wrap lab-muted">'
                         'Run a pair to compare.</div>', elem_id="lab-delta")
-                with gr.Accordion("Replies in this tab (all panes)", open=False):
+                with gr.Accordion("Replies in this tab (all panes)", open=False) as ab_table:
                     gr.HTML('<div class="lab-table-wrap"></div>' + _exports(None, "Export"), elem_id="lab-table-A")
 
             with gr.Tab("Sweep", id="sweep"):
@@ -249,6 +258,9 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
         stop.click(None, js="() => { window.lab.stop('chat'); }", **quick)
         regen.click(None, [*chat_settings, transport], js="(...a) => { window.lab.regenerate('chat', a); }", **quick)
         clear.click(None, js="() => { window.lab.clear('chat'); }", **quick)
+        # a closed accordion's content is not in the page: fill the table when it opens
+        chat_table.expand(None, js="() => { setTimeout(() => window.lab.refreshTable('chat'), 0); }", **quick)
+        ab_table.expand(None, js="() => { setTimeout(() => window.lab.refreshTable('A'), 0); }", **quick)
 
         ab_inputs = [ab_prompt, *ab_settings["A"], *ab_settings["B"], transport, pace]
         ab_run.click(None, ab_inputs, [ab_prompt], js="(...a) => window.lab.runAB(a)", **quick)
@@ -258,7 +270,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
         both = [*ab_settings["A"], *ab_settings["B"]]
         for name, button in preset_buttons.items():
             button.click(lambda n=name: preset_values(n), None, [*both, preset_note], queue=False,
-                         show_progress="hidden").success(
+                         show_progress="hidden", api_visibility="private").success(
                 None, [*both, transport], js=f"(...a) => {{ window.lab.runPreset('{name}', a); }}", **quick)
 
         gr_send.click(gradio_chat, [gr_payload], [gr_stream], js="() => window.lab.takeGradioPayload()",
@@ -266,6 +278,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
         gr_stream.change(None, [gr_stream], js="(v) => { window.lab.onGradioUpdate(v); }", **quick)
 
         sweep_event = sweep_run.click(run_sweep_event, [set_choice, custom, max_items, *both],
-                                      [sweep_summary, sweep_plot, sweep_files], api_name="sweep")
+                                      [sweep_summary, sweep_plot, sweep_files], api_visibility="private")
         sweep_stop.click(None, cancels=[sweep_event], **quick)
+        gr.api(sweep_api, api_name="sweep")
     return page

@@ -100,11 +100,13 @@ def join_client(timeline: dict, raw: dict) -> dict:
         client["network_out_ms"] = client["client_ttft_ms"] - (received + ttft)
     else:
         client["network_out_ms"] = None
+    # Paint lag: the last painted text against the server time of the token that carried it (a
+    # final end-of-sequence chunk has no text, so the last *token* is the wrong reference).
     token_ms = timeline.get("token_ms") or []
-    if received is not None and token_ms and client["client_e2e_ms"] is not None:
-        client["paint_lag_ms"] = client["client_e2e_ms"] - (received + token_ms[-1])
-    else:
-        client["paint_lag_ms"] = None
+    last = max((i for i, p in enumerate(paint) if p is not None), default=None)
+    client["paint_lag_ms"] = None
+    if received is not None and last is not None and tokens and 0 < tokens[last] <= len(token_ms):
+        client["paint_lag_ms"] = paint[last] - (received + token_ms[int(tokens[last]) - 1])
     return client
 
 
@@ -272,7 +274,8 @@ def records_to_json(records: list[dict]) -> str:
 
 # --- A/B and sweeps ----------------------------------------------------------------------------
 def winner(name: str, a, b, tie_ratio: float = 0.03) -> str:
-    """"A", "B", "tie" (within ±3%: noise on a shared machine), or "" (no direction, or a figure missing)."""
+    """The better side of a metric: A, B, tie (within ±3%: noise on a shared machine), or "" (no
+    direction for this metric, or a figure is missing)."""
     better = METRICS[name].better if name in METRICS else ""
     if not better or a is None or b is None:
         return ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import tempfile
+from contextlib import aclosing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,11 +53,12 @@ async def run_sweep(store: ChatStore, prompt_set: dict, settings_a: dict, settin
 
 async def _one_turn(store: ChatStore, session: str, pane: str, message: str, settings: dict) -> dict:
     try:
-        async for kind, data in store.run_turn(session, pane, message, settings):
-            if kind == "done":
-                return data["row"]
-            if kind == "error":
-                return {"pane": pane, "finish_reason": "error", "error": data["message"]}
+        async with aclosing(store.run_turn(session, pane, message, settings)) as stream:
+            async for kind, data in stream:
+                if kind == "done":
+                    return data["row"]
+                if kind == "error":
+                    return {"pane": pane, "finish_reason": "error", "error": data["message"]}
     except InvalidRequest as exc:  # bad settings: every turn would fail the same way, so stop here
         raise InvalidRequest(f"config {pane}: {exc}", getattr(exc, "param", None)) from exc
     return {"pane": pane, "finish_reason": "error", "error": "the stream ended without a reply"}
