@@ -45,6 +45,22 @@
 
   const busy = () => Object.values(lab.panes).some((p) => p.run && !p.run.finished);
 
+  // "User pressed send" is the DOM event itself (click, or Enter in the message box), stamped in
+  // the capture phase before Gradio dispatches its handler to us.
+  lab.pressedAt = null;
+  const SEND_BUTTONS = "#lab-send, #lab-ab-run";
+  const SEND_BOXES = "#lab-msg textarea, #lab-ab-msg textarea";
+  document.addEventListener("click", (e) => { if (e.target.closest?.(SEND_BUTTONS)) lab.pressedAt = performance.now(); }, true);
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && e.target.matches?.(SEND_BOXES)) lab.pressedAt = performance.now();
+  }, true);
+  function pressed() {
+    const now = performance.now();
+    const t = lab.pressedAt != null && now - lab.pressedAt < 1000 ? lab.pressedAt : now;
+    lab.pressedAt = null;
+    return t;
+  }
+
   function settingsOf(values) {
     const s = {};
     CFG.fields.forEach((name, i) => { s[name] = values[i]; });
@@ -124,6 +140,7 @@
     }
     drawPane(p);
     refreshTable(p);
+    if (!busy()) Clock.sync(3).then(showClock).catch(() => null); // fresh pings keep the offset's bound tight
     return r;
   }
 
@@ -340,7 +357,7 @@
 
   // Chat: [message, ...settings, transport, pace] → returns the new value of the message box.
   lab.sendChat = (args) => {
-    const sendAt = performance.now(); // "user pressed send"
+    const sendAt = pressed();
     const [message, ...rest] = args;
     const P = pane("chat");
     if (!message || !message.trim() || (P.run && !P.run.finished)) return message;
@@ -381,8 +398,8 @@
   };
 
   // A/B: the same prompt through A, then B; overlays on one time scale; then the delta table.
-  async function abTurn(prompt, sA, sB, transport, note) {
-    const [sendA] = [performance.now()];
+  async function abTurn(prompt, sA, sB, transport, pressedAt) {
+    const sendA = pressedAt ?? performance.now();
     addUser("A", prompt);
     const a = await run("A", { message: prompt, settings: sA }, sendA, transport, "A");
     const sendB = performance.now();
@@ -405,6 +422,7 @@
   function abStatus(text) { const el = q("#lab-ab-status"); if (el) el.textContent = text; }
 
   lab.runAB = (args) => {
+    const pressedAt = pressed();
     const [prompt, ...rest] = args;
     const n = CFG.fields.length;
     if (!prompt || !prompt.trim() || busy()) return prompt;
@@ -412,7 +430,7 @@
     const transport = rest[2 * n];
     pane("A").pace = pane("B").pace = rest[2 * n + 1] || CFG.readingPace;
     abStatus("running A, then B…");
-    abTurn(prompt, sA, sB, transport).then(([a, b]) => { abStatus(""); return showDelta(a, b); });
+    abTurn(prompt, sA, sB, transport, pressedAt).then(([a, b]) => { abStatus(""); return showDelta(a, b); });
     return "";
   };
 
