@@ -102,6 +102,8 @@ def test_what_happened_names_the_dominant_stage_from_the_numbers():
     ("ttft_ms", 50.0, 100.0, "A"),
     ("decode_tps", 50.0, 100.0, "B"),  # higher is better
     ("ttft_ms", 100.0, 101.0, "tie"),
+    ("queue_ms", 0.2, 0.9, "tie"),  # under a millisecond apart: noise
+    ("cached_tokens", 0, 1, "B"),
     ("ttft_ms", None, 50.0, ""),
     ("output_tokens", 10, 20, ""),  # no direction
 ])

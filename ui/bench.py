@@ -119,19 +119,28 @@ def _growth(lags: list[float]) -> float | None:
 
 
 def bench_rate(url: str, browser, source, rates: list[float], seconds: float, keep_up_ms: float) -> dict:
+    """Each transport at increasing rates until it stops keeping up (the rest would only take longer)."""
     page = _open(browser, url)
     fields = page.evaluate("() => window.LAB_CONFIG.fields")
     results, index = [], 0
-    for rate in rates:
-        source.tokens_per_s = rate
-        tokens = int(rate * seconds)
-        for transport in TRANSPORTS:
-            settings = {"max_new_tokens": tokens, "temperature": 0, "top_p": 0.9, "seed": -1, "kv_reuse": True,
-                        "speculative": "off", "num_speculative_tokens": 4, "quantization": "default",
-                        "backend": "local", "system": ""}
+    for transport in TRANSPORTS:
+        for rate in rates:
+            source.tokens_per_s = rate
+            settings = {"max_new_tokens": int(rate * seconds), "temperature": 0, "top_p": 0.9, "seed": -1,
+                        "kv_reuse": True, "speculative": "off", "num_speculative_tokens": 4,
+                        "quantization": "default", "backend": "local", "system": ""}
             args = ["Stream as fast as you can."] + [settings[f] for f in fields] + [transport, 5.3]
             page.evaluate("(args) => window.lab.sendChat(args)", args)
-            run = _wait_reply(page, index, timeout_ms=seconds * 1000 * 4 + 60_000)
+            try:
+                run = _wait_reply(page, index, timeout_ms=seconds * 1000 * 5 + 10_000)
+            except Exception:  # far behind: stop it, note it, and stop raising the rate
+                page.evaluate("() => window.lab.stop('chat')")
+                page.wait_for_function(f"() => window.lab.panes.chat.runs[{index}].finished", timeout=120_000)
+                results.append({"tokens_per_s": rate, "transport": transport, "kept_up": False,
+                                "note": f"not finished {seconds * 5 + 10:.0f} s after send: stopped"})
+                print(json.dumps(results[-1]), file=sys.stderr)
+                index += 1
+                break
             index += 1
             lags = _lags(run)
             growth = {k: _growth(v) for k, v in lags.items()}
@@ -142,9 +151,14 @@ def bench_rate(url: str, browser, source, rates: list[float], seconds: float, ke
                 "arrival_lag_ms": _stats(lags["arrival"]), "paint_lag_ms": _stats(lags["paint"]),
                 "arrival_lag_growth_ms": None if growth["arrival"] is None else round(growth["arrival"], 1),
                 "paint_lag_growth_ms": None if growth["paint"] is None else round(growth["paint"], 1),
+                "clock_bound_ms": run["client"].get("clock_bound_ms"),
                 "kept_up": growth["paint"] is not None and growth["paint"] < keep_up_ms,
             })
+            print(json.dumps({k: results[-1][k] for k in ("tokens_per_s", "transport", "paint_lag_growth_ms",
+                                                          "kept_up")}), file=sys.stderr)
             page.wait_for_timeout(300)
+            if not results[-1]["kept_up"]:
+                break
     page.close()
     best = {t: max((r["tokens_per_s"] for r in results if r["transport"] == t and r["kept_up"]), default=None)
             for t in TRANSPORTS}

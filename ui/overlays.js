@@ -236,7 +236,29 @@
     return gaps.filter(([a, b]) => b - a > limit);
   }
 
+  // At most two points per pixel column (the first and last in it): a step line looks the same,
+  // and a redraw stays cheap however many tokens a reply has.
+  function decimate(points, x) {
+    if (points.length < 2 * (W - LEFT)) return points;
+    const out = [];
+    let col = null, lastInCol = null;
+    for (const p of points) {
+      const c = Math.round(x(p[0]));
+      if (c !== col) {
+        if (lastInCol && lastInCol !== out[out.length - 1]) out.push(lastInCol);
+        out.push(p);
+        col = c;
+        lastInCol = null;
+      } else {
+        lastInCol = p;
+      }
+    }
+    if (lastInCol) out.push(lastInCol);
+    return out;
+  }
+
   function stepPath(points, x, y) {
+    points = decimate(points, x);
     if (!points.length) return "";
     let d = `M${x(points[0][0]).toFixed(1)},${y(0).toFixed(1)}`;
     let prevY = 0;
@@ -343,7 +365,7 @@
       card("Optimization effects", "what the toggles did to this reply", effects(v, o));
   }
 
-  const api = { viewOf, extent, niceMax, ticks, stalls, ttftVsTotal, waterfall, tokenTimeline, effects, all, fmtMs };
+  const api = { viewOf, extent, niceMax, ticks, stalls, decimate: (pts, xMax) => decimate(pts, xScale(xMax)), ttftVsTotal, waterfall, tokenTimeline, effects, all, fmtMs };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.LabOverlays = api;
 })(typeof window !== "undefined" ? window : this);

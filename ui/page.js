@@ -74,6 +74,15 @@
     if (log) log.scrollTop = log.scrollHeight;
   }
 
+  // Once per frame, not per chunk: reading scrollHeight forces a layout, and a layout per chunk
+  // is what made long fast replies fall behind.
+  const scrollPending = new Set();
+  function scrollSoon(p) {
+    if (scrollPending.has(p)) return;
+    scrollPending.add(p);
+    requestAnimationFrame(() => { scrollPending.delete(p); scrollDown(p); });
+  }
+
   function addUser(p, text, note) {
     const log = logEl(p);
     log.querySelector(".lab-empty")?.remove();
@@ -216,7 +225,7 @@
         if (r.textLen === d.text.length) setStatus(r, "");
       }
       r.rec.arrived(d.n, !!d.text, t);
-      scrollDown(r.pane);
+      if (d.text) scrollSoon(r.pane);
       scheduleDraw(r.pane);
     } else if (kind === "done") {
       r.timeline = d.record.timeline;
@@ -306,6 +315,7 @@
       const cost = performance.now() - t0;
       const c = lab.overlayCost;
       c.n += 1; c.total += cost; c.max = Math.max(c.max, cost);
+      pane(name).lastCost = cost;
       const foot = document.createElement("div");
       foot.className = "lab-cost";
       foot.title = "Time to build and insert the overlays' SVG on this page (the browser's main thread), averaged over every redraw so far";
@@ -315,10 +325,12 @@
     });
   }
 
+  // Live redraws take at most ~10% of the main thread: a redraw that cost c ms waits 10·c ms.
   function scheduleDraw(p) {
     const P = pane(p);
     if (P.draw) return;
-    const wait = Math.max(0, DRAW_EVERY_MS - (performance.now() - P.lastDraw));
+    const every = Math.max(DRAW_EVERY_MS, 10 * (P.lastCost || 0));
+    const wait = Math.max(0, every - (performance.now() - P.lastDraw));
     P.draw = setTimeout(() => requestAnimationFrame(() => { P.draw = null; drawPane(p); }), wait);
   }
 
@@ -436,7 +448,7 @@
 
   lab.runPreset = async (name, args) => {
     const preset = CFG.presets[name];
-    if (!preset || busy()) return;
+    if (!preset || !preset.available || busy()) return; // the note under the buttons says why
     const n = CFG.fields.length;
     const sA = settingsOf(args.slice(0, n)), sB = settingsOf(args.slice(n, 2 * n));
     const transport = args[2 * n];

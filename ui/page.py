@@ -30,12 +30,22 @@ EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it s
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
 
 
-def head(presets: dict) -> str:
+def preset_missing(preset: dict, variants: list[str]) -> str | None:
+    """Why a teaching preset cannot run on this engine (None: it can)."""
+    need = preset.get("needs_variant")
+    if need and need not in variants:
+        return (f"This preset needs the '{need}' weights variant, which this engine does not offer "
+                f"(it offers: {', '.join(variants)}).")
+    return None
+
+
+def head(presets: dict, variants: list[str]) -> str:
     """The <head> additions: the page's config, then our three scripts (inlined: one request less)."""
     config = {
         "fields": FIELDS,
         "glossary": glossary.as_json(),
-        "presets": {k: {"title": p["title"], "turns": p["turns"]} for k, p in presets.items()},
+        "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, variants) is None}
+                    for k, p in presets.items()},
         "readingPace": READING_PACE_TPS,
         "emptyChat": EMPTY_CHAT,
         "emptyOverlay": EMPTY_OVERLAY,
@@ -150,10 +160,9 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
 
     def preset_values(name: str):
         p = presets[name]
-        missing = p.get("needs_variant")
-        if missing and missing not in variants:
-            raise gr.Error(f"This preset needs the '{missing}' weights variant; this engine offers: "
-                           f"{', '.join(variants)}.")
+        missing = preset_missing(p, variants)
+        if missing:  # leave the controls alone; the page's JS does not run it either
+            return [gr.update() for _ in range(2 * len(FIELDS))] + [f"**{p['title']}.** {missing}"]
         updates = []
         for side in ("a", "b"):
             chosen = {"temperature": 0.0, "max_new_tokens": 64, "kv_reuse": True, "speculative": "off",
@@ -237,7 +246,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
                     sweep_run = gr.Button("Run sweep", variant="primary", elem_id="lab-sweep-run")
                     sweep_stop = gr.Button("Stop", variant="stop")
                 sweep_summary = gr.HTML(elem_id="lab-sweep-summary")
-                sweep_plot = gr.Plot(label="Distributions (every reply a point)")
+                sweep_plot = gr.Plot(label="Distributions (every reply a point)", show_label=False)
                 sweep_files = gr.File(label="Export (CSV, JSON)", file_count="multiple")
 
             with gr.Tab("Glossary", id="glossary"):
@@ -270,7 +279,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
         both = [*ab_settings["A"], *ab_settings["B"]]
         for name, button in preset_buttons.items():
             button.click(lambda n=name: preset_values(n), None, [*both, preset_note], queue=False,
-                         show_progress="hidden", api_visibility="private").success(
+                         show_progress="hidden", api_visibility="private").then(
                 None, [*both, transport], js=f"(...a) => {{ window.lab.runPreset('{name}', a); }}", **quick)
 
         gr_send.click(gradio_chat, [gr_payload], [gr_stream], js="() => window.lab.takeGradioPayload()",

@@ -273,15 +273,16 @@ def records_to_json(records: list[dict]) -> str:
 
 
 # --- A/B and sweeps ----------------------------------------------------------------------------
-def winner(name: str, a, b, tie_ratio: float = 0.03) -> str:
-    """The better side of a metric: A, B, tie (within ±3%: noise on a shared machine), or "" (no
-    direction for this metric, or a figure is missing)."""
-    better = METRICS[name].better if name in METRICS else ""
-    if not better or a is None or b is None:
+def winner(name: str, a, b, tie_ratio: float = 0.03, tie_ms: float = 1.0) -> str:
+    """The better side of a metric: A, B, tie (within ±3%, or 1 ms for times: noise on a shared
+    machine), or "" (no direction for this metric, or a figure is missing)."""
+    m = METRICS.get(name)
+    if m is None or not m.better or a is None or b is None:
         return ""
-    if abs(a - b) <= tie_ratio * max(abs(a), abs(b), 1e-9):
+    tolerance = max(tie_ratio * max(abs(a), abs(b)), tie_ms if m.unit == "ms" else 0.0)
+    if abs(a - b) <= tolerance:
         return "tie"
-    a_wins = a < b if better == "lower" else a > b
+    a_wins = a < b if m.better == "lower" else a > b
     return "A" if a_wins else "B"
 
 

@@ -75,6 +75,8 @@ def summary_html(rows: list[dict]) -> str:
     trs = []
     for s in summary(rows):
         name = s["metric"]
+        if not s["A n"] and not s["B n"]:
+            continue  # e.g. acceptance without speculation
         cells = ""
         for side in ("A", "B"):
             win = ' class="lab-win"' if s.get("winner") == side else ""
@@ -106,7 +108,7 @@ def distributions_figure(rows: list[dict], metrics: list[str] = PLOT_METRICS):
             fig.add_trace(go.Box(y=ys, name=pane, marker_color=colors[pane], boxpoints="all", jitter=0.4,
                                  pointpos=0, showlegend=False, hovertemplate=f"{pane}: %{{y:.1f}}<extra></extra>"),
                           row=1, col=col)
-    fig.update_layout(height=300, margin=dict(l=30, r=10, t=40, b=30), template="plotly_white")
+    fig.update_layout(height=320, margin=dict(l=30, r=10, t=70, b=30), template="plotly_white")
     return fig
 
 

@@ -11,6 +11,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI
 
 from .chat import ChatStore
+from . import engine_info
 from .page import build_page, css, head
 from .presets import load_prompt_sets, teaching_presets
 from .stream_api import lab_router
@@ -29,7 +30,8 @@ def create_app(engines, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
         app.include_router(router)
     page = build_page(store, prompt_sets, presets)
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
-    return gr.mount_gradio_app(app, page, path="/", css=css(), head=head(presets), theme=theme,
+    variants = engine_info.variants(store.info)
+    return gr.mount_gradio_app(app, page, path="/", css=css(), head=head(presets, variants), theme=theme,
                                footer_links=["api", "settings"], run_history=False)
 
 

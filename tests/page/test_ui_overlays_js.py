@@ -108,3 +108,12 @@ def test_one_time_scale_and_round_ticks(js):
     longer = view(js, timeline={**TIMELINE, "e2e_ms": 3000})
     assert js("O.extent(arg)", [short, longer]) == 5000
     assert js("O.all(arg, {xMax: 5000})", short).count(">5,000 ms<") == 3  # all three charts share the axis
+
+
+def test_long_replies_are_decimated_to_the_pixels_without_losing_the_ends(js):
+    points = [[i * 0.5, i + 1] for i in range(10_000)]
+    kept = js("O.decimate(arg, 5000)", points)
+    assert len(kept) <= 2 * (600 - 132) + 1
+    assert kept[0] == points[0] and kept[-1] == points[-1]
+    assert all(a[1] < b[1] for a, b in zip(kept, kept[1:]))  # still in order, still cumulative
+    assert js("O.decimate(arg, 5000)", points[:50]) == points[:50]  # short series are untouched
