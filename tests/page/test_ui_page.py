@@ -127,3 +127,55 @@ def test_an_ab_pair_streams_both_panes_and_fills_the_delta_table(page_server, br
     ticks = [page.locator(f"#lab-ov-{s} .lab-card:first-child text.lab-tick").last.text_content() for s in "AB"]
     assert ticks[0] == ticks[1]
     page.screenshot(path=str(artifacts / "page-ab.png"), full_page=True)
+
+
+def wait_runs(page, pane, n, timeout=60_000):
+    page.wait_for_function(f"() => window.lab.panes[{pane!r}] && window.lab.panes[{pane!r}].runs.length === {n}"
+                           f" && window.lab.panes[{pane!r}].runs[{n - 1}].client", timeout=timeout)
+
+
+def test_regenerate_and_clear(page_server, browser_page):
+    page = browser_page
+    open_page(page, page_server)
+    set_number(page, "lab-chat-max", 5)
+    page.fill("#lab-msg textarea", "Say a word.")
+    page.click("#lab-send")
+    wait_runs(page, "chat", 1)
+    page.click("#lab-regen")
+    wait_runs(page, "chat", 2)
+    assert last_run(page, "chat")["row"]["turn"] == 1  # the same turn, answered again
+    assert page.locator("#lab-log-chat .lab-msg.assistant").count() == 1
+    assert page.locator("#lab-log-chat .lab-msg.user").count() == 1
+    page.click("#lab-clear")
+    page.wait_for_selector("#lab-log-chat .lab-empty")
+    page.fill("#lab-msg textarea", "Start over.")
+    page.click("#lab-send")
+    wait_runs(page, "chat", 3)
+    assert last_run(page, "chat")["row"]["turn"] == 1  # the server forgot the conversation too
+
+
+def test_two_tabs_contend_and_the_second_shows_its_queue_time(page_server, chromium):
+    tabs = [chromium.new_page(viewport={"width": 1400, "height": 1000}) for _ in range(2)]
+    try:
+        for tab in tabs:
+            open_page(tab, page_server)
+            set_number(tab, "lab-chat-max", 40)
+        tabs[0].fill("#lab-msg textarea", "Count from one to twenty in words.")
+        tabs[0].click("#lab-send")
+        tabs[0].wait_for_function("() => window.lab.panes.chat.runs[0].rec.arrival.length >= 1")
+        tabs[1].fill("#lab-msg textarea", "Say hi.")
+        tabs[1].click("#lab-send")
+        tabs[1].wait_for_function("() => /queued: 1 request ahead/.test(document.querySelector("
+                                  "'#lab-log-chat .lab-status').textContent)", timeout=30_000)
+        for tab in tabs:
+            wait_runs(tab, "chat", 1, timeout=120_000)
+        first, second = last_run(tabs[0], "chat")["row"], last_run(tabs[1], "chat")["row"]
+        assert first["queue_position"] == 0 and second["queue_position"] == 1
+        assert second["queue_ms"] > first["queue_ms"] and second["queue_ms"] > 10
+        # the waterfall's queue bar carries that wait, in ms
+        title = tabs[1].locator("#lab-ov-chat .lab-card:nth-child(2) rect title").all_text_contents()
+        queue = [t for t in title if t.startswith("queue")]
+        assert queue and float(queue[0].rsplit(": ", 1)[1].split(" ")[0].replace(",", "")) > 10
+    finally:
+        for tab in tabs:
+            tab.close()
