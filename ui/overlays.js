@@ -127,10 +127,12 @@
   function axis(xMax, y, height) {
     const x = xScale(xMax);
     let s = "";
-    for (const t of ticks(xMax, 5)) {
+    const ts = ticks(xMax, 5);
+    ts.forEach((t, i) => {
+      const anchor = i === ts.length - 1 ? "end" : i === 0 ? "start" : "middle"; // keep labels inside
       s += `<line x1="${x(t)}" x2="${x(t)}" y1="${y - height}" y2="${y}" class="lab-grid"/>`;
-      s += `<text x="${x(t)}" y="${y + 12}" class="lab-tick" text-anchor="middle">${esc(fmtMs(t))}</text>`;
-    }
+      s += `<text x="${x(t)}" y="${y + 12}" class="lab-tick" text-anchor="${anchor}">${esc(fmtMs(t))}</text>`;
+    });
     return s;
   }
 

@@ -389,8 +389,12 @@
     if (P.run && !P.run.finished) return;
     const settings = settingsOf(args);
     const last = logEl(p).querySelector(".lab-msg.assistant:last-child");
-    if (last) last.remove();
-    run(p, { regenerate: true, settings }, sendAt, args[CFG.fields.length], "regenerated");
+    if (last) last.style.display = "none"; // replaced if the new reply comes, shown again if it fails
+    run(p, { regenerate: true, settings }, sendAt, args[CFG.fields.length], "regenerated").then((r) => {
+      if (!last) return;
+      if (r.error) last.style.display = "";
+      else last.remove();
+    });
   };
 
   lab.stop = async (p) => {
