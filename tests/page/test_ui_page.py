@@ -144,7 +144,7 @@ def test_regenerate_and_clear(page_server, browser_page):
     page.click("#lab-regen")
     wait_runs(page, "chat", 2)
     assert last_run(page, "chat")["row"]["turn"] == 1  # the same turn, answered again
-    assert page.locator("#lab-log-chat .lab-msg.assistant").count() == 1
+    page.wait_for_function("() => document.querySelectorAll('#lab-log-chat .lab-msg.assistant').length === 1")
     assert page.locator("#lab-log-chat .lab-msg.user").count() == 1
     page.click("#lab-clear")
     page.wait_for_selector("#lab-log-chat .lab-empty")
