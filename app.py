@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    routers = ()  # the OpenAI-compatible API router goes here, e.g. (api_router(engine),)
-    app = create_app(engine, routers=routers)
+    # One port for everything. The OpenAI-compatible API plugs in here, either as routers
+    # (create_app(engine, routers=(...))) or as the app to build on (create_app(engine, app=api_app)).
+    app = create_app(engine)
     if args.share:
         _share(args.host, args.port)
     print(f"Latency Lab on http://{args.host}:{args.port}", file=sys.stderr)

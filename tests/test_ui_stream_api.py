@@ -117,3 +117,24 @@ def test_clock_is_the_server_perf_counter(client):
     a = client.get("/lab/clock").json()["server_ms"]
     b = client.get("/lab/clock").json()["server_ms"]
     assert 0 < b - a < 60_000
+
+
+def test_the_page_and_lab_endpoints_build_on_an_existing_app():
+    """One port: an API app (e.g. the OpenAI-compatible one) keeps its routes next to the page."""
+    from ui.webapp import create_app
+
+    api = FastAPI()
+
+    @api.get("/v1/models")
+    def models():
+        return {"data": ["m"]}
+
+    source = PacedSource(tokens_per_s=1000)
+    try:
+        with TestClient(create_app(source, app=api)) as c:
+            assert c.get("/v1/models").json() == {"data": ["m"]}
+            assert c.post("/lab/session").status_code == 200
+            page = c.get("/")
+            assert page.status_code == 200 and "window.LAB_CONFIG" in page.text
+    finally:
+        source.close()

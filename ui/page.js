@@ -197,6 +197,7 @@
       if (typeof d === "string") return d;
       if (d && d.message) return d.message;
       if (Array.isArray(d)) return d.map((e) => e.msg).join("; ");
+      if (body.error && body.error.message) return body.error.message; // an OpenAI-shaped error body
       return JSON.stringify(body);
     } catch (e) {
       return `${resp.status} ${resp.statusText}`;

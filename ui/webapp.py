@@ -17,13 +17,15 @@ from .presets import load_prompt_sets, teaching_presets
 from .stream_api import lab_router
 
 
-def create_app(engines, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
-    """`engines`: one engine, or {backend name: engine}. `routers` (e.g. the OpenAI-compatible
-    API) are included before the page is mounted at "/", which would otherwise shadow them."""
+def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None = None) -> FastAPI:
+    """`engines`: one engine, or {backend name: engine}. `routers` are included before the page
+    is mounted at "/", which would otherwise shadow them. `app`: an existing FastAPI app to build
+    on (e.g. the OpenAI-compatible API's), so the page, /lab and the API share one port. Serve it
+    with the lifespan on: Gradio starts its queue there."""
     store = ChatStore(engines)
     prompt_sets = load_prompt_sets()
     presets = teaching_presets(prompt_sets)
-    app = FastAPI(title="Latency Lab", docs_url=None, redoc_url=None)
+    app = app or FastAPI(title="Latency Lab", docs_url=None, redoc_url=None)
     app.state.store = store
     app.include_router(lab_router(store, presets))
     for router in routers:
