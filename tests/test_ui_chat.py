@@ -3,6 +3,7 @@ stop, errors that lose nothing, session isolation. Uses the paced test source (n
 speed, and the bundled model (fp32) where the real engine matters."""
 
 import asyncio
+import concurrent.futures
 
 import pytest
 
@@ -13,10 +14,17 @@ from ui.paced import PacedSource
 from ui.sweep import run_sweep, summary
 
 
+def run(coro):
+    """asyncio.run on a thread of its own: the browser tests' Playwright keeps an event loop
+    running on the main thread for the whole session."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def collect(store, *args, **kw):
     async def go():
         return [(k, d) async for k, d in store.run_turn(*args, **kw)]
-    return asyncio.run(go())
+    return run(go())
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +76,7 @@ def test_stop_ends_with_a_cancelled_reply_that_stays_in_the_history():
                 assert store.cancel(s, "chat")
         return out
     try:
-        events = asyncio.run(go())
+        events = run(go())
     finally:
         slow.close()
     done = events[-1][1]
@@ -128,7 +136,7 @@ def test_sweep_alternates_a_and_b_over_every_turn(paced):
     prompt_set = {"items": [{"history": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
                              "turns": ["one", "two"]}, {"turns": ["three"]}]}
     seen = []
-    rows = asyncio.run(run_sweep(store, prompt_set, {"max_new_tokens": 2}, {"max_new_tokens": 3},
+    rows = run(run_sweep(store, prompt_set, {"max_new_tokens": 2}, {"max_new_tokens": 3},
                                  progress=lambda d, t, desc: seen.append((d, t))))
     assert [(r["item"], r["pane"]) for r in rows] == [(1, "A"), (1, "A"), (1, "B"), (1, "B"), (2, "A"), (2, "B")]
     assert [r["output_tokens"] for r in rows if r["pane"] == "B"] == [3, 3, 3]
@@ -136,7 +144,7 @@ def test_sweep_alternates_a_and_b_over_every_turn(paced):
     s = {row["metric"]: row for row in summary(rows)}
     assert s["output_tokens"]["A p50"] == 2 and s["output_tokens"]["B p50"] == 3
     with pytest.raises(InvalidRequest, match="config A"):
-        asyncio.run(run_sweep(store, prompt_set, {"temperature": -1}, {}))
+        run(run_sweep(store, prompt_set, {"temperature": -1}, {}))
 
 
 def test_the_history_is_the_engines_text_token_for_token(bundled_engine):

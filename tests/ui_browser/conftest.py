@@ -23,7 +23,7 @@ def page_server(bundled_engine):
         yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # not session: sync Playwright keeps an event loop running while open
 def chromium():
     from playwright.sync_api import sync_playwright
 
