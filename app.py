@@ -1,8 +1,88 @@
-"""Latency Lab. Until the page lands (issue #6), `python app.py` starts the terminal chat."""
+"""Latency Lab: `python app.py` serves the page, its endpoints and the API on http://127.0.0.1:7860.
 
+One FastAPI app on one port: the OpenAI-compatible API (/v1, /metrics), the page's own endpoints
+(/lab) and the Gradio page (/). Binds 127.0.0.1 unless --host says otherwise; no public share link
+unless --share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
 import sys
 
-from engine.cli import main
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine.cli import add_load_args
+    from server.cli import add_server_args
+
+    p = argparse.ArgumentParser(prog="python app.py", description=__doc__.splitlines()[0])
+    p.add_argument("--share", action="store_true", help="also open a public gradio.live link (needs internet)")
+    p.add_argument("--max-queue", type=int, default=None, help="refuse requests beyond this many waiting")
+    p.add_argument("--paced-source", type=float, default=None, metavar="TOK_PER_S",
+                   help="no model: a test source emitting tokens at this rate (to measure the page itself)")
+    add_load_args(p)
+    add_server_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import uvicorn
+
+    from engine.cli import load_config_from_args
+    from engine.errors import LatencyLabError
+    from server import build_backends, create_api
+    from ui.webapp import create_app
+
+    try:
+        if args.paced_source:
+            from ui.paced import PacedSource
+
+            backends = {"paced test source": PacedSource(args.paced_source)}
+        else:
+            from engine.service import Engine
+
+            backends = build_backends(
+                args, lambda: Engine.load(load_config_from_args(args), max_queue=args.max_queue))
+    except LatencyLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    api = create_api(backends, api_key=args.api_key)
+    # The page drives the API's instrumented backends, so its requests show in /metrics too.
+    app = create_app(api.state.backends, app=api)
+    if args.share:
+        _share(args.host, args.port)
+    print(f"Latency Lab on http://{args.host}:{args.port}", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        for backend in backends.values():
+            backend.close()
+    return 0
+
+
+def _share(host: str, port: int) -> None:
+    """Open Gradio's public tunnel to this port once the server listens (needs internet)."""
+    import secrets
+    import threading
+    import time
+
+    from gradio import networking
+
+    def open_tunnel():
+        time.sleep(2)
+        try:
+            url = networking.setup_tunnel(host, port, secrets.token_urlsafe(32), None, None)
+            print(f"public link: {url}", file=sys.stderr)
+        except Exception as exc:  # no internet here is the usual reason
+            print(f"--share: could not open a public link ({exc}); serving on {host}:{port} only", file=sys.stderr)
+
+    threading.Thread(target=open_tunnel, daemon=True).start()
+
 
 if __name__ == "__main__":
     sys.exit(main())

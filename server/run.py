@@ -13,12 +13,12 @@ import uvicorn
 
 class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                                    lifespan="off"))
+        # lifespan "auto": a mounted Gradio page starts its queue there; a bare API has none
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
         self.thread = threading.Thread(target=self.server.run, name="api-server", daemon=True)
         self.url: str | None = None
 
-    def start(self, timeout: float = 30.0) -> str:
+    def start(self, timeout: float = 60.0) -> str:
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:

@@ -1,0 +1,140 @@
+"""The page's /lab endpoints over HTTP: the SSE token stream, stop, clear, clock, timings, exports.
+Bad input gets a 4xx with a message, never a 500. Uses the paced test source (no model)."""
+
+import csv
+import io
+import json
+import threading
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from ui.chat import ChatStore
+from ui.paced import PacedSource
+from ui.presets import load_prompt_sets, teaching_presets
+from ui.stream_api import lab_router
+
+
+@pytest.fixture(scope="module")
+def client():
+    source = PacedSource(tokens_per_s=1000, prefill_ms=1)
+    app = FastAPI()
+    app.include_router(lab_router(ChatStore(source), teaching_presets(load_prompt_sets())))
+    with TestClient(app) as c:
+        yield c
+    source.close()
+
+
+def sse(response):
+    """(event, data) pairs from an SSE body."""
+    out, event = [], None
+    for line in response.iter_lines():
+        if line.startswith("event:"):
+            event = line.split(":", 1)[1].strip()
+        elif line.startswith("data:"):
+            out.append((event, json.loads(line.split(":", 1)[1])))
+    return out
+
+
+def chat(client, session, **body):
+    with client.stream("POST", "/lab/chat", json={"session": session, **body}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return sse(r)
+
+
+def test_stream_then_timing_then_table_and_exports(client):
+    s = client.post("/lab/session").json()["session"]
+    events = chat(client, s, message="hi", settings={"max_new_tokens": 4})
+    assert [e for e, _ in events][0] == "start" and events[-1][0] == "done"
+    assert sum(e == "chunk" for e, _ in events) == 4
+    rid = events[0][1]["request_id"]
+    timing = client.post("/lab/timing", json={"session": s, "request_id": rid, "client": {
+        "send_at_ms": 10.0, "arrival_ms": [30, 31, 32, 33], "arrival_tokens": [1, 2, 3, 4],
+        "paint_ms": [40, 40, 41, 50], "clock_offset_ms": None}}).json()
+    assert timing["row"]["client_ttft_ms"] == 40 and timing["client"]["transport_overhead_ms"] is not None
+    assert "seen 40 ms" in timing["stats_html"] and timing["what_happened"].startswith("First token")
+    table = client.get("/lab/table", params={"session": s, "pane": "chat"}).json()
+    assert table["count"] == 1 and "<table" in table["html"]
+    rows = list(csv.DictReader(io.StringIO(client.get(f"/lab/export/{s}.csv").text)))
+    assert rows[0]["request_id"] == rid and rows[0]["client_ttft_ms"] == "40.0"
+    exported = client.get(f"/lab/export/{s}.json")
+    assert exported.headers["content-disposition"].startswith("attachment")
+    assert exported.json()["records"][0]["timeline"]["client"]["paint_ms"] == [40, 40, 41, 50]
+
+
+def test_bad_requests_get_4xx_with_a_message(client):
+    s = client.post("/lab/session").json()["session"]
+    r = client.post("/lab/chat", json={"session": s, "message": "hi", "settings": {"temperature": -1}})
+    assert r.status_code == 400 and "temperature" in r.json()["detail"]["message"]
+    r = client.post("/lab/chat", json={"session": s, "message": "   "})
+    assert r.status_code == 400 and "write a message" in r.json()["detail"]["message"]
+    r = client.post("/lab/chat", json={"session": "not-a-session", "message": "hi"})
+    assert r.status_code == 400 and "reload the page" in r.json()["detail"]["message"]
+    assert client.post("/lab/chat", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    r = client.post("/lab/timing", json={"session": s, "request_id": "req-x", "client": {}})
+    assert r.status_code == 400
+    assert client.get(f"/lab/export/{s}.exe").status_code == 404
+    assert client.post("/lab/seed", json={"session": s, "pane": "A", "preset": "nope"}).status_code == 404
+
+
+def test_stop_cancels_on_the_server_and_the_stream_ends_with_the_partial_reply(client):
+    s = client.post("/lab/session").json()["session"]
+    stopped = {}
+
+    with client.stream("POST", "/lab/chat", json={"session": s, "message": "long",
+                                                  "settings": {"max_new_tokens": 5000}}) as r:
+        events, event = [], None
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                events.append((event, json.loads(line.split(":", 1)[1])))
+                if event == "chunk" and events[-1][1]["n"] == 5 and not stopped:
+                    t = threading.Thread(target=lambda: stopped.update(
+                        client.post("/lab/stop", json={"session": s, "pane": "chat"}).json()))
+                    t.start()
+                    t.join()
+    assert stopped == {"stopped": True}
+    done = events[-1][1]
+    assert events[-1][0] == "done" and done["row"]["finish_reason"] == "cancelled"
+    assert done["row"]["output_tokens"] < 5000
+
+
+def test_seed_and_clear(client):
+    s = client.post("/lab/session").json()["session"]
+    seeded = client.post("/lab/seed", json={"session": s, "pane": "A", "preset": "kv_reuse"}).json()
+    assert len(seeded["messages"]) >= 4
+    events = chat(client, s, pane="A", message="next", settings={"max_new_tokens": 2})
+    assert events[-1][1]["record"]["turn"] == len(seeded["messages"]) // 2 + 1
+    assert client.post("/lab/clear", json={"session": s, "pane": "A"}).json() == {"cleared": True}
+    events = chat(client, s, pane="A", message="fresh", settings={"max_new_tokens": 2})
+    assert events[-1][1]["record"]["turn"] == 1
+
+
+def test_clock_is_the_server_perf_counter(client):
+    a = client.get("/lab/clock").json()["server_ms"]
+    b = client.get("/lab/clock").json()["server_ms"]
+    assert 0 < b - a < 60_000
+
+
+def test_the_page_and_lab_endpoints_build_on_an_existing_app():
+    """One port: an API app (e.g. the OpenAI-compatible one) keeps its routes next to the page."""
+    from ui.webapp import create_app
+
+    api = FastAPI()
+
+    @api.get("/v1/models")
+    def models():
+        return {"data": ["m"]}
+
+    source = PacedSource(tokens_per_s=1000)
+    try:
+        with TestClient(create_app(source, app=api)) as c:
+            assert c.get("/v1/models").json() == {"data": ["m"]}
+            assert c.post("/lab/session").status_code == 200
+            page = c.get("/")
+            assert page.status_code == 200 and "window.LAB_CONFIG" in page.text
+    finally:
+        source.close()

@@ -1,0 +1,216 @@
+"""`python -m ui.bench transport|rate`: what the page's transport costs, measured in Chromium.
+
+transport  Replies sent through the page (real clicks on Send), alternating our SSE stream and
+           Gradio's queue, on the bundled model (or --paced-source). Prints transport_overhead_ms
+           (client_ttft_ms − ttft_ms) p50/p90 per transport, and its split into network in and
+           network out + paint (through the clock offset).
+rate       The paced test source at increasing token rates: does the page keep up? For each
+           chunk, lag = its arrival (or paint) minus the server's emit time on the browser's axis;
+           a transport keeps up when that lag does not grow over the reply (last fifth vs first
+           fifth of the chunks).
+
+Both start the app on a free loopback port in this process and drive headless Chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from .records import percentile
+
+CHROMIUM = os.environ.get("LATENCY_LAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+TRANSPORTS = ("sse", "gradio")
+PROMPTS = ["What is the capital of France?", "Name three colors.", "Say hello in Spanish.",
+           "What is 2 + 2?", "Name a large animal.", "What color is the sky?"]
+
+
+def _stats(values: list[float]) -> dict:
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return {"n": 0}
+    return {"n": len(xs), "p50": round(percentile(xs, 50), 2), "p90": round(percentile(xs, 90), 2),
+            "min": round(min(xs), 2), "max": round(max(xs), 2)}
+
+
+def _open(browser, url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.wait_for_selector("#lab-send")
+    page.wait_for_function("() => window.lab && window.lab.session && window.LabTiming.Clock.offset !== null")
+    return page
+
+
+def _choose_transport(page, transport: str) -> None:
+    label = "SSE" if transport == "sse" else "Gradio"
+    page.click(f"#lab-transport label:has-text('{label}')")
+
+
+def _wait_reply(page, index: int, timeout_ms: float = 120_000) -> dict:
+    page.wait_for_function(f"() => window.lab.panes.chat && window.lab.panes.chat.runs.length > {index}"
+                           f" && window.lab.panes.chat.runs[{index}].finished"
+                           f" && (window.lab.panes.chat.runs[{index}].client || window.lab.panes.chat.runs[{index}].error)",
+                           timeout=timeout_ms)
+    run = page.evaluate(f"() => {{ const r = window.lab.panes.chat.runs[{index}];"
+                        " return {error: r.error, row: r.row, client: r.client, timeline: r.timeline}; }")
+    if run["error"]:
+        raise RuntimeError(f"reply {index} failed: {run['error']}")
+    return run
+
+
+def bench_transport(url: str, browser, replies: int, max_tokens: int) -> dict:
+    page = _open(browser, url)
+    box = page.locator("#lab-chat-max input[type=number]")
+    box.fill(str(max_tokens))
+    box.press("Tab")
+    rows = {t: [] for t in TRANSPORTS}
+    for i in range(2 * replies + 2):  # two warm-up replies (first use of each path), then alternate
+        transport = TRANSPORTS[i % 2]
+        _choose_transport(page, transport)
+        page.fill("#lab-msg textarea", PROMPTS[i % len(PROMPTS)])
+        page.click("#lab-send")
+        run = _wait_reply(page, i)
+        if i >= 2:
+            rows[transport].append(run["row"])
+        page.wait_for_timeout(200)
+    cost = page.evaluate("() => window.lab.overlayCost")
+    page.close()
+    out = {"replies_per_transport": replies, "max_tokens": max_tokens}
+    for t, rs in rows.items():
+        out[t] = {name: _stats([r[name] for r in rs]) for name in
+                  ("transport_overhead_ms", "network_in_ms", "network_out_ms", "ttft_ms", "client_ttft_ms",
+                   "clock_bound_ms")}
+    gap = [a - b for a, b in zip(
+        [r["transport_overhead_ms"] for r in rows["gradio"]], [r["transport_overhead_ms"] for r in rows["sse"]])]
+    out["gradio_minus_sse_overhead_ms"] = _stats(gap)
+    out["overlay_redraw_ms"] = {"mean": round(cost["total"] / max(cost["n"], 1), 3), "max": round(cost["max"], 3),
+                                "redraws": cost["n"]}
+    return out
+
+
+def _lags(run: dict) -> dict:
+    """Per chunk: arrival and paint minus the server's emit time, on the browser's axis."""
+    c, tl = run["client"], run["timeline"]
+    received, tokens = c.get("network_in_ms"), tl.get("token_ms") or []
+    if received is None:
+        raise RuntimeError("no clock offset: cannot place server emits on the browser's axis")
+    arrival, paint, counts = [], [], []
+    for t_arr, t_paint, n in zip(c["arrival_ms"], c["paint_ms"], c["arrival_tokens"]):
+        if not 0 < n <= len(tokens):
+            continue
+        emit = received + tokens[n - 1]
+        arrival.append(t_arr - emit)
+        counts.append(n)
+        if t_paint is not None:
+            paint.append(t_paint - emit)
+    return {"arrival": arrival, "paint": paint}
+
+
+def _growth(lags: list[float]) -> float | None:
+    k = max(1, len(lags) // 5)
+    if len(lags) < 10:
+        return None
+    return statistics.median(lags[-k:]) - statistics.median(lags[:k])
+
+
+def bench_rate(url: str, browser, source, rates: list[float], seconds: float, keep_up_ms: float) -> dict:
+    """Each transport at increasing rates until it stops keeping up (the rest would only take longer)."""
+    page = _open(browser, url)
+    fields = page.evaluate("() => window.LAB_CONFIG.fields")
+    results, index = [], 0
+    for transport in TRANSPORTS:
+        for rate in rates:
+            source.tokens_per_s = rate
+            settings = {"max_new_tokens": int(rate * seconds), "temperature": 0, "top_p": 0.9, "seed": -1,
+                        "kv_reuse": True, "speculative": "off", "num_speculative_tokens": 4,
+                        "quantization": "default", "backend": "local", "system": ""}
+            args = ["Stream as fast as you can."] + [settings[f] for f in fields] + [transport, 5.3]
+            page.evaluate("(args) => window.lab.sendChat(args)", args)
+            try:
+                run = _wait_reply(page, index, timeout_ms=seconds * 1000 * 5 + 10_000)
+            except Exception:  # far behind: stop it, note it, and stop raising the rate
+                page.evaluate("() => window.lab.stop('chat')")
+                page.wait_for_function(f"() => window.lab.panes.chat.runs[{index}].finished", timeout=120_000)
+                results.append({"tokens_per_s": rate, "transport": transport, "kept_up": False,
+                                "note": f"not finished {seconds * 5 + 10:.0f} s after send: stopped"})
+                print(json.dumps(results[-1]), file=sys.stderr)
+                index += 1
+                break
+            index += 1
+            lags = _lags(run)
+            growth = {k: _growth(v) for k, v in lags.items()}
+            reads = len(set(run["client"]["arrival_ms"]))
+            results.append({
+                "tokens_per_s": rate, "transport": transport, "tokens": run["row"]["output_tokens"],
+                "chunks_per_arrival": round(len(run["client"]["arrival_ms"]) / max(reads, 1), 2),
+                "arrival_lag_ms": _stats(lags["arrival"]), "paint_lag_ms": _stats(lags["paint"]),
+                "arrival_lag_growth_ms": None if growth["arrival"] is None else round(growth["arrival"], 1),
+                "paint_lag_growth_ms": None if growth["paint"] is None else round(growth["paint"], 1),
+                "clock_bound_ms": run["client"].get("clock_bound_ms"),
+                "kept_up": growth["paint"] is not None and growth["paint"] < keep_up_ms,
+            })
+            print(json.dumps({k: results[-1][k] for k in ("tokens_per_s", "transport", "paint_lag_growth_ms",
+                                                          "kept_up")}), file=sys.stderr)
+            page.wait_for_timeout(300)
+            if not results[-1]["kept_up"]:
+                break
+    page.close()
+    best = {t: max((r["tokens_per_s"] for r in results if r["transport"] == t and r["kept_up"]), default=None)
+            for t in TRANSPORTS}
+    return {"seconds_per_reply": seconds, "keep_up_if_paint_lag_grows_less_than_ms": keep_up_ms,
+            "highest_rate_kept_up": best, "runs": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ui.bench", description=__doc__.splitlines()[0])
+    p.add_argument("scenario", choices=("transport", "rate"))
+    p.add_argument("--replies", type=int, default=20, help="transport: replies per transport")
+    p.add_argument("--max-tokens", type=int, default=16, help="transport: tokens per reply")
+    p.add_argument("--paced-source", type=float, default=None, help="transport: a paced source instead of the model")
+    p.add_argument("--rates", default="100,200,400,800,1600", help="rate: tokens/s to try")
+    p.add_argument("--seconds", type=float, default=3.0, help="rate: length of each reply")
+    p.add_argument("--keep-up-ms", type=float, default=50.0, help="rate: largest paint-lag growth still 'kept up'")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    from engine.cli import add_load_args, load_config_from_args
+
+    add_load_args(p)
+    args = p.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    from .paced import PacedSource
+    from server.run import BackgroundServer
+    from .webapp import create_app
+
+    if args.scenario == "rate" or args.paced_source:
+        engine = PacedSource(args.paced_source or 100.0)
+    else:
+        from engine.service import Engine
+
+        engine = Engine.load(load_config_from_args(args, progress=False))
+    try:
+        with BackgroundServer(create_app(engine)) as url, sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            if args.scenario == "transport":
+                out = bench_transport(url, browser, args.replies, args.max_tokens)
+                out["engine"] = engine.info().get("name")
+            else:
+                rates = [float(r) for r in args.rates.split(",")]
+                out = bench_rate(url, browser, engine, rates, args.seconds, args.keep_up_ms)
+            browser.close()
+    finally:
+        engine.close()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The metric glossary (DESIGN.md) as data: every number the page shows has a label, a unit,
+the events it starts and ends at, which clock measured it, and which direction is better.
+
+One source for the hover definitions in Python (tables, stats lines) and in the page's
+JavaScript (overlays), which receives `as_json()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    unit: str  # ms | tok | tok/s | % | MB | ""
+    start: str  # start event ("" for counts)
+    end: str  # end event, or what is counted
+    clock: str = "server"  # server | browser | both (a difference of two intervals) | estimated
+    better: str = "lower"  # lower | higher | "" (no winner)
+
+    @property
+    def hover(self) -> str:
+        if self.start:
+            text = f"{self.label} [{self.unit}]: from {self.start} to {self.end}"
+        else:
+            text = f"{self.label}: {self.end}"
+        clock = {"server": "server clock", "browser": "browser clock",
+                 "both": "browser interval minus server interval, each on its own clock",
+                 "estimated": "across clocks: uses the estimated clock offset, ± its bound"}.get(self.clock, "")
+        return f"{text} ({clock})" if clock else text
+
+
+_M = Metric
+METRICS: dict[str, Metric] = {m.name: m for m in [
+    _M("queue_ms", "queue", "ms", "request enqueued", "worker starts it"),
+    _M("setup_ms", "setup", "ms", "worker starts it", "prompt token ids ready and cache looked up"),
+    _M("prefill_ms", "prefill", "ms", "prefill forward begins", "first token id sampled"),
+    _M("ttft_ms", "TTFT (server)", "ms", "request received by the server", "first token id sampled"),
+    _M("decode_ms", "decode", "ms", "first token sampled", "last token sampled"),
+    _M("tpot_ms", "TPOT", "ms", "first token sampled", "last token sampled, divided by (output tokens − 1)"),
+    _M("decode_tps", "decode speed", "tok/s", "first token sampled",
+       "last token sampled: (output tokens − 1) per second", better="higher"),
+    _M("e2e_ms", "total (server)", "ms", "request received", "last chunk handed to the transport"),
+    _M("itl_p50_ms", "ITL p50", "ms", "token i−1 sampled", "token i sampled (median over the reply)"),
+    _M("itl_max_ms", "longest gap", "ms", "token i−1 sampled", "token i sampled (the longest gap)"),
+    _M("client_ttft_ms", "TTFT (browser)", "ms", "user pressed send", "first generated text painted", "browser"),
+    _M("client_e2e_ms", "total (browser)", "ms", "user pressed send", "last text painted", "browser"),
+    _M("transport_overhead_ms", "transport overhead", "ms", "",
+       "TTFT (browser) − TTFT (server): network in + out + render for the first token", "both"),
+    _M("network_in_ms", "network in", "ms", "user pressed send", "request received by the server", "estimated"),
+    _M("network_out_ms", "network out + paint", "ms", "first token id sampled", "first text painted", "estimated"),
+    _M("paint_lag_ms", "paint lag (last)", "ms", "last token sampled", "last text painted", "estimated"),
+    _M("prompt_tokens", "prompt", "tok", "", "tokens in the prompt", better=""),
+    _M("prefill_tokens", "prefilled", "tok", "", "prompt tokens computed by prefill (not cached)"),
+    _M("cached_tokens", "cached", "tok", "", "prompt tokens served from the prefix cache (not prefilled)",
+       better="higher"),
+    _M("output_tokens", "output", "tok", "", "tokens generated", better=""),
+    _M("drafted", "drafted", "tok", "", "tokens proposed by speculation", better=""),
+    _M("accepted", "accepted", "tok", "", "proposed tokens the target accepted", better="higher"),
+    _M("acceptance_rate", "acceptance", "%", "", "accepted / drafted", better="higher"),
+    _M("tokens_per_step", "tokens/step", "tok", "", "output tokens per target forward pass", better="higher"),
+    _M("weight_mb", "weights", "MB", "", "bytes of the model variant's weights", better="lower"),
+]}
+
+
+def hover(name: str) -> str:
+    m = METRICS.get(name)
+    return m.hover if m else name
+
+
+def as_json() -> dict:
+    """For the page's JavaScript: {name: {label, unit, hover, better, ...}}."""
+    return {name: {**asdict(m), "hover": m.hover} for name, m in METRICS.items()}

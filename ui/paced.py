@@ -1,0 +1,82 @@
+"""A paced test source: no model, tokens at an exact rate. For measuring the page, not the model.
+
+It has the `Engine` interface the page uses (`submit`, `info`, `close`) and records a real
+Timeline, so the transport and the page can be tested at token rates no model here reaches
+(`python app.py --paced-source 400`; the page header says it is a test source).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+
+from engine.generate import Event, Request
+from engine.timeline import Timeline, now_ns
+from engine.worker import RequestHandle
+
+_ids = itertools.count(1)
+WORDS = ("the", "page", "keeps", "up", "with", "a", "fast", "stream", "of", "short", "tokens", "and")
+
+
+class PacedSource:
+    def __init__(self, tokens_per_s: float = 200.0, prefill_ms: float = 20.0):
+        if tokens_per_s <= 0:
+            raise ValueError("tokens_per_s must be positive")
+        self.tokens_per_s = tokens_per_s
+        self.prefill_ms = prefill_ms
+        self._queue: queue.SimpleQueue[RequestHandle | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="paced-source", daemon=True)
+        self._thread.start()
+
+    def info(self) -> dict:
+        return {"name": f"paced test source ({self.tokens_per_s:g} tok/s, no model)", "source": "paced",
+                "dtype": "-", "device": "-", "weight_bytes": 0}
+
+    def submit(self, messages=None, config=None, *, prompt_ids=None, session=None, timeline=None):
+        from engine.config import GenerationConfig
+
+        request = Request(messages=messages, prompt_ids=prompt_ids, config=(config or GenerationConfig()).validate(),
+                          session=session, id=f"paced-{next(_ids)}")
+        timeline = timeline or Timeline()
+        timeline.request_id = request.id
+        handle = RequestHandle(request, timeline)
+        timeline.queue_position = self._queue.qsize()
+        timeline.mark("enqueued")
+        handle.push(Event("status", stage="queued", detail={"position": timeline.queue_position}))
+        self._queue.put(handle)
+        return handle
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _loop(self) -> None:
+        while (handle := self._queue.get()) is not None:
+            self._run(handle)
+
+    def _run(self, handle: RequestHandle) -> None:
+        tl, cfg = handle.timeline, handle.request.config
+        tl.mark("started")
+        chars = sum(len(m.get("content", "")) for m in handle.request.messages or [])
+        tl.prompt_tokens = tl.prefill_tokens = max(1, chars // 4)
+        tl.mark("setup_done")
+        handle.push(Event("status", stage="prefill", detail={"prefill_tokens": tl.prefill_tokens}))
+        tl.prefill_start_ns = now_ns()
+        start = time.perf_counter() + self.prefill_ms / 1e3
+        parts, finish = [], "length"
+        for i in range(cfg.max_new_tokens):
+            delay = start + i / self.tokens_per_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            if handle.cancelled:
+                finish = "cancelled"
+                break
+            text = WORDS[i % len(WORDS)] + " "
+            tl.add_tokens(1)
+            parts.append(text)
+            handle.push(Event("chunk", text=text, token_ids=[i], output_tokens=i + 1))
+        tl.finish_reason = finish
+        tl.mark("done")
+        handle.push(Event("done", text="".join(parts), token_ids=list(range(len(parts))), output_tokens=len(parts),
+                          detail={"finish_reason": finish}, timeline=tl))

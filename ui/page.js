@@ -1,0 +1,481 @@
+// Latency Lab page controller: sends messages, reads the token stream, renders the transcript,
+// stamps browser timings (client_timing.js) and redraws the overlays (overlays.js) live.
+//
+// Gradio owns the controls; the buttons' `js` handlers call into `window.lab` with the controls'
+// values. The token stream is ours: a POST to /lab/chat answered with SSE, read with fetch, one
+// event per chunk, so each chunk's arrival and paint are stamped (see ui/stream_api.py for why).
+// The "gradio" transport sends the same request through Gradio's queue instead, to measure it.
+(function () {
+  "use strict";
+  const CFG = window.LAB_CONFIG;
+  const G = CFG.glossary;
+  const { Clock, Recorder } = window.LabTiming;
+  const O = window.LabOverlays;
+  const DRAW_EVERY_MS = 100; // live overlay redraws at most ~10 per second
+
+  const lab = (window.lab = {
+    session: null,
+    panes: {},
+    overlayCost: { n: 0, total: 0, max: 0 },
+    pendingGradio: null,
+    gradioRun: null,
+  });
+
+  const pane = (name) => (lab.panes[name] ||= { name, runs: [], run: null, selected: null, pace: CFG.readingPace, draw: null, lastDraw: 0 });
+  const q = (sel) => document.querySelector(sel);
+  const logEl = (p) => q(`#lab-log-${p} .lab-log`);
+  const overlayEl = (p) => q(`#lab-ov-${p} .lab-ov`);
+
+  // ---- start-up: a session of our own and a first clock estimate --------------------------------
+  const ready = (async () => {
+    const r = await fetch("/lab/session", { method: "POST" });
+    lab.session = (await r.json()).session;
+    await Clock.sync(5).catch(() => null);
+    showClock();
+    setInterval(() => { if (!busy()) Clock.sync(3).then(showClock).catch(() => null); }, 30000);
+    return lab.session;
+  })();
+
+  function showClock() {
+    const el = q("#lab-clock");
+    if (!el) return;
+    el.textContent = Clock.offset == null ? "clock offset: unknown" : `clock offset ±${O.fmtMs(Clock.bound)}`;
+    el.title = "Server and browser clocks are aligned NTP-style: several pings to the server, keeping the one with the shortest round trip; the bound is half that round trip. Only cross-clock figures (network in/out) use it.";
+  }
+
+  const busy = () => Object.values(lab.panes).some((p) => p.run && !p.run.finished);
+
+  // "User pressed send" is the DOM event itself (click, or Enter in the message box), stamped in
+  // the capture phase before Gradio dispatches its handler to us.
+  lab.pressedAt = null;
+  const SEND_BUTTONS = "#lab-send, #lab-ab-run";
+  const SEND_BOXES = "#lab-msg textarea, #lab-ab-msg textarea";
+  document.addEventListener("click", (e) => { if (e.target.closest?.(SEND_BUTTONS)) lab.pressedAt = performance.now(); }, true);
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && e.target.matches?.(SEND_BOXES)) lab.pressedAt = performance.now();
+  }, true);
+  function pressed() {
+    const now = performance.now();
+    const t = lab.pressedAt != null && now - lab.pressedAt < 1000 ? lab.pressedAt : now;
+    lab.pressedAt = null;
+    return t;
+  }
+
+  function settingsOf(values) {
+    const s = {};
+    CFG.fields.forEach((name, i) => { s[name] = values[i]; });
+    if (s.seed === "" || s.seed == null) s.seed = null;
+    return s;
+  }
+
+  // ---- transcript --------------------------------------------------------------------------------
+  function scrollDown(p) {
+    const log = logEl(p);
+    if (log) log.scrollTop = log.scrollHeight;
+  }
+
+  // Once per frame, not per chunk: reading scrollHeight forces a layout, and a layout per chunk
+  // is what made long fast replies fall behind.
+  const scrollPending = new Set();
+  function scrollSoon(p) {
+    if (scrollPending.has(p)) return;
+    scrollPending.add(p);
+    requestAnimationFrame(() => { scrollPending.delete(p); scrollDown(p); });
+  }
+
+  function addUser(p, text, note) {
+    const log = logEl(p);
+    log.querySelector(".lab-empty")?.remove();
+    const el = document.createElement("div");
+    el.className = "lab-msg user" + (note ? " seeded" : "");
+    const b = document.createElement("div");
+    b.className = "lab-bubble";
+    b.textContent = text;
+    el.appendChild(b);
+    log.appendChild(el);
+    scrollDown(p);
+    return el;
+  }
+
+  function addAssistant(p, label) {
+    const log = logEl(p);
+    log.querySelector(".lab-empty")?.remove();
+    const el = document.createElement("div");
+    el.className = "lab-msg assistant";
+    el.innerHTML = `<div class="lab-meta"></div><div class="lab-bubble"><span class="lab-text"></span><span class="lab-status">sending…</span></div><div class="lab-stats"></div><div class="lab-what"></div>`;
+    el.querySelector(".lab-meta").textContent = label || "";
+    const text = document.createTextNode("");
+    el.querySelector(".lab-text").appendChild(text);
+    log.appendChild(el);
+    scrollDown(p);
+    return { el, text, status: el.querySelector(".lab-status") };
+  }
+
+  function setStatus(run, text) {
+    run.view.status.textContent = text || "";
+    run.view.status.style.display = text ? "" : "none";
+  }
+
+  // ---- one run: send → stream → timings ---------------------------------------------------------
+  // Returns a promise that resolves when the reply is done and its timings are joined.
+  async function run(p, body, sendAt, transport, meta) {
+    const P = pane(p);
+    const r = {
+      pane: p, sendAt, transport, rec: new Recorder(sendAt), finished: false, error: null,
+      timeline: { received_ns: null, events_ms: {}, token_ms: [] }, requestId: null, row: null, client: null,
+      view: addAssistant(p, meta || ""), textLen: 0,
+    };
+    r.view.el.addEventListener("click", () => { P.selected = r; drawPane(p); });
+    P.run = r;
+    P.selected = r;
+    P.runs.push(r);
+    ticker();
+    try {
+      await ready;
+      const payload = Object.assign({ session: lab.session, pane: p }, body);
+      if (transport === "gradio") await viaGradio(r, payload);
+      else await viaSSE(r, payload);
+    } catch (err) {
+      r.error = String(err.message || err);
+    }
+    r.finished = true;
+    if (r.error) {
+      setStatus(r, "");
+      r.view.el.classList.add("error");
+      r.view.el.querySelector(".lab-bubble").textContent = r.error;
+    } else {
+      await r.rec.settled(); // the last chunk's paint time
+      await postTiming(r);
+    }
+    drawPane(p);
+    refreshTable(p);
+    if (!busy()) Clock.sync(3).then(showClock).catch(() => null); // fresh pings keep the offset's bound tight
+    return r;
+  }
+
+  async function viaSSE(r, payload) {
+    const resp = await fetch("/lab/chat", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(payload) });
+    if (!resp.ok) throw new Error(await errorText(resp));
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      const t = performance.now(); // every event in this read arrived now
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let m;
+      while ((m = /\r\n\r\n|\n\n|\r\r/.exec(buf))) {
+        const frame = buf.slice(0, m.index);
+        buf = buf.slice(m.index + m[0].length);
+        const ev = parseFrame(frame);
+        if (ev.data) onEvent(r, ev.event, JSON.parse(ev.data), t);
+      }
+    }
+    if (!r.finished && !r.error && !r.row) throw new Error("the stream ended without a reply");
+  }
+
+  function parseFrame(frame) {
+    let event = "message";
+    const data = [];
+    for (const line of frame.split(/\r\n|\r|\n/)) {
+      if (!line || line[0] === ":") continue;
+      const i = line.indexOf(":");
+      const key = i < 0 ? line : line.slice(0, i);
+      let val = i < 0 ? "" : line.slice(i + 1);
+      if (val[0] === " ") val = val.slice(1);
+      if (key === "event") event = val;
+      else if (key === "data") data.push(val);
+    }
+    return { event, data: data.join("\n") };
+  }
+
+  async function errorText(resp) {
+    try {
+      const body = await resp.json();
+      const d = body.detail;
+      if (typeof d === "string") return d;
+      if (d && d.message) return d.message;
+      if (Array.isArray(d)) return d.map((e) => e.msg).join("; ");
+      if (body.error && body.error.message) return body.error.message; // an OpenAI-shaped error body
+      return JSON.stringify(body);
+    } catch (e) {
+      return `${resp.status} ${resp.statusText}`;
+    }
+  }
+
+  const STAGE_TEXT = {
+    queued: (d) => (d.position ? `queued: ${d.position} request${d.position > 1 ? "s" : ""} ahead` : "queued"),
+    setup: () => "preparing the prompt…",
+    prefill: (d) => (d.prefill_tokens != null ? `processing the prompt (${d.prefill_tokens.toLocaleString("en-US")} tokens)…` : "processing the prompt…"),
+  };
+
+  function onEvent(r, kind, d, t) {
+    if (kind === "start") {
+      r.requestId = d.request_id;
+      r.timeline.received_ns = d.received_ns;
+      r.view.el.querySelector(".lab-meta").textContent = (r.view.el.querySelector(".lab-meta").textContent ? r.view.el.querySelector(".lab-meta").textContent + " · " : "") + d.config;
+    } else if (kind === "status") {
+      Object.assign(r.timeline.events_ms, d.events_ms || {});
+      setStatus(r, (STAGE_TEXT[d.stage] || (() => d.stage))(d));
+    } else if (kind === "chunk") {
+      r.timeline.token_ms.push(...d.token_ms);
+      if (d.text) {
+        r.view.text.appendData(d.text); // O(1): the reply never re-renders as it grows
+        r.textLen += d.text.length;
+        if (r.textLen === d.text.length) setStatus(r, "");
+      }
+      r.rec.arrived(d.n, !!d.text, t);
+      if (d.text) scrollSoon(r.pane);
+      scheduleDraw(r.pane);
+    } else if (kind === "done") {
+      r.timeline = d.record.timeline;
+      r.record = d.record;
+      r.row = d.row;
+      setStatus(r, d.row.finish_reason === "cancelled" ? "stopped" : "");
+    } else if (kind === "error") {
+      r.requestId = d.request_id || r.requestId;
+      throw new Error(d.message);
+    }
+  }
+
+  async function postTiming(r) {
+    if (!r.requestId) return;
+    const body = { session: lab.session, request_id: r.requestId, client: r.rec.toClient(r.transport) };
+    const resp = await fetch("/lab/timing", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    if (!resp.ok) { r.view.el.querySelector(".lab-stats").textContent = await errorText(resp); return; }
+    const j = await resp.json();
+    r.row = j.row;
+    r.client = j.client;
+    r.timeline.client = j.client;
+    r.view.el.querySelector(".lab-stats").innerHTML = j.stats_html;
+    r.view.el.querySelector(".lab-what").textContent = j.what_happened;
+  }
+
+  // ---- the Gradio transport: the same request through Gradio's queue ----------------------------
+  // The hidden #lab-gradio-send button's event takes its input from takeGradioPayload() and
+  // streams NDJSON lines (the same events as SSE, appended) into a hidden textbox whose change
+  // event calls onGradioUpdate. Gradio may coalesce updates: one arrival can carry several events.
+  function viaGradio(r, payload) {
+    return new Promise((resolve, reject) => {
+      r.gradio = { offset: 0, resolve, reject };
+      lab.gradioRun = r;
+      lab.pendingGradio = payload;
+      q("#lab-gradio-send").click();
+    });
+  }
+
+  lab.takeGradioPayload = () => {
+    const p = lab.pendingGradio;
+    lab.pendingGradio = null;
+    return [JSON.stringify(p)];
+  };
+
+  lab.onGradioUpdate = (value) => {
+    const t = performance.now();
+    const r = lab.gradioRun;
+    if (!r || !r.gradio || typeof value !== "string" || value.length <= r.gradio.offset) return;
+    const fresh = value.slice(r.gradio.offset);
+    const end = fresh.lastIndexOf("\n");
+    if (end < 0) return;
+    r.gradio.offset += end + 1;
+    try {
+      for (const line of fresh.slice(0, end).split("\n")) {
+        if (!line) continue;
+        const ev = JSON.parse(line);
+        onEvent(r, ev.event, ev.data, t);
+        if (ev.event === "done") { lab.gradioRun = null; r.gradio.resolve(); }
+      }
+    } catch (err) {
+      lab.gradioRun = null;
+      r.gradio.reject(err);
+    }
+  };
+
+  // ---- overlays -----------------------------------------------------------------------------------
+  function viewOfRun(r) {
+    const client = r.client || r.rec.toClient(r.transport);
+    const variant = r.record?.settings?.quantization || null;
+    return O.viewOf(r.timeline, client, {
+      now: r.finished ? null : performance.now() - r.sendAt,
+      readingPace: pane(r.pane).pace,
+      variant,
+      weightMb: r.record?.weight_bytes ? r.record.weight_bytes / 1e6 : null,
+    });
+  }
+
+  function drawPane(p) {
+    const group = p === "A" || p === "B" ? ["A", "B"] : [p];
+    const views = group.map((name) => { const s = pane(name).selected; return s ? viewOfRun(s) : null; });
+    const xMax = O.extent(views.filter(Boolean)); // A and B share one time scale
+    group.forEach((name, i) => {
+      const el = overlayEl(name);
+      if (!el || !views[i]) return;
+      const t0 = performance.now();
+      el.innerHTML = O.all(views[i], { glossary: G, xMax });
+      const cost = performance.now() - t0;
+      const c = lab.overlayCost;
+      c.n += 1; c.total += cost; c.max = Math.max(c.max, cost);
+      pane(name).lastCost = cost;
+      const foot = document.createElement("div");
+      foot.className = "lab-cost";
+      foot.title = "Time to build and insert the overlays' SVG on this page (the browser's main thread), averaged over every redraw so far";
+      foot.textContent = `overlay redraw ${O.fmtMs(c.total / c.n)} avg · ${O.fmtMs(c.max)} max · ${c.n} redraws`;
+      el.appendChild(foot);
+      pane(name).lastDraw = performance.now();
+    });
+  }
+
+  // Live redraws take at most ~10% of the main thread: a redraw that cost c ms waits 10·c ms.
+  function scheduleDraw(p) {
+    const P = pane(p);
+    if (P.draw) return;
+    const every = Math.max(DRAW_EVERY_MS, 10 * (P.lastCost || 0));
+    const wait = Math.max(0, every - (performance.now() - P.lastDraw));
+    P.draw = setTimeout(() => requestAnimationFrame(() => { P.draw = null; drawPane(p); }), wait);
+  }
+
+  let ticking = null;
+  function ticker() { // keeps the live bars growing while waiting for tokens
+    if (ticking) return;
+    ticking = setInterval(() => {
+      const live = Object.values(lab.panes).filter((P) => P.run && !P.run.finished);
+      if (!live.length) { clearInterval(ticking); ticking = null; return; }
+      live.forEach((P) => scheduleDraw(P.name));
+    }, DRAW_EVERY_MS);
+  }
+
+  lab.refreshTable = (p) => refreshTable(p);
+
+  async function refreshTable(p) {
+    await ready;
+    const el = q(`#lab-table-${p === "B" ? "A" : p} .lab-table-wrap`);
+    if (!el) return; // its accordion is closed: it refreshes when opened
+    const panes = p === "chat" ? "&pane=chat" : "";
+    const r = await fetch(`/lab/table?session=${encodeURIComponent(lab.session)}${panes}`);
+    if (r.ok) el.innerHTML = (await r.json()).html;
+    document.querySelectorAll("a.lab-export").forEach((a) => {
+      const pn = a.dataset.pane ? `?pane=${a.dataset.pane}` : "";
+      a.href = `/lab/export/${lab.session}.${a.dataset.fmt}${pn}`;
+    });
+  }
+
+  // ---- what the buttons call ----------------------------------------------------------------------
+  function setInput(selector, text) {
+    const ta = q(`${selector} textarea`);
+    if (!ta) return;
+    ta.value = text;
+    ta.dispatchEvent(new Event("input", { bubbles: true }));
+  }
+
+  // Chat: [message, ...settings, transport, pace] → returns the new value of the message box.
+  lab.sendChat = (args) => {
+    const sendAt = pressed();
+    const [message, ...rest] = args;
+    const P = pane("chat");
+    if (!message || !message.trim() || (P.run && !P.run.finished)) return message;
+    const settings = settingsOf(rest);
+    const transport = rest[CFG.fields.length];
+    P.pace = rest[CFG.fields.length + 1] || CFG.readingPace;
+    addUser("chat", message);
+    run("chat", { message, settings }, sendAt, transport).then((r) => {
+      if (r.error) setInput("#lab-msg", message); // nothing typed is lost
+    });
+    return "";
+  };
+
+  lab.regenerate = (p, args) => {
+    const sendAt = performance.now();
+    const P = pane(p);
+    if (P.run && !P.run.finished) return;
+    const settings = settingsOf(args);
+    const last = logEl(p).querySelector(".lab-msg.assistant:last-child");
+    if (last) last.style.display = "none"; // replaced if the new reply comes, shown again if it fails
+    run(p, { regenerate: true, settings }, sendAt, args[CFG.fields.length], "regenerated").then((r) => {
+      if (!last) return;
+      if (r.error) last.style.display = "";
+      else last.remove();
+    });
+  };
+
+  lab.stop = async (p) => {
+    await ready;
+    await fetch("/lab/stop", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ session: lab.session, pane: p }) });
+  };
+
+  lab.clear = async (p) => {
+    await ready;
+    await fetch("/lab/clear", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ session: lab.session, pane: p }) });
+    const log = logEl(p);
+    if (log) log.innerHTML = `<div class="lab-empty">${p === "chat" ? CFG.emptyChat : "This pane's conversation is empty."}</div>`;
+    const P = pane(p);
+    P.selected = null;
+    const ov = overlayEl(p);
+    if (ov) ov.innerHTML = `<div class="lab-empty">${CFG.emptyOverlay}</div>`;
+  };
+
+  // A/B: the same prompt through A, then B; overlays on one time scale; then the delta table.
+  async function abTurn(prompt, sA, sB, transport, pressedAt) {
+    const sendA = pressedAt ?? performance.now();
+    addUser("A", prompt);
+    const a = await run("A", { message: prompt, settings: sA }, sendA, transport, "A");
+    const sendB = performance.now();
+    addUser("B", prompt);
+    const b = await run("B", { message: prompt, settings: sB }, sendB, transport, "B");
+    return [a, b];
+  }
+
+  async function showDelta(a, b) {
+    const el = q("#lab-delta .lab-delta-wrap");
+    if (!el) return;
+    if (!a.requestId || !b.requestId || a.error || b.error) {
+      el.innerHTML = `<div class="lab-muted">${a.error || b.error || "no pair to compare"}</div>`;
+      return;
+    }
+    const r = await fetch(`/lab/delta?session=${encodeURIComponent(lab.session)}&a=${a.requestId}&b=${b.requestId}`);
+    el.innerHTML = r.ok ? (await r.json()).html : await errorText(r);
+  }
+
+  function abStatus(text) { const el = q("#lab-ab-status"); if (el) el.textContent = text; }
+
+  lab.runAB = (args) => {
+    const pressedAt = pressed();
+    const [prompt, ...rest] = args;
+    const n = CFG.fields.length;
+    if (!prompt || !prompt.trim() || busy()) return prompt;
+    const sA = settingsOf(rest.slice(0, n)), sB = settingsOf(rest.slice(n, 2 * n));
+    const transport = rest[2 * n];
+    pane("A").pace = pane("B").pace = rest[2 * n + 1] || CFG.readingPace;
+    abStatus("running A, then B…");
+    abTurn(prompt, sA, sB, transport, pressedAt).then(([a, b]) => { abStatus(""); return showDelta(a, b); });
+    return "";
+  };
+
+  lab.runPreset = async (name, args) => {
+    const preset = CFG.presets[name];
+    if (!preset || !preset.available || busy()) return; // the note under the buttons says why
+    const n = CFG.fields.length;
+    const sA = settingsOf(args.slice(0, n)), sB = settingsOf(args.slice(n, 2 * n));
+    const transport = args[2 * n];
+    await ready;
+    for (const p of ["A", "B"]) {
+      await lab.clear(p);
+      const r = await fetch("/lab/seed", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ session: lab.session, pane: p, preset: name }) });
+      if (!r.ok) { abStatus(await errorText(r)); return; }
+      for (const m of (await r.json()).messages) {
+        if (m.role === "user") addUser(p, m.content, true);
+        else { const v = addAssistant(p, "preset history"); v.text.appendData(m.content); v.status.style.display = "none"; v.el.classList.add("seeded"); }
+      }
+    }
+    let pair = null;
+    for (let i = 0; i < preset.turns.length; i++) {
+      abStatus(`${preset.title}: turn ${i + 1} of ${preset.turns.length}, A then B…`);
+      pair = await abTurn(preset.turns[i], sA, sB, transport);
+      if (pair[0].error || pair[1].error) break;
+    }
+    abStatus("");
+    if (pair) await showDelta(pair[0], pair[1]);
+  };
+
+  lab.stopAB = () => Promise.all([lab.stop("A"), lab.stop("B")]);
+})();

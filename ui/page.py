@@ -1,0 +1,293 @@
+"""The page: a gr.Blocks with Chat, A/B, Sweep and Glossary tabs.
+
+Gradio draws the controls and runs the sweep. The chat transcripts and live overlays are
+ours (ui/page.js, ui/overlays.js, ui/client_timing.js, loaded into the page's <head>): the
+buttons' `js` handlers hand the controls' values to `window.lab`, which streams from /lab/chat.
+`gradio_chat` is the same turn through Gradio's queue: the page's "gradio" transport, and the
+`/chat` endpoint of the page's Gradio API.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import gradio as gr
+
+from engine.config import SPECULATIVE_MODES
+from engine.errors import LatencyLabError
+
+from . import engine_info, glossary, sweep
+from .chat import ChatStore
+from .presets import custom_prompt_set
+from .records import READING_PACE_TPS
+from .settings import DEFAULT_VARIANT, FIELDS
+
+HERE = Path(__file__).resolve().parent
+EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
+EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
+TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
+
+
+def preset_missing(preset: dict, variants: list[str]) -> str | None:
+    """Why a teaching preset cannot run on this engine (None: it can)."""
+    need = preset.get("needs_variant")
+    if need and need not in variants:
+        return (f"This preset needs the '{need}' weights variant, which this engine does not offer "
+                f"(it offers: {', '.join(variants)}).")
+    return None
+
+
+def head(presets: dict, variants: list[str]) -> str:
+    """The <head> additions: the page's config, then our three scripts (inlined: one request less)."""
+    config = {
+        "fields": FIELDS,
+        "glossary": glossary.as_json(),
+        "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, variants) is None}
+                    for k, p in presets.items()},
+        "readingPace": READING_PACE_TPS,
+        "emptyChat": EMPTY_CHAT,
+        "emptyOverlay": EMPTY_OVERLAY,
+    }
+    scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
+        (HERE / name).read_text() for name in ("overlays.js", "client_timing.js", "page.js")]
+    return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
+
+
+def css() -> str:
+    return (HERE / "page.css").read_text()
+
+
+def _log(pane: str) -> str:
+    text = EMPTY_CHAT if pane == "chat" else "This pane's conversation is empty."
+    return f'<div class="lab-log" data-pane="{pane}"><div class="lab-empty">{html.escape(text)}</div></div>'
+
+
+def _overlay(pane: str) -> str:
+    return f'<div class="lab-ov" data-pane="{pane}"><div class="lab-empty">{html.escape(EMPTY_OVERLAY)}</div></div>'
+
+
+def _exports(pane: str | None, label: str) -> str:
+    attr = f' data-pane="{pane}"' if pane else ""
+    return (f'<div class="lab-exports">{html.escape(label)}: '
+            f'<a class="lab-export" data-fmt="csv"{attr} href="#" download>CSV</a> · '
+            f'<a class="lab-export" data-fmt="json"{attr} href="#" download>JSON</a></div>')
+
+
+def settings_controls(pane: str, variants: list[str], backends: list[str], *, temperature: float,
+                      max_new_tokens: int = 128) -> list:
+    """One pane's controls, in the order of settings.FIELDS (the page's JS relies on it)."""
+    g = glossary.METRICS
+    with gr.Row():
+        max_new = gr.Slider(1, 1024, value=max_new_tokens, step=1, label="Max tokens", elem_id=f"lab-{pane}-max")
+        temp = gr.Slider(0, 2, value=temperature, step=0.05, label="Temperature", info="0 = greedy",
+                         elem_id=f"lab-{pane}-temperature")
+    with gr.Row():
+        top_p = gr.Slider(0.05, 1, value=0.9, step=0.05, label="Top-p")
+        seed = gr.Number(value=-1, precision=0, label="Seed", info="-1 = random", minimum=-1)
+    with gr.Row():
+        kv = gr.Checkbox(value=True, label="KV reuse", info=g["cached_tokens"].end)
+        quant = gr.Dropdown(variants, value=DEFAULT_VARIANT, label="Weights", info="quantization variant")
+    with gr.Row():
+        spec = gr.Dropdown(list(SPECULATIVE_MODES), value="off", label="Speculation")
+        k = gr.Slider(1, 16, value=4, step=1, label="Draft tokens (k)")
+    backend = gr.Dropdown(backends, value=backends[0], label="Backend", visible=len(backends) > 1)
+    system = gr.Textbox(label="System prompt", lines=1, max_lines=6, placeholder="(none)")
+    controls = {"system": system, "max_new_tokens": max_new, "temperature": temp, "top_p": top_p, "seed": seed,
+                "kv_reuse": kv, "speculative": spec, "num_speculative_tokens": k, "quantization": quant,
+                "backend": backend}
+    return [controls[name] for name in FIELDS]
+
+
+def glossary_html() -> str:
+    rows = "".join(
+        f"<tr><td><code>{html.escape(m.name)}</code></td><td>{html.escape(m.label)}</td><td>{html.escape(m.unit)}</td>"
+        f"<td>{html.escape(m.start or '—')}</td><td>{html.escape(m.end)}</td><td>{html.escape(m.clock)}</td></tr>"
+        for m in glossary.METRICS.values())
+    return ('<table class="lab-table lab-glossary"><thead><tr><th>name</th><th>shown as</th><th>unit</th>'
+            f"<th>start event</th><th>end event</th><th>clock</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
+def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
+    info = store.info
+    variants = engine_info.variants(info)
+    backends = list(store.engines)
+
+    async def gradio_chat(payload: str):
+        """One turn through Gradio's queue. `payload`: JSON {session?, pane, message, settings,
+        regenerate}. Streams NDJSON: one line per event ({"event", "data"}), appended."""
+        out = ""
+        try:
+            body = json.loads(payload or "{}")
+            if not isinstance(body, dict):
+                raise ValueError("the payload must be a JSON object")
+            session = body.get("session") or store.new_session()
+            async for kind, data in store.run_turn(session, body.get("pane", "chat"), body.get("message"),
+                                                   body.get("settings") or {},
+                                                   regenerate=bool(body.get("regenerate"))):
+                if kind == "start":
+                    data = {**data, "session": session}
+                out += json.dumps({"event": kind, "data": data}) + "\n"
+                yield out
+        except (LatencyLabError, ValueError) as exc:
+            out += json.dumps({"event": "error", "data": {"message": str(exc)}}) + "\n"
+            yield out
+
+    async def run_sweep_event(set_name, custom, max_items, *values, progress=gr.Progress()):
+        n = len(FIELDS)
+        try:
+            prompt_set = custom_prompt_set(custom) if set_name == "custom" else prompt_sets[set_name]
+            rows = await sweep.run_sweep(store, prompt_set, dict(zip(FIELDS, values[:n])),
+                                         dict(zip(FIELDS, values[n:2 * n])), max_items=int(max_items),
+                                         progress=lambda d, t, desc: progress((d, t), desc=desc, unit="replies"))
+        except LatencyLabError as exc:
+            raise gr.Error(str(exc)) from exc
+        return sweep.summary_html(rows), sweep.distributions_figure(rows), sweep.export_files(rows)
+
+    async def sweep_api(prompt_set: str = "open_questions", prompts: str = "", settings_a: dict | None = None,
+                        settings_b: dict | None = None, max_items: int = 4) -> dict:
+        """Run a prompt set (a preset name, or "custom" with `prompts`, one per line) through
+        settings A and B; returns {"summary": p50/p90 per metric, "rows": one per reply}."""
+        try:
+            chosen = custom_prompt_set(prompts) if prompt_set == "custom" else prompt_sets.get(prompt_set)
+            if chosen is None:
+                raise LatencyLabError(f"prompt_set must be one of {', '.join(prompt_sets)} or custom")
+            rows = await sweep.run_sweep(store, chosen, settings_a or {}, settings_b or {}, max_items=max_items)
+        except LatencyLabError as exc:
+            raise gr.Error(str(exc)) from exc
+        return {"summary": sweep.summary(rows), "rows": rows}
+
+    def preset_values(name: str):
+        p = presets[name]
+        missing = preset_missing(p, variants)
+        if missing:  # leave the controls alone; the page's JS does not run it either
+            return [gr.update() for _ in range(2 * len(FIELDS))] + [f"**{p['title']}.** {missing}"]
+        updates = []
+        for side in ("a", "b"):
+            chosen = {"temperature": 0.0, "max_new_tokens": 64, "kv_reuse": True, "speculative": "off",
+                      "quantization": DEFAULT_VARIANT, **p[side]}
+            updates += [gr.update(value=chosen[f]) if f in chosen else gr.update() for f in FIELDS]
+        return [*updates, f"**{p['title']}.** {p['explain']}"]
+
+    with gr.Blocks(title="Latency Lab") as page:
+        gr.HTML(f'<div class="lab-header"><div><h1>Latency Lab</h1><span class="lab-sub">where an LLM reply\'s time '
+                f'goes: measured by the server, perceived by your browser</span></div><div class="lab-engine">'
+                f'{html.escape(engine_info.headline(info))}<br><span id="lab-clock">clock offset: measuring…</span>'
+                f'</div></div>')
+        with gr.Tabs():
+            with gr.Tab("Chat", id="chat"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=5, min_width=420):
+                        gr.HTML(_log("chat"), elem_id="lab-log-chat")
+                        with gr.Row(equal_height=True):
+                            msg = gr.Textbox(show_label=False, lines=1, max_lines=8, scale=8, elem_id="lab-msg",
+                                             placeholder="Message (Enter to send, Shift+Enter for a new line)",
+                                             autofocus=True)
+                            with gr.Column(scale=1, min_width=96):
+                                send = gr.Button("Send", variant="primary", elem_id="lab-send")
+                                stop = gr.Button("Stop", variant="stop", elem_id="lab-stop")
+                        with gr.Row():
+                            regen = gr.Button("Regenerate", size="sm", elem_id="lab-regen")
+                            clear = gr.Button("Clear", size="sm", elem_id="lab-clear")
+                        with gr.Accordion("Settings", open=True):
+                            chat_settings = settings_controls("chat", variants, backends, temperature=0.2,
+                                                              max_new_tokens=128)
+                            with gr.Row():
+                                transport = gr.Radio(TRANSPORTS, value="sse", label="Token transport",
+                                                     info="how tokens reach this page", elem_id="lab-transport")
+                                pace = gr.Slider(2, 12, value=READING_PACE_TPS, step=0.1,
+                                                 label="Reading pace (tok/s)",
+                                                 info="the dashed line: ~238 words/min silent reading")
+                    with gr.Column(scale=4, min_width=380):
+                        gr.HTML(_overlay("chat"), elem_id="lab-ov-chat")
+                with gr.Accordion("Replies in this tab", open=False) as chat_table:
+                    gr.HTML('<div class="lab-table-wrap"></div>' + _exports("chat", "Export this tab's chat"),
+                            elem_id="lab-table-chat")
+
+            with gr.Tab("A/B", id="ab"):
+                gr.Markdown("Two configs, the same prompt: A runs, then B; both stream; the overlays share one "
+                            "time scale. Each pane keeps its own conversation (and prefix-cache scope).")
+                with gr.Row():
+                    preset_buttons = {name: gr.Button(p["title"], size="sm", elem_id=f"lab-preset-{name}")
+                                      for name, p in presets.items()}
+                preset_note = gr.Markdown("")
+                with gr.Row(equal_height=True):
+                    ab_prompt = gr.Textbox(show_label=False, lines=1, max_lines=6, scale=8, elem_id="lab-ab-msg",
+                                           placeholder="A prompt for both panes (Enter to run A, then B)")
+                    ab_run = gr.Button("Run A, then B", variant="primary", scale=1, elem_id="lab-ab-run")
+                    ab_stop = gr.Button("Stop", variant="stop", scale=1, elem_id="lab-ab-stop")
+                    ab_clear = gr.Button("Clear", scale=1, elem_id="lab-ab-clear")
+                gr.HTML('<div id="lab-ab-status" class="lab-muted"></div>')
+                ab_settings = {}
+                with gr.Row(equal_height=False):
+                    for side in ("A", "B"):
+                        with gr.Column(min_width=380):
+                            with gr.Accordion(f"{side} settings", open=False):
+                                ab_settings[side] = settings_controls(side, variants, backends, temperature=0.0,
+                                                                      max_new_tokens=64)
+                            gr.HTML(_log(side), elem_id=f"lab-log-{side}")
+                            gr.HTML(_overlay(side), elem_id=f"lab-ov-{side}")
+                gr.HTML('<h3 class="lab-h">A vs B (latest pair)</h3><div class="lab-delta-wrap lab-muted">'
+                        'Run a pair to compare.</div>', elem_id="lab-delta")
+                with gr.Accordion("Replies in this tab (all panes)", open=False) as ab_table:
+                    gr.HTML('<div class="lab-table-wrap"></div>' + _exports(None, "Export"), elem_id="lab-table-A")
+
+            with gr.Tab("Sweep", id="sweep"):
+                gr.Markdown("Runs a prompt set through the **A and B settings of the A/B tab**, alternating A and B "
+                            "item by item, then shows p50/p90 of each metric and their distributions. Figures are "
+                            "the server's (browser-perceived ones need a page streaming each reply: Chat, A/B).")
+                with gr.Row():
+                    set_choice = gr.Radio([(s["title"], k) for k, s in prompt_sets.items()] + [("My own prompts", "custom")],
+                                          value=next(iter(prompt_sets)), label="Prompt set", scale=3)
+                    max_items = gr.Slider(1, 50, value=4, step=1, label="Items (conversations)", scale=1)
+                custom = gr.Textbox(label="My own prompts (one per line)", lines=4, max_lines=12)
+                with gr.Row():
+                    sweep_run = gr.Button("Run sweep", variant="primary", elem_id="lab-sweep-run")
+                    sweep_stop = gr.Button("Stop", variant="stop")
+                sweep_summary = gr.HTML(elem_id="lab-sweep-summary")
+                sweep_plot = gr.Plot(label="Distributions (every reply a point)", show_label=False)
+                sweep_files = gr.File(label="Export (CSV, JSON)", file_count="multiple")
+
+            with gr.Tab("Glossary", id="glossary"):
+                gr.Markdown("Every number on the page, with the events it starts and ends at. Hover a number "
+                            "anywhere to see its definition.")
+                gr.HTML(glossary_html())
+
+        # The Gradio transport: hidden, driven by page.js (see lab.takeGradioPayload / onGradioUpdate).
+        gr_payload = gr.Textbox(visible="hidden", elem_id="lab-gradio-payload")
+        gr_stream = gr.Textbox(visible="hidden", elem_id="lab-gradio-stream")
+        gr_send = gr.Button("gradio send", visible="hidden", elem_id="lab-gradio-send")
+
+        # --- events: browser-side handlers for the chat and A/B (no server round trip of Gradio's) --
+        quick = dict(queue=False, show_progress="hidden")
+        chat_inputs = [msg, *chat_settings, transport, pace]
+        send.click(None, chat_inputs, [msg], js="(...a) => window.lab.sendChat(a)", **quick)
+        msg.submit(None, chat_inputs, [msg], js="(...a) => window.lab.sendChat(a)", **quick)
+        stop.click(None, js="() => { window.lab.stop('chat'); }", **quick)
+        regen.click(None, [*chat_settings, transport], js="(...a) => { window.lab.regenerate('chat', a); }", **quick)
+        clear.click(None, js="() => { window.lab.clear('chat'); }", **quick)
+        # a closed accordion's content is not in the page: fill the table when it opens
+        chat_table.expand(None, js="() => { setTimeout(() => window.lab.refreshTable('chat'), 0); }", **quick)
+        ab_table.expand(None, js="() => { setTimeout(() => window.lab.refreshTable('A'), 0); }", **quick)
+
+        ab_inputs = [ab_prompt, *ab_settings["A"], *ab_settings["B"], transport, pace]
+        ab_run.click(None, ab_inputs, [ab_prompt], js="(...a) => window.lab.runAB(a)", **quick)
+        ab_prompt.submit(None, ab_inputs, [ab_prompt], js="(...a) => window.lab.runAB(a)", **quick)
+        ab_stop.click(None, js="() => { window.lab.stopAB(); }", **quick)
+        ab_clear.click(None, js="() => { window.lab.clear('A'); window.lab.clear('B'); }", **quick)
+        both = [*ab_settings["A"], *ab_settings["B"]]
+        for name, button in preset_buttons.items():
+            button.click(lambda n=name: preset_values(n), None, [*both, preset_note], queue=False,
+                         show_progress="hidden", api_visibility="private").then(
+                None, [*both, transport], js=f"(...a) => {{ window.lab.runPreset('{name}', a); }}", **quick)
+
+        gr_send.click(gradio_chat, [gr_payload], [gr_stream], js="() => window.lab.takeGradioPayload()",
+                      api_name="chat", concurrency_limit=None, show_progress="hidden")
+        gr_stream.change(None, [gr_stream], js="(v) => { window.lab.onGradioUpdate(v); }", **quick)
+
+        sweep_event = sweep_run.click(run_sweep_event, [set_choice, custom, max_items, *both],
+                                      [sweep_summary, sweep_plot, sweep_files], api_visibility="private")
+        sweep_stop.click(None, cancels=[sweep_event], **quick)
+        gr.api(sweep_api, api_name="sweep")
+    return page

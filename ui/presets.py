@@ -1,0 +1,76 @@
+"""Prompt sets (assets/prompts/*.json) and the one-click teaching presets built on them.
+
+A prompt set is `{title, description, items: [{history?, turns: [...]}]}`: each item is one
+conversation — an optional history the server seeds, then user turns sent one by one, so a
+multi-turn item shows what KV reuse does to later turns. A teaching preset pairs one item
+with two configs that differ in exactly one toggle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.errors import InvalidRequest
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
+MAX_CUSTOM_PROMPTS = 200
+
+
+def load_prompt_sets(folder: Path = ASSETS) -> dict[str, dict]:
+    sets = {}
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        for i, item in enumerate(data["items"]):
+            if not item.get("turns"):
+                raise ValueError(f"{path.name}: item {i} has no turns")
+        sets[path.stem] = data
+    return sets
+
+
+def custom_prompt_set(text: str) -> dict:
+    """The user's own list: one prompt per line (blank lines ignored)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        raise InvalidRequest("write at least one prompt, one per line", "prompts")
+    if len(lines) > MAX_CUSTOM_PROMPTS:
+        raise InvalidRequest(f"at most {MAX_CUSTOM_PROMPTS} prompts per sweep", "prompts")
+    return {"title": "Your prompts", "description": "", "items": [{"turns": [line]} for line in lines]}
+
+
+# Each teaching preset changes one thing between A and B, so the delta table shows one effect.
+TEACHING = {
+    "kv_reuse": {
+        "title": "Long conversation: KV reuse off vs on",
+        "explain": "Both panes continue the same ~1,000-token conversation for two turns. A prefills the "
+                   "whole history every turn; B reuses the KV of what it already saw, so its second turn "
+                   "prefills only the new tokens. Watch TTFT and 'cached' in the delta table.",
+        "set": "long_history", "item": 0,
+        "a": {"kv_reuse": False}, "b": {"kv_reuse": True},
+    },
+    "prompt_lookup": {
+        "title": "Copy-heavy edit: prompt lookup off vs on",
+        "explain": "The reply mostly copies the prompt. B drafts tokens by looking them up in the prompt "
+                   "and verifies several per forward pass; watch tok/s, acceptance and the token timeline's "
+                   "steps (several tokens at one instant).",
+        "set": "copy_edits", "item": 0,
+        "a": {"speculative": "off"}, "b": {"speculative": "prompt_lookup", "num_speculative_tokens": 8},
+    },
+    "nf4": {
+        "title": "bf16 vs nf4 weights",
+        "explain": "Same prompt, the unquantized weights against 4-bit nf4: fewer bytes per token, "
+                   "measured speed, and the weights' memory in the delta table.",
+        "set": "open_questions", "item": 2,
+        "a": {"quantization": "default"}, "b": {"quantization": "nf4"},
+        "needs_variant": "nf4",
+    },
+}
+
+
+def teaching_presets(prompt_sets: dict[str, dict]) -> dict[str, dict]:
+    """The presets with their conversation filled in: {name: {title, explain, a, b, history, turns}}."""
+    out = {}
+    for name, p in TEACHING.items():
+        item = prompt_sets[p["set"]]["items"][p["item"]]
+        out[name] = {**p, "history": item.get("history", []), "turns": list(item["turns"])}
+    return out

@@ -1,0 +1,61 @@
+"""A pane's settings as the page sends them → (system prompt, GenerationConfig).
+
+The page's controls produce plain JSON values (sliders may give 64.0 for 64, an empty seed
+field gives None). Everything the engine cannot honour becomes an `InvalidRequest` naming the
+field, shown in the page next to the reply that did not run.
+"""
+
+from __future__ import annotations
+
+from engine.config import GenerationConfig
+from engine.errors import InvalidRequest
+
+DEFAULT_VARIANT = "default"  # the page's name for GenerationConfig.quantization = None
+MAX_SYSTEM_CHARS = 20_000
+# The fields a pane's controls send, in the order the page lists its controls.
+FIELDS = ["system", "max_new_tokens", "temperature", "top_p", "seed", "kv_reuse", "speculative",
+          "num_speculative_tokens", "quantization", "backend"]  # backend: read by ChatStore, not here
+
+
+def _int(name: str, value):
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value  # GenerationConfig.validate rejects anything else, naming the field
+
+
+def parse(settings: dict | None) -> tuple[str | None, GenerationConfig]:
+    s = dict(settings or {})
+    unknown = set(s) - set(FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(unknown))}", sorted(unknown)[0])
+    system = s.get("system") or None
+    if system is not None and (not isinstance(system, str) or len(system) > MAX_SYSTEM_CHARS):
+        raise InvalidRequest(f"the system prompt must be text of at most {MAX_SYSTEM_CHARS:,} characters", "system")
+    seed = s.get("seed")
+    if seed in ("", -1, -1.0):  # the page's "random seed"
+        seed = None
+    quant = s.get("quantization")
+    if quant in ("", DEFAULT_VARIANT):
+        quant = None
+    defaults = GenerationConfig()
+    config = GenerationConfig(
+        max_new_tokens=_int("max_new_tokens", s.get("max_new_tokens", defaults.max_new_tokens)),
+        temperature=s.get("temperature", defaults.temperature),
+        top_p=s.get("top_p", defaults.top_p),
+        seed=_int("seed", seed),
+        kv_reuse=s.get("kv_reuse", defaults.kv_reuse),
+        speculative=s.get("speculative", defaults.speculative),
+        num_speculative_tokens=_int("num_speculative_tokens",
+                                    s.get("num_speculative_tokens", defaults.num_speculative_tokens)),
+        quantization=quant,
+    )
+    return (system.strip() or None) if system else None, config.validate()
+
+
+def normalized(settings: dict | None) -> dict:
+    """The settings as they were applied (for records and exports)."""
+    system, config = parse(settings)
+    return {"system": system, "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
+            "top_p": config.top_p, "seed": config.seed, "kv_reuse": config.kv_reuse,
+            "speculative": config.speculative, "num_speculative_tokens": config.num_speculative_tokens,
+            "quantization": config.quantization}

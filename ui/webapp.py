@@ -1,0 +1,32 @@
+"""One FastAPI app on one port: the page's /lab endpoints, any API routers, and the Gradio page at /."""
+
+from __future__ import annotations
+
+import gradio as gr
+from fastapi import APIRouter, FastAPI
+
+from .chat import ChatStore
+from . import engine_info
+from .page import build_page, css, head
+from .presets import load_prompt_sets, teaching_presets
+from .stream_api import lab_router
+
+
+def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None = None) -> FastAPI:
+    """`engines`: one engine, or {backend name: engine}. `routers` are included before the page
+    is mounted at "/", which would otherwise shadow them. `app`: an existing FastAPI app to build
+    on (e.g. the OpenAI-compatible API's), so the page, /lab and the API share one port. Serve it
+    with the lifespan on: Gradio starts its queue there."""
+    store = ChatStore(engines)
+    prompt_sets = load_prompt_sets()
+    presets = teaching_presets(prompt_sets)
+    app = app or FastAPI(title="Latency Lab", docs_url=None, redoc_url=None)
+    app.state.store = store
+    app.include_router(lab_router(store, presets))
+    for router in routers:
+        app.include_router(router)
+    page = build_page(store, prompt_sets, presets)
+    theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
+    variants = engine_info.variants(store.info)
+    return gr.mount_gradio_app(app, page, path="/", css=css(), head=head(presets, variants), theme=theme,
+                               footer_links=["api", "settings"], run_history=False)
