@@ -45,7 +45,7 @@ class Event:
     stage: str = ""  # status: queued | setup | prefill | decode
     detail: dict = field(default_factory=dict)  # status/done/error specifics
     timeline: Timeline | None = None
-    decoding: Decoding | None = None  # done: the finished sequence (its cache can be kept for reuse)
+    decoding: Decoding | None = None  # done: the finished sequence (cache None once the prefix cache kept it)
 
     def to_dict(self) -> dict:
         d = {"kind": self.kind, "text": self.text, "token_ids": list(self.token_ids),

@@ -36,6 +36,7 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 DEFAULT_BUDGET_MB = 512  # MiB; ~22k positions of SmolLM2-135M KV in bf16 (23 KB per position)
 SHARED_SCOPE = "*shared*"
@@ -288,6 +289,9 @@ class RequestReuse:
         self.lease = cache.lookup(self.model_key, self.scope, prompt_ids, max_tokens=len(prompt_ids) - 1)
         t0 = time.perf_counter()
         self.kv = self.lease.copy(capacity)
+        device = getattr(model, "device", None)
+        if device is not None and device.type == "cuda":  # the copy is asynchronous there: time all of it
+            torch.cuda.synchronize(device)
         self.copy_ms = (time.perf_counter() - t0) * 1e3
         self.cached_tokens = self.lease.cached_tokens if self.kv is not None else 0
 
