@@ -12,6 +12,7 @@ import sys
 
 from .config import DEVICES, DTYPES, SPECULATIVE_MODES, GenerationConfig, LoadConfig
 from .errors import LatencyLabError
+from .sessions import Conversation
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -23,11 +24,17 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--no-fast-path", action="store_true",
                    help="use the generic transformers forward instead of our Llama-family forward")
+    g.add_argument("--kv-cache-mb", type=float, default=LoadConfig.kv_cache_mb,
+                   help="memory budget of the prefix cache (KV reuse) in MiB (default: %(default)s; 0 keeps nothing)")
+    g.add_argument("--shared-prefix-cache", action="store_true",
+                   help="share cached prefixes between sessions (default: each session sees only its own; "
+                        "sharing lets one user infer by timing what another's prompt began with)")
 
 
 def load_config_from_args(args, progress: bool = True) -> LoadConfig:
     return LoadConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                      fast_path=not args.no_fast_path, progress=progress)
+                      fast_path=not args.no_fast_path, progress=progress, kv_cache_mb=args.kv_cache_mb,
+                      shared_prefix_cache=args.shared_prefix_cache)
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -67,9 +74,9 @@ def _messages(system: str | None, history: list[dict]) -> list[dict]:
     return ([{"role": "system", "content": system}] if system else []) + history
 
 
-def _answer(engine, messages, gen, stream_to=None):
+def _answer(engine, messages, gen, stream_to=None, session: str = "cli"):
     """Run one request; stream its text to `stream_to`; return the done event."""
-    handle = engine.submit(messages, gen, session="cli")
+    handle = engine.submit(messages, gen, session=session)
     for event in handle.events():
         if event.kind == "chunk" and stream_to is not None:
             stream_to.write(event.text)
@@ -112,7 +119,9 @@ def _chat(engine, args, gen) -> int:
     info = engine.info()
     print(f"{info['name']} ({info['dtype']}, {info['device']}, loaded in {info['load_s']:.1f}s). "
           "Type a message; /reset starts over, Ctrl-D quits.", file=sys.stderr)
-    history: list[dict] = []
+    # The conversation lives here, replies exactly as generated, in one prefix-cache session:
+    # each turn prefills only the new tokens (see the `cached` figure in the summary line).
+    conv = Conversation("cli-chat", args.system)
     while True:
         try:
             line = input("\n> ")
@@ -120,16 +129,15 @@ def _chat(engine, args, gen) -> int:
             print(file=sys.stderr)
             return 0
         if line.strip() == "/reset":
-            history.clear()
+            conv.clear()
             continue
         if not line.strip():
             continue
-        history.append({"role": "user", "content": line})
         try:
-            done = _answer(engine, _messages(args.system, history), gen, sys.stdout)
+            done = _answer(engine, conv.send(line), gen, sys.stdout, session=conv.session)
         except LatencyLabError as exc:
-            history.pop()
+            conv.drop_unanswered()
             print(f"error: {exc}", file=sys.stderr)
             continue
-        history.append({"role": "assistant", "content": done.text})
+        conv.add_reply(done)
         print(f"\n[{done.timeline.summary()}]", file=sys.stderr)

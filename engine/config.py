@@ -30,12 +30,17 @@ class LoadConfig:
     cache_dir: Path | None = None  # where converted weights are kept; default: per-user cache folder
     fast_path: bool = True  # our own Llama-family forward; False forces the generic transformers forward
     progress: bool = True  # show a progress bar while loading
+    kv_cache_mb: float = 512  # prefix cache (KV reuse) budget in MiB; 0 keeps nothing
+    shared_prefix_cache: bool = False  # one prefix-cache scope for all sessions (default: per session)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise InvalidRequest(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}", "dtype")
         if self.device not in DEVICES:
             raise InvalidRequest(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}", "device")
+        if isinstance(self.kv_cache_mb, bool) or not isinstance(self.kv_cache_mb, (int, float)) \
+                or not 0 <= self.kv_cache_mb < 2**40:
+            raise InvalidRequest(f"--kv-cache-mb must be a number of MiB >= 0, not {self.kv_cache_mb!r}", "kv_cache_mb")
         if self.threads is not None and not (1 <= self.threads <= 1024):
             raise InvalidRequest(f"--threads must be a positive integer, not {self.threads!r}", "threads")
 

@@ -18,6 +18,7 @@ import torch
 from .config import GenerationConfig
 from .detokenize import IncrementalDetokenizer, StopStrings
 from .errors import ContextOverflow, InvalidRequest
+from .prefix_cache import PrefixCache, RequestReuse
 from .sampling import Sampler
 from .timeline import Timeline, now_ns
 
@@ -44,7 +45,7 @@ class Event:
     stage: str = ""  # status: queued | setup | prefill | decode
     detail: dict = field(default_factory=dict)  # status/done/error specifics
     timeline: Timeline | None = None
-    decoding: Decoding | None = None  # done: the finished sequence (its cache can be kept for reuse)
+    decoding: Decoding | None = None  # done: the finished sequence (cache None once the prefix cache kept it)
 
     def to_dict(self) -> dict:
         d = {"kind": self.kind, "text": self.text, "token_ids": list(self.token_ids),
@@ -99,6 +100,11 @@ def check_lengths(prompt_tokens: int, config: GenerationConfig, max_context: int
         )
 
 
+def cache_capacity(prompt_tokens: int, config: GenerationConfig) -> int:
+    """KV positions a request may need: prompt, output, and room for a speculative verify pass."""
+    return prompt_tokens + config.max_new_tokens + SPECULATION_SLACK
+
+
 class Decoding:
     """One sequence being generated: its ids, KV cache and sampler."""
 
@@ -109,7 +115,7 @@ class Decoding:
         self.prompt_len = len(prompt_ids)
         self.ids: list[int] = list(prompt_ids)  # prompt + output so far
         self.sampler = Sampler(config, self.device)
-        capacity = self.prompt_len + config.max_new_tokens + SPECULATION_SLACK
+        capacity = cache_capacity(self.prompt_len, config)
         self.cache = cache if cache is not None else model.new_cache(capacity)
         self.cache.ensure_capacity(capacity)
         # At least the last prompt token must run through the model to give the first logits.
@@ -152,10 +158,13 @@ def generate(
     timeline: Timeline,
     should_stop: Callable[[], bool] = lambda: False,
     decoding_factory: Callable[..., Decoding] = Decoding,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[Event]:
     """Answer one request, yielding status, chunk and finally a done event.
 
-    Raises InvalidRequest (before any token) for requests the engine cannot run.
+    Raises InvalidRequest (before any token) for requests the engine cannot run. With a
+    `prefix_cache` (and `kv_reuse` on), the longest cached prefix of the prompt is not prefilled,
+    and the finished sequence's KV is kept for the next request of the same scope.
     """
     cfg = request.config.validate()
     yield Event("status", stage="setup")
@@ -163,11 +172,23 @@ def generate(
         tokenizer, request.messages
     )
     check_lengths(len(prompt_ids), cfg, model.max_context)
-    dec = decoding_factory(model, prompt_ids, cfg)
+    reuse = RequestReuse(prefix_cache, model, request.session, cfg.kv_reuse, prompt_ids,
+                         cache_capacity(len(prompt_ids), cfg))
+    try:
+        yield from _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop,
+                           decoding_factory)
+    finally:
+        reuse.release()  # also on error or an abandoned generator; nothing half-done is kept
+
+
+def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop, decoding_factory):
+    """generate's body once the prompt is known and the cache looked up: prefill, decode, stop."""
+    dec = decoding_factory(model, prompt_ids, cfg, cache=reuse.kv, cached_tokens=reuse.cached_tokens)
     timeline.prompt_tokens = len(prompt_ids)
     timeline.cached_tokens = dec.cached_tokens
     timeline.prefill_tokens = len(prompt_ids) - dec.cached_tokens
     timeline.counters["seed"] = dec.sampler.seed
+    timeline.counters.update(reuse.counters())
     timeline.mark("setup_done")
     yield Event("status", stage="prefill", detail={"prefill_tokens": timeline.prefill_tokens})
 
@@ -203,6 +224,7 @@ def generate(
     timeline.finish_reason = finish
     timeline.counters["forward_passes"] = dec.forward_passes
     timeline.mark("done")
+    reuse.keep(dec)  # after a cancel too: between steps the sequence and its KV agree
     yield Event("done", text="".join(text_parts), token_ids=dec.output_ids[:produced], output_tokens=produced,
                 detail={"finish_reason": finish}, timeline=timeline, decoding=dec)
 

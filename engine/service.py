@@ -1,22 +1,28 @@
-"""`Engine`: a loaded model plus the worker that serves it — what the CLI, API and page hold."""
+"""`Engine`: a loaded model plus the worker that serves it — what the CLI, API and page hold.
+
+`engine.prefix_cache.stats()` gives the KV-reuse figures (hit rates, bytes, entries) for the page and API.
+"""
 
 from __future__ import annotations
 
 from .config import GenerationConfig, LoadConfig
 from .generate import Event, Request
 from .loader import LoadedModel, load
+from .prefix_cache import PrefixCache
 from .timeline import Timeline
 from .worker import RequestHandle, Worker
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, max_queue: int | None = None):
+    def __init__(self, loaded: LoadedModel, max_queue: int | None = None, prefix_cache: PrefixCache | None = None):
         self.loaded = loaded
-        self.worker = Worker(loaded, max_queue=max_queue)
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
+        self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache)
 
     @classmethod
     def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
-        return cls(load(config), max_queue=max_queue)
+        cache = PrefixCache(config.kv_cache_mb, shared=config.shared_prefix_cache)
+        return cls(load(config), max_queue=max_queue, prefix_cache=cache)
 
     @property
     def tokenizer(self):
@@ -34,7 +40,7 @@ class Engine:
         return self.submit(messages, config, **kw).result()
 
     def info(self) -> dict:
-        return self.loaded.info()
+        return {**self.loaded.info(), "prefix_cache": self.prefix_cache.stats()}
 
     def close(self) -> None:
         self.worker.close()

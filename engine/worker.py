@@ -104,8 +104,9 @@ class RequestHandle:
 class Worker:
     """Runs requests one at a time on a thread of its own, in arrival order."""
 
-    def __init__(self, loaded, max_queue: int | None = None, decoding_factory=None):
+    def __init__(self, loaded, max_queue: int | None = None, decoding_factory=None, prefix_cache=None):
         self.loaded = loaded
+        self.prefix_cache = prefix_cache  # KV reuse across requests (None: every prompt is prefilled)
         self.max_queue = max_queue
         self.decoding_factory = decoding_factory
         self._queue: deque[RequestHandle] = deque()
@@ -192,6 +193,7 @@ class Worker:
             return
         lm = self.loaded
         kwargs = {"decoding_factory": self.decoding_factory} if self.decoding_factory else {}
+        kwargs["prefix_cache"] = self.prefix_cache
         try:
             for event in generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
                                   should_stop=lambda: handle.cancelled, **kwargs):

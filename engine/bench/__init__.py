@@ -21,6 +21,7 @@ SCENARIOS = {
     "bandwidth": "memory copy bandwidth vs decode bandwidth achieved",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
     "remote": "an OpenAI-compatible server measured from the client (default: our own API on loopback)",
+    "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
 }
 
 CHAT_PROMPTS = [
@@ -77,7 +78,7 @@ def load_model(args, **overrides):
     return load(cfg)
 
 
-def run_request(loaded, messages, config, **request_kw):
+def run_request(loaded, messages, config, prefix_cache=None, **request_kw):
     """Run one request through the decode loop on this thread; return the done event."""
     from ..generate import Request, generate
     from ..timeline import Timeline
@@ -86,7 +87,7 @@ def run_request(loaded, messages, config, **request_kw):
     tl.started_ns = tl.enqueued_ns = tl.received_ns
     done = None
     for event in generate(loaded.model, loaded.tokenizer, loaded.eos_token_ids,
-                          Request(messages=messages, config=config, **request_kw), tl):
+                          Request(messages=messages, config=config, **request_kw), tl, prefix_cache=prefix_cache):
         if event.kind == "done":
             done = event
     return done
