@@ -23,11 +23,17 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--no-fast-path", action="store_true",
                    help="use the generic transformers forward instead of our Llama-family forward")
+    g.add_argument("--variants", default="",
+                   help="quantization variants to build at start, e.g. int8,nf4 (others are built on first use)")
+    g.add_argument("--variants-budget-mb", type=float, default=None,
+                   help="memory for the weights of all resident variants (default: 3x the loaded model's)")
 
 
 def load_config_from_args(args, progress: bool = True) -> LoadConfig:
     return LoadConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                      fast_path=not args.no_fast_path, progress=progress)
+                      fast_path=not args.no_fast_path, progress=progress,
+                      variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
+                      variants_budget_mb=args.variants_budget_mb)
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +49,8 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-kv-reuse", action="store_true", help="prefill the whole prompt every turn")
     g.add_argument("--speculative", default=d.speculative, choices=SPECULATIVE_MODES)
     g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens)
-    g.add_argument("--quantization", default=None, help="quantization variant name")
+    g.add_argument("--quantization", default=None,
+                   help="the model variant for this request: int8, nf4, fp4, int8wo or a dtype (default: as loaded)")
 
 
 def generation_config_from_args(args) -> GenerationConfig:

@@ -30,6 +30,8 @@ class LoadConfig:
     cache_dir: Path | None = None  # where converted weights are kept; default: per-user cache folder
     fast_path: bool = True  # our own Llama-family forward; False forces the generic transformers forward
     progress: bool = True  # show a progress bar while loading
+    variants: tuple[str, ...] = ()  # quantization variants to build at start (others: on first use)
+    variants_budget_mb: float | None = None  # weights of all resident variants; None: 3x the loaded model's
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -38,6 +40,9 @@ class LoadConfig:
             raise InvalidRequest(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}", "device")
         if self.threads is not None and not (1 <= self.threads <= 1024):
             raise InvalidRequest(f"--threads must be a positive integer, not {self.threads!r}", "threads")
+        if self.variants_budget_mb is not None and not self.variants_budget_mb > 0:
+            raise InvalidRequest(f"--variants-budget-mb must be positive, not {self.variants_budget_mb!r}",
+                                 "variants_budget_mb")
 
 
 @dataclass(frozen=True)

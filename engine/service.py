@@ -6,17 +6,23 @@ from .config import GenerationConfig, LoadConfig
 from .generate import Event, Request
 from .loader import LoadedModel, load
 from .timeline import Timeline
+from .variants import VariantSet
 from .worker import RequestHandle, Worker
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, max_queue: int | None = None):
+    def __init__(self, loaded: LoadedModel, max_queue: int | None = None, variants: tuple[str, ...] = (),
+                 variants_budget_bytes: int | None = None):
+        """`variants`: quantization variants to build now (others are built on first use)."""
         self.loaded = loaded
-        self.worker = Worker(loaded, max_queue=max_queue)
+        self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes)
+        self.variants.preload(variants)
+        self.worker = Worker(loaded, max_queue=max_queue, variants=self.variants)
 
     @classmethod
     def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
-        return cls(load(config), max_queue=max_queue)
+        budget = int(config.variants_budget_mb * 1e6) if config.variants_budget_mb else None
+        return cls(load(config), max_queue=max_queue, variants=config.variants, variants_budget_bytes=budget)
 
     @property
     def tokenizer(self):
@@ -34,7 +40,7 @@ class Engine:
         return self.submit(messages, config, **kw).result()
 
     def info(self) -> dict:
-        return self.loaded.info()
+        return {**self.loaded.info(), "variants": self.variants.report()}
 
     def close(self) -> None:
         self.worker.close()

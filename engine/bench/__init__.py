@@ -20,6 +20,7 @@ SCENARIOS = {
     "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
     "bandwidth": "memory copy bandwidth vs decode bandwidth achieved",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
+    "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",
 }
 
 CHAT_PROMPTS = [
