@@ -76,7 +76,7 @@ class VariantSet:
         `quality_texts`: how many of quality.QUALITY_SET to measure each variant on (0: none)."""
         self.default_name = default.dtype_name
         self.quality_texts = quality_texts
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # report() reads what the worker thread writes
         self._failed: dict[str, str] = {}
         self._reference = None  # the default variant's logits on the quality set
         self.evictions = 0
@@ -125,14 +125,15 @@ class VariantSet:
 
     def record(self, name: str, timeline) -> None:
         """Note a finished request's speeds against the variant that served it."""
-        variant = self._built.get(name)
-        if variant is None:
-            return
-        variant.requests += 1
-        if timeline.decode_tps:
-            variant.decode_tps.append(timeline.decode_tps)
-        if timeline.prefill_ms and timeline.prefill_tokens:
-            variant.prefill_tps.append(timeline.prefill_tokens / (timeline.prefill_ms / 1e3))
+        with self._lock:
+            variant = self._built.get(name)
+            if variant is None:
+                return
+            variant.requests += 1
+            if timeline.decode_tps:
+                variant.decode_tps.append(timeline.decode_tps)
+            if timeline.prefill_ms and timeline.prefill_tokens:
+                variant.prefill_tps.append(timeline.prefill_tokens / (timeline.prefill_ms / 1e3))
 
     def resident_bytes(self) -> int:
         with self._lock:
@@ -142,17 +143,16 @@ class VariantSet:
     def report(self) -> dict:
         with self._lock:
             built = list(self._built.values())
-            failed = dict(self._failed)
-        return {
-            "default": self.default_name,
-            "available": self.names(),
-            "resident": [v.name for v in built],
-            "resident_bytes": self.resident_bytes(),
-            "budget_bytes": self.budget_bytes,
-            "evictions": self.evictions,
-            "failed": failed,
-            "variants": [v.report() for v in built],
-        }
+            return {
+                "default": self.default_name,
+                "available": self.names(),
+                "resident": [v.name for v in built],
+                "resident_bytes": self.resident_bytes(),
+                "budget_bytes": self.budget_bytes,
+                "evictions": self.evictions,
+                "failed": dict(self._failed),
+                "variants": [v.report() for v in built],
+            }
 
     # --- building (worker thread) -----------------------------------------------------------
     def _build(self, name: str) -> Variant:

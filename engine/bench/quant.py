@@ -56,6 +56,7 @@ def run(args, out):
         rows[name] = {"method": v.method, "weight_bytes": v.weight_bytes, "build_s": round(v.build_s, 2),
                       "top1_agreement": v.quality["top1_agreement"], "mean_kl": v.quality["mean_kl"]}
         models[name] = v.loaded
+        out(f"  built {name} in {v.build_s:.1f} s")
     inputs = quality_inputs(lm.tokenizer)
     reference = next_token_logits(lm.model, inputs)
     for name in [h.strip() for h in args.head_rows.split(",") if h.strip()]:
@@ -80,6 +81,7 @@ def run(args, out):
             t = time.perf_counter()
             loaded.model.forward(ids, cache)
             prefill[name].append(len(ids) / (time.perf_counter() - t))
+        out(f"  run {r + 1}/{args.runs}: decode tok/s " + ", ".join(f"{n} {median(decode[n]):.1f}" for n in models))
 
     bf16_bytes = rows["bf16"]["weight_bytes"] if "bf16" in rows else None
     for name, row in rows.items():
