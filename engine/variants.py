@@ -198,8 +198,20 @@ class VariantSet:
 
 def _memory() -> tuple[int, int]:
     """(current, peak) resident memory of this process, in bytes."""
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
-    return psutil.Process().memory_info().rss, peak_kb * 1024
+    return psutil.Process().memory_info().rss, peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory. Linux's VmHWM, not getrusage's ru_maxrss: a process
+    started by fork+exec inherits its parent's ru_maxrss, so a child's figure can be the parent's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
 def _median(values) -> float | None:

@@ -4,7 +4,8 @@ Every variant is built from the loaded model (engine/quantize.py) and measured i
   weight_bytes    real storage of its tensors (quantized data, scales and absmax included)
   build_s         building it from the loaded model
   peak_rss_bytes  peak resident memory of a fresh process that loads the model and builds only
-                  this variant (run apart, since a process's peak never goes down)
+                  this variant (run apart, since a process's peak never goes down); loading
+                  dominates it, so build_rss_bytes says what the build added to resident memory
   prefill_tps     a --prefill-tokens prompt, one forward: prompt tokens / prefill time
   decode_tps      greedy chat replies: (tokens - 1) / (last - first token time), median
   top1_agreement, mean_kl   against the loaded (unquantized) model, engine/quality.py
@@ -16,7 +17,6 @@ measurement behind leaving it unquantized.
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -88,7 +88,8 @@ def run(args, out):
         row["decode_tps"] = round(median(decode[name]), 1)
         row["prefill_tps"] = round(median(prefill[name]), 1)
         row["bytes_vs_bf16"] = round(row["weight_bytes"] / bf16_bytes, 3) if bf16_bytes else None
-        row["peak_rss_bytes"] = None if args.no_memory or "+" in name else _peak_memory(args, name)
+        probe = {} if args.no_memory or "+" in name else _peak_memory(args, name)
+        row["peak_rss_bytes"], row["build_rss_bytes"] = probe.get("peak_rss_bytes"), probe.get("build_rss_bytes")
         rss = f"{row['peak_rss_bytes'] / 1e6:6.0f}" if row["peak_rss_bytes"] else "     -"
         out(f"{name:>12}: {row['weight_bytes'] / 1e6:6.1f} MB ({row['bytes_vs_bf16']} of bf16)  build "
             f"{row['build_s']:5.2f} s  peak RSS {rss} MB  prefill {row['prefill_tps']:6.1f} tok/s  decode "
@@ -106,14 +107,18 @@ def _peak_memory(args, name: str) -> int | None:
     code = f"from engine.bench.quant import memory_probe; memory_probe({load!r}, {name!r})"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     lines = proc.stdout.strip().splitlines()
-    return json.loads(lines[-1])["peak_rss_bytes"] if proc.returncode == 0 and lines else None
+    return json.loads(lines[-1]) if proc.returncode == 0 and lines else {}
 
 
 def memory_probe(load_kwargs: dict, name: str) -> None:
     from ..config import LoadConfig
     from ..loader import load
-    from ..variants import VariantSet
+    import psutil
+
+    from ..variants import VariantSet, peak_rss_bytes
 
     variants = VariantSet(load(LoadConfig(**load_kwargs)), budget_bytes=10**13, quality_texts=0)
+    loaded_rss = psutil.Process().memory_info().rss
     variants.get(name)
-    print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    print(json.dumps({"peak_rss_bytes": peak_rss_bytes(),
+                      "build_rss_bytes": psutil.Process().memory_info().rss - loaded_rss}))
