@@ -29,12 +29,18 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shared-prefix-cache", action="store_true",
                    help="share cached prefixes between sessions (default: each session sees only its own; "
                         "sharing lets one user infer by timing what another's prompt began with)")
+    g.add_argument("--variants", default="",
+                   help="quantization variants to build at start, e.g. int8,nf4 (others are built on first use)")
+    g.add_argument("--variants-budget-mb", type=float, default=None,
+                   help="memory for the weights of all resident variants (default: 3x the loaded model's)")
 
 
 def load_config_from_args(args, progress: bool = True) -> LoadConfig:
     return LoadConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
                       fast_path=not args.no_fast_path, progress=progress, kv_cache_mb=args.kv_cache_mb,
-                      shared_prefix_cache=args.shared_prefix_cache)
+                      shared_prefix_cache=args.shared_prefix_cache,
+                      variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
+                      variants_budget_mb=args.variants_budget_mb)
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -50,7 +56,8 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-kv-reuse", action="store_true", help="prefill the whole prompt every turn")
     g.add_argument("--speculative", default=d.speculative, choices=SPECULATIVE_MODES)
     g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens)
-    g.add_argument("--quantization", default=None, help="quantization variant name")
+    g.add_argument("--quantization", default=None,
+                   help="the model variant for this request: int8, nf4, fp4, int8wo or a dtype (default: as loaded)")
 
 
 def generation_config_from_args(args) -> GenerationConfig:

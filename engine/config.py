@@ -32,6 +32,8 @@ class LoadConfig:
     progress: bool = True  # show a progress bar while loading
     kv_cache_mb: float = 512  # prefix cache (KV reuse) budget in MiB; 0 keeps nothing
     shared_prefix_cache: bool = False  # one prefix-cache scope for all sessions (default: per session)
+    variants: tuple[str, ...] = ()  # quantization variants to build at start (others: on first use)
+    variants_budget_mb: float | None = None  # weights of all resident variants; None: 3x the loaded model's
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -43,6 +45,9 @@ class LoadConfig:
             raise InvalidRequest(f"--kv-cache-mb must be a number of MiB >= 0, not {self.kv_cache_mb!r}", "kv_cache_mb")
         if self.threads is not None and not (1 <= self.threads <= 1024):
             raise InvalidRequest(f"--threads must be a positive integer, not {self.threads!r}", "threads")
+        if self.variants_budget_mb is not None and not self.variants_budget_mb > 0:
+            raise InvalidRequest(f"--variants-budget-mb must be positive, not {self.variants_budget_mb!r}",
+                                 "variants_budget_mb")
 
 
 @dataclass(frozen=True)

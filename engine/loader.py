@@ -81,10 +81,13 @@ def weight_bytes(module: torch.nn.Module) -> int:
     """Bytes of real storage behind a module's parameters and persistent buffers, each storage
     counted once (tied embeddings are one tensor; quantized layers count their packed storage).
     Non-persistent buffers (rotary tables) are derived, not weights, and are left out."""
+    from .quantize import quant_state_tensors  # here, not at the top: quantize imports loader
+
     tensors = list(module.parameters())
     for mod in module.modules():
         skip = getattr(mod, "_non_persistent_buffers_set", set())
         tensors += [b for name, b in mod.named_buffers(recurse=False) if name not in skip]
+        tensors += quant_state_tensors(mod)  # bitsandbytes keeps scales outside params/buffers
     seen, total = set(), 0
     for t in tensors:
         if t is None or t.device.type == "meta":

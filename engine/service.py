@@ -10,19 +10,26 @@ from .generate import Event, Request
 from .loader import LoadedModel, load
 from .prefix_cache import PrefixCache
 from .timeline import Timeline
+from .variants import VariantSet
 from .worker import RequestHandle, Worker
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, max_queue: int | None = None, prefix_cache: PrefixCache | None = None):
+    def __init__(self, loaded: LoadedModel, max_queue: int | None = None, prefix_cache: PrefixCache | None = None,
+                 variants: tuple[str, ...] = (), variants_budget_bytes: int | None = None):
+        """`variants`: quantization variants to build now (others are built on first use)."""
         self.loaded = loaded
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
-        self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache)
+        self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes)
+        self.variants.preload(variants)
+        self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache, variants=self.variants)
 
     @classmethod
     def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
         cache = PrefixCache(config.kv_cache_mb, shared=config.shared_prefix_cache)
-        return cls(load(config), max_queue=max_queue, prefix_cache=cache)
+        budget = int(config.variants_budget_mb * 1e6) if config.variants_budget_mb else None
+        return cls(load(config), max_queue=max_queue, prefix_cache=cache, variants=config.variants,
+                   variants_budget_bytes=budget)
 
     @property
     def tokenizer(self):
@@ -40,7 +47,7 @@ class Engine:
         return self.submit(messages, config, **kw).result()
 
     def info(self) -> dict:
-        return {**self.loaded.info(), "prefix_cache": self.prefix_cache.stats()}
+        return {**self.loaded.info(), "prefix_cache": self.prefix_cache.stats(), "variants": self.variants.report()}
 
     def close(self) -> None:
         self.worker.close()

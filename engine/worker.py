@@ -104,9 +104,13 @@ class RequestHandle:
 class Worker:
     """Runs requests one at a time on a thread of its own, in arrival order."""
 
-    def __init__(self, loaded, max_queue: int | None = None, decoding_factory=None, prefix_cache=None):
+    def __init__(self, loaded, max_queue: int | None = None, decoding_factory=None, prefix_cache=None,
+                 variants=None):
+        from .variants import VariantSet
+
         self.loaded = loaded
         self.prefix_cache = prefix_cache  # KV reuse across requests (None: every prompt is prefilled)
+        self.variants = variants if variants is not None else VariantSet(loaded)  # per-request quantization
         self.max_queue = max_queue
         self.decoding_factory = decoding_factory
         self._queue: deque[RequestHandle] = deque()
@@ -121,6 +125,7 @@ class Worker:
     def submit(self, request: Request, timeline: Timeline | None = None) -> RequestHandle:
         """Queue a request. Bad options raise InvalidRequest here, before it waits in line."""
         request.config.validate()
+        self.variants.check(request.config.quantization)
         if request.prompt_ids is None and request.messages is None:
             raise InvalidRequest("a request needs messages or prompt_ids", "messages")
         request.id = request.id or f"req-{next(_ids)}"
@@ -191,14 +196,16 @@ class Worker:
             tl.mark("done")
             handle.push(Event("done", detail={"finish_reason": "cancelled"}, timeline=tl))
             return
-        lm = self.loaded
         kwargs = {"decoding_factory": self.decoding_factory} if self.decoding_factory else {}
         kwargs["prefix_cache"] = self.prefix_cache
         try:
+            variant = self._variant(handle.request.config.quantization, tl)
+            lm = variant.loaded
             for event in generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
                                   should_stop=lambda: handle.cancelled, **kwargs):
                 handle.push(event)
             self.completed += 1
+            self.variants.record(variant.name, tl)
         except Exception as exc:  # the request fails alone; the worker lives on
             self.failed += 1
             tl.finish_reason = "error"
@@ -213,3 +220,12 @@ class Worker:
                 "user_error": user_error,
                 "exception": exc,
             }))
+
+    def _variant(self, name, tl: Timeline):
+        """The model variant the request asked for; building one here counts in its setup_ms."""
+        t0, resident = now_ns(), self.variants.is_resident(name)
+        variant = self.variants.get(name)
+        tl.counters["quantization"] = variant.name
+        if not resident:
+            tl.counters["variant_build_ms"] = round((now_ns() - t0) / 1e6, 1)
+        return variant

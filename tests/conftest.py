@@ -44,19 +44,15 @@ def build_tiny_model_dir(path: Path, tokenizer, model_type: str = "llama", seed:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512)
     cfg = AutoConfig.for_model(
         model_type,
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **overrides,
+        **{**sizes, **overrides},  # overrides win
     )
     model = AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(path)

@@ -1,0 +1,124 @@
+"""Quantization variants side by side: weight bytes, build time, memory, speed and quality.
+
+Every variant is built from the loaded model (engine/quantize.py) and measured in this process:
+  weight_bytes    real storage of its tensors (quantized data, scales and absmax included)
+  build_s         building it from the loaded model
+  peak_rss_bytes  peak resident memory of a fresh process that loads the model and builds only
+                  this variant (run apart, since a process's peak never goes down); loading
+                  dominates it, so build_rss_bytes says what the build added to resident memory
+  prefill_tps     a --prefill-tokens prompt, one forward: prompt tokens / prefill time
+  decode_tps      greedy chat replies: (tokens - 1) / (last - first token time), median
+  top1_agreement, mean_kl   against the loaded (unquantized) model, engine/quality.py
+Runs alternate between the variants, and medians are reported. `ratio` = nf4 weight bytes /
+bf16 weight bytes. `+head` rows also quantize lm_head (untied from the embedding): the
+measurement behind leaving it unquantized.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+from . import CHAT_PROMPTS, load_model, median, run_request
+from .dtypes import TEXT
+
+
+def add_args(p):
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--runs", type=int, default=3, help="alternating runs per prompt")
+    p.add_argument("--prompts", type=int, default=3)
+    p.add_argument("--prefill-tokens", type=int, default=512)
+    p.add_argument("--head-rows", default="int8wo,nf4", help="methods also measured with lm_head quantized")
+    p.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
+
+
+def run(args, out):
+    from ..config import GenerationConfig
+    from ..quantize import QUANTIZED, build_variant
+    from ..quality import compare, next_token_logits, quality_inputs
+    from ..variants import VariantSet
+
+    lm = load_model(args)
+    names = [v.strip() for v in args.variants.split(",") if v.strip()] or list(QUANTIZED)
+    variants = VariantSet(lm, budget_bytes=10**13)  # hold them all: this measures, it does not serve
+    names = [variants.default_name] + [n for n in names if n != variants.default_name]
+    if "bf16" not in names and lm.dtype != torch.bfloat16:
+        names.insert(1, "bf16")  # the ratio's denominator
+    out(f"model {lm.name} {lm.dtype_name} on {lm.device}, {torch.get_num_threads()} threads; variants {names}")
+
+    rows, models = {}, {}
+    for name in names:
+        v = variants.get(name)
+        rows[name] = {"method": v.method, "weight_bytes": v.weight_bytes, "build_s": round(v.build_s, 2),
+                      "top1_agreement": v.quality["top1_agreement"], "mean_kl": v.quality["mean_kl"]}
+        models[name] = v.loaded
+        out(f"  built {name} in {v.build_s:.1f} s")
+    inputs = quality_inputs(lm.tokenizer)
+    reference = next_token_logits(lm.model, inputs)
+    for name in [h.strip() for h in args.head_rows.split(",") if h.strip()]:
+        t0 = time.perf_counter()
+        loaded = build_variant(lm, name, quantize_lm_head=True)
+        q = compare(reference, next_token_logits(loaded.model, inputs))
+        rows[f"{name}+head"] = {"method": f"{QUANTIZED[name]}; lm_head quantized too (untied)",
+                                "weight_bytes": loaded.weight_bytes(), "build_s": round(time.perf_counter() - t0, 2),
+                                "top1_agreement": q["top1_agreement"], "mean_kl": q["mean_kl"]}
+        models[f"{name}+head"] = loaded
+
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    ids = torch.tensor(lm.tokenizer(TEXT)["input_ids"][: args.prefill_tokens], device=lm.device)
+    decode, prefill = {n: [] for n in models}, {n: [] for n in models}
+    for r in range(args.runs):
+        for prompt in CHAT_PROMPTS[: args.prompts]:
+            for name, loaded in models.items():  # alternate: each variant sees the same machine state
+                done = run_request(loaded, [{"role": "user", "content": prompt}], gen)
+                decode[name].append(done.timeline.decode_tps)
+        for name, loaded in models.items():
+            cache = loaded.model.new_cache(len(ids))
+            t = time.perf_counter()
+            loaded.model.forward(ids, cache)
+            prefill[name].append(len(ids) / (time.perf_counter() - t))
+        out(f"  run {r + 1}/{args.runs}: decode tok/s " + ", ".join(f"{n} {median(decode[n]):.1f}" for n in models))
+
+    bf16_bytes = rows["bf16"]["weight_bytes"] if "bf16" in rows else None
+    for name, row in rows.items():
+        row["decode_tps"] = round(median(decode[name]), 1)
+        row["prefill_tps"] = round(median(prefill[name]), 1)
+        row["bytes_vs_bf16"] = round(row["weight_bytes"] / bf16_bytes, 3) if bf16_bytes else None
+        probe = {} if args.no_memory or "+" in name else _peak_memory(args, name)
+        row["peak_rss_bytes"], row["build_rss_bytes"] = probe.get("peak_rss_bytes"), probe.get("build_rss_bytes")
+        rss = f"{row['peak_rss_bytes'] / 1e6:6.0f}" if row["peak_rss_bytes"] else "     -"
+        out(f"{name:>12}: {row['weight_bytes'] / 1e6:6.1f} MB ({row['bytes_vs_bf16']} of bf16)  build "
+            f"{row['build_s']:5.2f} s  peak RSS {rss} MB  prefill {row['prefill_tps']:6.1f} tok/s  decode "
+            f"{row['decode_tps']:5.1f} tok/s  top-1 {row['top1_agreement']:.1%}  KL {row['mean_kl']:.4f}")
+    ratio = round(rows["nf4"]["weight_bytes"] / bf16_bytes, 3) if "nf4" in rows and bf16_bytes else None
+    return {"variants": rows, "ratio": ratio, "reference": variants.default_name, "device": str(lm.device),
+            "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "runs": args.runs,
+            "prompts": args.prompts, "prefill_tokens": len(ids), "quality_positions": sum(len(r) for r in reference)}
+
+
+def _peak_memory(args, name: str) -> int | None:
+    """Peak RSS of a fresh process that loads the model as flagged and builds only `name`."""
+    load = {"model": args.model, "dtype": args.dtype, "device": args.device, "threads": args.threads,
+            "fast_path": not args.no_fast_path, "progress": False}
+    code = f"from engine.bench.quant import memory_probe; memory_probe({load!r}, {name!r})"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if proc.returncode == 0 and lines else {}
+
+
+def memory_probe(load_kwargs: dict, name: str) -> None:
+    from ..config import LoadConfig
+    from ..loader import load
+    import psutil
+
+    from ..variants import VariantSet, peak_rss_bytes
+
+    variants = VariantSet(load(LoadConfig(**load_kwargs)), budget_bytes=10**13, quality_texts=0)
+    loaded_rss = psutil.Process().memory_info().rss
+    variants.get(name)
+    print(json.dumps({"peak_rss_bytes": peak_rss_bytes(),
+                      "build_rss_bytes": psutil.Process().memory_info().rss - loaded_rss}))

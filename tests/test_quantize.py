@@ -1,0 +1,208 @@
+"""Quantization variants: each builds and generates on CPU, its bytes are counted for real, its
+quality is measured, requests switch variants one by one, and what cannot run fails alone."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.bench import run_request
+from engine.config import GenerationConfig, LoadConfig
+from engine.errors import InvalidRequest, LoadError
+from engine.generate import Request
+from engine.loader import load, weight_bytes
+from engine.quantize import QUANTIZED, Int8WeightOnlyLinear, build_variant, quantizable_linears
+from engine.variants import VariantSet
+from engine.worker import Worker
+
+from conftest import build_tiny_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
+PROMPTS = ["What is the capital of France?", "Name three colors."]
+
+
+def ask(text):
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def bf16(bundled):
+    """The bundled model in bf16 (the default on this CPU), as the unquantized reference."""
+    return build_variant(bundled, "bf16")
+
+
+@pytest.fixture(scope="module")
+def variants(bf16):
+    # quality on 2 of the fixed exchanges (128 positions) keeps CI quick
+    return VariantSet(bf16, budget_bytes=10**10, quality_texts=2)
+
+
+@pytest.fixture(scope="module")
+def worker(bf16, variants):
+    w = Worker(bf16, variants=variants)
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("name", list(QUANTIZED))
+def test_each_variant_builds_and_generates_on_cpu(variants, bf16, name):
+    v = variants.get(name)
+    assert v.loaded.model is not bf16.model and v.loaded.device.type == "cpu"
+    assert not quantizable_linears(v.loaded.model), "every block linear was replaced"
+    done = run_request(v.loaded, ask(PROMPTS[0]), GREEDY)
+    assert done.output_tokens >= 1 and done.text.strip()
+    assert v.build_s > 0 and v.weight_bytes > 0
+
+
+def test_variants_share_what_they_do_not_quantize(variants, bf16):
+    v = variants.get("int8")
+    assert v.loaded.model.embed.weight is bf16.model.embed.weight  # the tied embedding / lm_head
+    assert v.loaded.model.lm_head.weight is bf16.model.lm_head.weight
+    assert v.loaded.model.blocks[0].qkv is not bf16.model.blocks[0].qkv
+
+
+def test_weight_bytes_count_the_quantized_storage(variants, bf16):
+    base = weight_bytes(bf16.model)
+    linears = quantizable_linears(bf16.model)
+    linear_bytes = sum(lin.weight.numel() * 2 for _, _, lin in linears)
+    rest = base - linear_bytes  # embedding (tied lm_head), norms: shared and unquantized
+    # int8 (bitsandbytes): one int8 per weight plus one fp32 scale per output row, kept outside
+    # the module's parameters (state.SCB) and still counted.
+    expected_int8 = rest + sum(lin.weight.numel() + 4 * lin.out_features for _, _, lin in linears)
+    assert variants.get("int8").weight_bytes == expected_int8
+    # int8wo: int8 weights plus one bf16 scale per output channel
+    expected_wo = rest + sum(lin.weight.numel() + 2 * lin.out_features for _, _, lin in linears)
+    assert variants.get("int8wo").weight_bytes == expected_wo
+    # nf4: half a byte per weight plus block absmax, and no more than the targets allow
+    nf4 = variants.get("nf4").weight_bytes
+    assert rest + linear_bytes // 4 < nf4
+    assert nf4 <= 0.45 * base
+    assert expected_int8 <= 0.65 * base and expected_wo <= 0.65 * base
+
+
+def test_quality_is_measured_and_int8_keeps_above_its_floor(variants):
+    default = variants.default.report()
+    assert default["top1_agreement"] == 1.0 and default["mean_kl"] == 0.0
+    reports = {n: variants.get(n).report() for n in ("int8", "int8wo", "nf4")}
+    for r in reports.values():
+        assert r["quality_positions"] == 128
+        assert 0.0 <= r["top1_agreement"] <= 1.0 and r["mean_kl"] >= 0.0
+    assert reports["int8"]["top1_agreement"] >= 0.90
+    assert reports["int8wo"]["top1_agreement"] >= 0.90
+    assert reports["int8"]["mean_kl"] < reports["nf4"]["mean_kl"]  # 4 bits lose more than 8
+
+
+def test_each_request_is_served_by_the_variant_it_names(worker, variants):
+    order = [None, "int8", "nf4", None, "nf4", "int8wo", "int8", None]
+    handles = [(q, p, worker.submit(Request(messages=ask(p), config=GREEDY.replace(quantization=q))))
+               for p in PROMPTS for q in order]
+    served = {}
+    for q, p, h in handles:
+        done = h.result(timeout=300)
+        name = q or variants.default_name
+        assert done.timeline.counters["quantization"] == name
+        served.setdefault((name, p), set()).add(tuple(done.token_ids))
+    for (name, prompt), outputs in served.items():
+        solo = run_request(variants.get(name).loaded, ask(prompt), GREEDY)
+        assert outputs == {tuple(solo.token_ids)}, f"{name} on {prompt!r}"
+    default = variants.default_name
+    assert any(served[("nf4", p)] != served[(default, p)] for p in PROMPTS), "switching had no effect"
+    report = variants.report()["variants"]
+    assert all(r["decode_tps"] for r in report if r["name"] in ("int8", "nf4", default))
+
+
+def test_unknown_variant_is_refused_with_the_available_ones(worker):
+    with pytest.raises(InvalidRequest) as err:
+        worker.submit(Request(messages=ask("hi"), config=GREEDY.replace(quantization="int3")))
+    assert err.value.param == "quantization"
+    assert "int3" in str(err.value) and "nf4" in str(err.value) and "int8" in str(err.value)
+
+
+def test_upcasting_is_refused_with_advice(worker):
+    h = worker.submit(Request(messages=ask("hi"), config=GREEDY.replace(quantization="fp32")))
+    with pytest.raises(LoadError, match="--dtype fp32"):
+        h.result(timeout=60)
+    assert worker.submit(Request(messages=ask("hi"), config=GREEDY)).result(timeout=60).output_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def odd_model(tmp_path_factory, tokenizer):
+    """A tiny Llama with 48-wide layers: bitsandbytes' 4-bit CPU kernel needs multiples of 32 and 64."""
+    path = build_tiny_model_dir(tmp_path_factory.mktemp("odd-llama"), tokenizer, hidden_size=48)
+    return load(LoadConfig(model=str(path), dtype="fp32", progress=False))
+
+
+def test_a_4bit_shape_the_cpu_kernel_rejects_fails_alone(odd_model):
+    from bitsandbytes.functional import has_avx512bf16
+
+    w = Worker(odd_model)
+    try:
+        h = w.submit(Request(messages=ask("hi"), config=GREEDY.replace(quantization="nf4")))
+        if has_avx512bf16():  # the kernel that has the rule
+            with pytest.raises(LoadError, match="divisible by 32"):
+                h.result(timeout=120)
+            assert h.final.detail["user_error"] and "Try int8" in h.final.detail["message"]
+            again = w.submit(Request(messages=ask("hi"), config=GREEDY.replace(quantization="nf4")))
+            with pytest.raises(LoadError, match="divisible by 32"):  # remembered: no second build
+                again.result(timeout=120)
+            assert "nf4" in w.variants.report()["failed"]
+        else:  # other CPUs take the generic kernel, which has no such rule
+            assert h.result(timeout=120).output_tokens > 0
+        for q in (None, "int8", "int8wo"):  # the others keep working
+            assert w.submit(Request(messages=ask("hi"), config=GREEDY.replace(quantization=q))).result(
+                timeout=120).output_tokens > 0
+    finally:
+        w.close()
+
+
+def test_the_memory_budget_drops_the_least_recently_used(tiny):
+    base = weight_bytes(tiny.model)
+    vs = VariantSet(tiny, quality_texts=0, budget_bytes=1)
+    with pytest.raises(LoadError, match="does not fit"):
+        vs.get("int8wo")
+    assert vs.report()["resident"] == [vs.default_name]  # the default stays and serves
+    assert run_request(vs.get(None).loaded, ask("hi"), GREEDY).output_tokens > 0
+
+    # what each variant adds beside the default (they share its embedding, counted once)
+    roomy = VariantSet(tiny, quality_texts=0, budget_bytes=10**10)
+    extra = {}
+    for name in ("int8wo", "int8"):
+        before = roomy.resident_bytes()
+        roomy.get(name)
+        extra[name] = roomy.resident_bytes() - before
+    assert 0 < extra["int8wo"] < base / 10
+
+    vs = VariantSet(tiny, quality_texts=0, budget_bytes=base + int(1.5 * max(extra.values())))
+    one = vs.get("int8wo")
+    vs.get("int8")  # the two together exceed the budget: the least recently used goes
+    report = vs.report()
+    assert report["resident"] == [vs.default_name, "int8"] and report["evictions"] == 1
+    assert report["resident_bytes"] <= report["budget_bytes"]
+    again = vs.get("int8wo")  # dropped, so rebuilt on demand
+    assert again is not one and vs.report()["resident"] == [vs.default_name, "int8wo"]
+
+
+def test_int8_weight_only_linear_matches_its_dequantized_weights():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 96, bias=True)
+    q = Int8WeightOnlyLinear.from_linear(lin)
+    x = torch.randn(3, 5, 64)
+    dequantized = q.weight_int8.float() * q.scale[:, None]
+    assert torch.allclose(q(x), x @ dequantized.T + q.bias, atol=1e-4)
+    assert (dequantized - lin.weight).abs().max() <= q.scale.max() / 2 + 1e-6  # rounding, per channel
+
+
+def test_cli_quantization_flag(tiny_model_dir):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "engine", "hi", "--model", str(tiny_model_dir), "--dtype", "fp32",
+                        "--quantization", "int8wo", "--max-new-tokens", "3", "--temperature", "0", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["timeline"]["quantization"] == "int8wo" and out["timeline"]["variant_build_ms"] > 0
+    assert {v["name"] for v in out["model"]["variants"]["variants"]} == {"fp32", "int8wo"}
