@@ -22,6 +22,7 @@ SCENARIOS = {
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
     "remote": "an OpenAI-compatible server measured from the client (default: our own API on loopback)",
     "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
+    "load": "N concurrent streaming clients through the API: nothing lost, crossed or stuck; latency per level",
 }
 
 CHAT_PROMPTS = [
