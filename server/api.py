@@ -24,6 +24,7 @@ import json
 import secrets
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -57,9 +58,10 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     authorized = [Depends(_bearer_auth(api_key))]
 
-    def error_response(err: APIError) -> JSONResponse:
+    def error_response(err: APIError) -> Response:
         metrics.api_errors.labels(str(err.status)).inc()
-        return JSONResponse(err.body(), status_code=err.status)
+        # ASCII-escaped: a message quoting bad input (a lone surrogate, say) still renders.
+        return Response(json.dumps(err.body()), status_code=err.status, media_type="application/json")
 
     @app.exception_handler(APIError)
     @app.exception_handler(LatencyLabError)
@@ -75,6 +77,13 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
         if exc.status_code == 429:
             err.type = "rate_limit_error"
         return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(request, exc):  # a typed route's body (the page's /lab): say where, never echo it
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        message = f"{where + ': ' if where else ''}{first.get('msg', 'invalid request body')}"
+        return error_response(APIError(422, message, param=where, code="invalid_value"))
 
     @app.exception_handler(Exception)
     async def _internal_error(request, exc):  # a bug of ours: still an OpenAI-shaped body
