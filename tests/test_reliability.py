@@ -15,6 +15,8 @@ import time
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from engine.bench import load
 from engine.config import GenerationConfig, LoadConfig
@@ -357,3 +359,43 @@ def test_request_size_is_limited_on_every_route_of_the_app(bundled_engine):
             resp = httpx.post(url + path, content=big, headers={"Content-Type": "application/json"}, timeout=60)
             assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large", path
         assert httpx.post(url + "/lab/session").status_code == 200  # and the app is still up
+
+
+def test_a_remote_engine_never_sends_our_session_strings(served, bundled_engine):
+    """The page's session ids are secrets of this machine: a remote Latency Lab gets ids it issued
+    itself (one per session of ours, so KV reuse still works there); other servers get none."""
+    from engine.remote import RemoteEngine
+
+    remote = RemoteEngine(served + "/v1", bundled_engine.info()["name"])
+    try:
+        text = "Tell me about the moon in one sentence."
+        first = remote.complete(ask(text), GREEDY, session="page-secret/chat")
+        again = remote.complete(ask(text), GREEDY, session="page-secret/chat")
+        other = remote.complete(ask(text), GREEDY, session="another-tab/chat")
+    finally:
+        remote.close()
+    assert (first.timeline.cached_tokens, other.timeline.cached_tokens) == (0, 0)
+    assert again.timeline.cached_tokens > 0 and again.text == first.text
+
+    bodies = []
+    fake = FastAPI()
+
+    @fake.post("/v1/chat/completions")
+    async def chat(request: Request):
+        bodies.append(await request.json())
+
+        async def stream():
+            yield 'data: {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}\n\n'
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    with BackgroundServer(fake) as url:
+        other_server = RemoteEngine(url + "/v1", "m")
+        try:
+            for _ in range(2):
+                assert other_server.complete(ask("hi"), GREEDY, session="page-secret/chat").text == "ok"
+        finally:
+            other_server.close()
+    assert len(bodies) == 2 and all("session" not in b for b in bodies)
+    assert "page-secret" not in json.dumps(bodies)
