@@ -11,6 +11,10 @@ prompt is tokenized and fits), so bad input, context overflow and a full queue a
 OpenAI error body, never an error inside a 200 stream. A client that goes away — while queued,
 while waiting for its first token, or mid-stream — cancels its generation at once.
 
+Sessions (`session`, the prefix-cache scope) are issued by `POST /v1/sessions` and checked by
+server/sessions.py: a client cannot choose one, so it cannot guess its way into another's cache.
+Queueing shows in `X-Queue-Position` / `X-Queue-Ms` headers, `timings.queue_ms`, and `GET /v1/queue`.
+
 Streaming uses Starlette's own `StreamingResponse` rather than sse-starlette: OpenAI's framing is
 only `data: JSON\\n\\n` lines, Starlette already stops the stream when the client leaves, and one
 try/finally (`_CancelWhenDone`) cancels the generation however the response ends (finished, client
