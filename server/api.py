@@ -30,6 +30,7 @@ import secrets
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import LatencyLabError
@@ -175,12 +176,15 @@ def _bearer_auth(api_key: str | None):
 
 async def _read_json(request: Request):
     size, parts = 0, []
-    async for part in request.stream():
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB",
-                           code="request_too_large")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB",
+                               code="request_too_large")
+            parts.append(part)
+    except ClientDisconnect:  # gone before its body arrived: nobody reads the answer (nginx's 499)
+        raise APIError(499, "the client closed the connection before sending its body", code="client_closed")
     try:
         return json.loads(b"".join(parts))
     except (ValueError, RecursionError) as exc:  # ValueError covers bad UTF-8 too

@@ -64,7 +64,7 @@ def test_under_load_every_reply_is_exact_and_nothing_is_lost_crossed_or_stuck(lo
     assert result["kv_within_budget"] and result["kv_bytes_max"] <= KV_BUDGET_MB * 2**20
     assert cache["hits"] > 0 and cache["evictions"] > 0  # reuse happened, and the budget had to evict
     # A leak of each request's KV (~3 MB x ~20 requests a run) would show here; the cache itself is bounded.
-    assert result["rss_growth_besides_kv_cache_mb"] < 32, result["runs"]
+    assert result["memory_ok"] and result["rss_growth_besides_kv_cache_mb"] < load.MEMORY_GROWTH_LIMIT_MB, result["runs"]
 
 
 # --- faults --------------------------------------------------------------------------------------
@@ -399,3 +399,28 @@ def test_a_remote_engine_never_sends_our_session_strings(served, bundled_engine)
             other_server.close()
     assert len(bodies) == 2 and all("session" not in b for b in bodies)
     assert "page-secret" not in json.dumps(bodies)
+
+
+def test_a_client_that_leaves_before_its_body_is_sent_is_no_server_error(served):
+    import socket
+    from urllib.parse import urlparse
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def errors():
+        text = httpx.get(served + "/metrics").text
+        return {s.labels["status"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "latency_lab:api_errors_total"}
+
+    before = errors()
+    u = urlparse(served)
+    with socket.create_connection((u.hostname, u.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"messages\": [")
+        time.sleep(0.3)  # the handler is waiting for the rest of the body
+    deadline = time.monotonic() + 30
+    while errors().get("499", 0) == before.get("499", 0):
+        assert time.monotonic() < deadline, errors()
+        time.sleep(0.05)
+    after = errors()
+    assert {k: v for k, v in after.items() if k.startswith("5")} == {k: v for k, v in before.items() if k.startswith("5")}

@@ -36,6 +36,9 @@ from . import load_model
 LEVELS = (1, 2, 4, 8, 16)
 METRICS = ("queue_ms", "ttft_ms", "tpot_ms", "e2e_ms")
 BAD = ("lost", "crossed", "mismatched", "stuck", "5xx")
+# RSS besides the KV cache may grow this much from the first run to the last (allocator noise was
+# 1-4 MiB a run here); a leak of each request's KV (~3 MB fp32 x ~20 requests a run) is far more.
+MEMORY_GROWTH_LIMIT_MB = 32
 PROMPTS = [
     ("Name three colors of the rainbow.", "Which of them is your favorite?"),
     ("What is the capital of France?", "And of Italy?"),
@@ -392,6 +395,7 @@ def run_load(engine, url: str, pool: list[Conversation], levels, *, duration: fl
     return {"rows": rows, "totals": totals, "stuck_workers": stuck_workers, "runs": runs,
             "rss_mb_peak": round(max(rss) / 2**20, 1) if rss else None,
             "rss_growth_mb": growth("rss_mb_settled"), "rss_growth_besides_kv_cache_mb": growth("rss_mb_besides_kv_cache"),
+            "memory_ok": len(runs) < 2 or growth("rss_mb_besides_kv_cache") < MEMORY_GROWTH_LIMIT_MB,
             "kv_bytes_max": kv_max, "kv_budget_bytes": budget,
             "kv_within_budget": budget is None or kv_max <= budget,
             "prefix_cache": engine.prefix_cache.stats() if hasattr(engine, "prefix_cache") else None}
@@ -446,5 +450,6 @@ def run(args, out):
         f"{result['kv_bytes_max'] / 2**20:.1f} of {result['kv_budget_bytes'] / 2**20:.0f} MiB")
     bad = sum(t[k] for k in BAD) + t["4xx"] + result["stuck_workers"] + (t["429"] if args.max_queue is None else 0)
     return {**result, "offers": offers, "levels": levels, "dtype": engine.info()["dtype"],
-            "distinct_references": len(set(refs)), "references": len(refs), "ok": bad == 0 and result["kv_within_budget"],
+            "distinct_references": len(set(refs)), "references": len(refs),
+            "ok": bad == 0 and result["kv_within_budget"] and result["memory_ok"],
             "ratio": None}
