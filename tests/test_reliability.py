@@ -58,6 +58,7 @@ def test_under_load_every_reply_is_exact_and_nothing_is_lost_crossed_or_stuck(lo
     assert {k: t[k] for k in (*load.BAD, "4xx", "429")} == {k: 0 for k in (*load.BAD, "4xx", "429")}, result["rows"]
     assert t["exact"] >= 8 and t["cancelled"] >= 2  # the checks above had replies to judge
     assert result["stuck_workers"] == 0  # after each level nothing stayed queued or running
+    assert result["server_5xx"] == 0  # not even to a client that had already gone
     row = result["rows"][0]
     assert row["queue_ms_p90"] is not None and row["ttft_ms_p50"] is not None and row["e2e_ms_p99"] is not None
     cache = result["prefix_cache"]

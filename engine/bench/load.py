@@ -346,6 +346,16 @@ def level_row(clients: int, results: list[Result], wall_s: float) -> dict:
     return row
 
 
+def server_5xx(url: str) -> float:
+    """5xx answers the server counted (`api_errors_total`), also those no client was left to see."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "latency_lab:api_errors_total" and s.labels.get("status", "").startswith("5"))
+
+
 def wait_idle(engine, timeout: float = 30.0) -> bool:
     """Nothing queued, nothing running (cancelled requests included) within `timeout`."""
     worker = getattr(engine, "worker", None)
@@ -364,14 +374,16 @@ def run_load(engine, url: str, pool: list[Conversation], levels, *, duration: fl
              api_key: str | None = None) -> dict:
     """Every level, `repeat` times; rows per level (all runs pooled), counts, memory run over run."""
     by_level: dict[int, list[tuple[list[Result], float]]] = {n: [] for n in levels}
-    runs, stuck_workers = [], 0
+    runs, stuck_workers, server_errors = [], 0, 0
     for run_i in range(repeat):
         sampler.phase = f"run{run_i + 1}"
         for n in levels:
+            errors_before = server_5xx(url)
             results, wall = asyncio.run(drive(url, pool, n, duration, max_requests, cancel_every, deadline,
                                               api_key))
             if not wait_idle(engine):
                 stuck_workers += 1
+            server_errors += server_5xx(url) - errors_before
             by_level[n].append((results, wall))
             row = level_row(n, results, wall)
             out(f"run {run_i + 1}, {n:>2} clients: {row['requests']} requests, {row['exact']} exact, "
@@ -392,7 +404,8 @@ def run_load(engine, url: str, pool: list[Conversation], levels, *, duration: fl
     def growth(key):  # last run vs first: a leak grows every run; the KV cache grows only up to its budget
         return round(runs[-1][key] - runs[0][key], 1) if len(runs) > 1 else None
 
-    return {"rows": rows, "totals": totals, "stuck_workers": stuck_workers, "runs": runs,
+    return {"rows": rows, "totals": totals, "stuck_workers": stuck_workers, "server_5xx": int(server_errors),
+            "runs": runs,
             "rss_mb_peak": round(max(rss) / 2**20, 1) if rss else None,
             "rss_growth_mb": growth("rss_mb_settled"), "rss_growth_besides_kv_cache_mb": growth("rss_mb_besides_kv_cache"),
             "memory_ok": len(runs) < 2 or growth("rss_mb_besides_kv_cache") < MEMORY_GROWTH_LIMIT_MB,
@@ -443,12 +456,14 @@ def run(args, out):
     out(table(result["rows"]))
     t = result["totals"]
     out("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} "
-        "of {requests} requests ({exact} exact, {cancelled} cancelled on purpose)".format(**t))
+        "of {requests} requests ({exact} exact, {cancelled} cancelled on purpose)".format(**t)
+        + f"; 5xx counted by the server {result['server_5xx']}; worker left busy {result['stuck_workers']} times")
     out(f"memory: RSS settled per run {[r['rss_mb_settled'] for r in result['runs']]} MiB (growth "
         f"{result['rss_growth_mb']} MiB; besides the KV cache {result['rss_growth_besides_kv_cache_mb']} MiB), "
         f"peak {result['rss_mb_peak']} MiB; KV cache max "
         f"{result['kv_bytes_max'] / 2**20:.1f} of {result['kv_budget_bytes'] / 2**20:.0f} MiB")
-    bad = sum(t[k] for k in BAD) + t["4xx"] + result["stuck_workers"] + (t["429"] if args.max_queue is None else 0)
+    bad = (sum(t[k] for k in BAD) + t["4xx"] + result["stuck_workers"] + result["server_5xx"]
+           + (t["429"] if args.max_queue is None else 0))
     return {**result, "offers": offers, "levels": levels, "dtype": engine.info()["dtype"],
             "distinct_references": len(set(refs)), "references": len(refs),
             "ok": bad == 0 and result["kv_within_budget"] and result["memory_ok"],
