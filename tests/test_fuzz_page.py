@@ -157,7 +157,8 @@ def test_lab_endpoints_with_fuzzed_fields(page, reply, client, junk, pane, prese
     http = page.http
 
     def post(path, body):
-        lab_ok(http.post(path, content=json.dumps(body, ensure_ascii=True), headers={"Content-Type": "application/json"}))
+        content = json.dumps(body, ensure_ascii=True)
+        lab_ok(http.post(path, content=content, headers={"Content-Type": "application/json"}))
 
     post("/lab/timing", {"session": s, "request_id": rid, "client": client})
     post("/lab/timing", {"session": s, "request_id": junk, "client": {"arrival_ms": junk, "paint_ms": junk}})

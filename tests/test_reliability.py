@@ -65,7 +65,8 @@ def test_under_load_every_reply_is_exact_and_nothing_is_lost_crossed_or_stuck(lo
     assert result["kv_within_budget"] and result["kv_bytes_max"] <= KV_BUDGET_MB * 2**20
     assert cache["hits"] > 0 and cache["evictions"] > 0  # reuse happened, and the budget had to evict
     # A leak of each request's KV (~3 MB x ~20 requests a run) would show here; the cache itself is bounded.
-    assert result["memory_ok"] and result["rss_growth_besides_kv_cache_mb"] < load.MEMORY_GROWTH_LIMIT_MB, result["runs"]
+    assert result["memory_ok"], result["runs"]
+    assert result["rss_growth_besides_kv_cache_mb"] < load.MEMORY_GROWTH_LIMIT_MB, result["runs"]
 
 
 # --- faults --------------------------------------------------------------------------------------
@@ -424,4 +425,5 @@ def test_a_client_that_leaves_before_its_body_is_sent_is_no_server_error(served)
         assert time.monotonic() < deadline, errors()
         time.sleep(0.05)
     after = errors()
-    assert {k: v for k, v in after.items() if k.startswith("5")} == {k: v for k, v in before.items() if k.startswith("5")}
+    five = {k: v for k, v in after.items() if k.startswith("5")}
+    assert five == {k: v for k, v in before.items() if k.startswith("5")}
