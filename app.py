@@ -21,7 +21,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python app.py", description=__doc__.splitlines()[0])
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link (needs internet)")
-    p.add_argument("--max-queue", type=int, default=None, help="refuse requests beyond this many waiting")
     p.add_argument("--paced-source", type=float, default=None, metavar="TOK_PER_S",
                    help="no model: a test source emitting tokens at this rate (to measure the page itself)")
     add_load_args(p)

@@ -64,10 +64,22 @@ def validate_messages(messages) -> list[dict]:
             raise InvalidRequest(f"messages[{i}] must be an object with a string 'content'", "messages")
         if m.get("role") not in ("system", "user", "assistant"):
             raise InvalidRequest(f"messages[{i}].role must be system, user or assistant", "messages")
+        if not _is_unicode(m["content"]):
+            raise InvalidRequest(f"messages[{i}].content is not valid Unicode (a lone surrogate such as \\ud800?)",
+                                 "messages")
         out.append({"role": m["role"], "content": m["content"]})
     if not any(m["content"].strip() for m in out if m["role"] != "system"):
         raise InvalidRequest("the prompt is empty: write a message first", "messages")
     return out
+
+
+def _is_unicode(text: str) -> bool:
+    """False for text a tokenizer cannot take: lone surrogates (JSON allows "\\ud800"; UTF-8 does not)."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:

@@ -18,6 +18,11 @@ HTTP goes through httpx (async, one connection pool, one event-loop thread per e
 stream through httpx-sse, not the openai SDK: we need the arrival time of each SSE event as the
 bytes land, the servers' non-standard fields, and no hidden retries inside a measured request.
 Cancelling a handle cancels its task, which closes the connection: the server sees the client go.
+
+Sessions: our session strings (the page's secret tab ids) never leave this machine. For a server
+that issues sessions (`POST {base_url}/sessions`: another Latency Lab, which accepts only ids it
+issued) each of our sessions is mapped to one it issued, asked for on the session's first
+request; a server without that endpoint is sent no session.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import itertools
 import json
 import logging
 import threading
+from collections import OrderedDict
 
 import httpx
 from httpx_sse import EventSource
@@ -43,6 +49,7 @@ TOGGLES = ("kv_reuse", "speculative", "num_speculative_tokens", "quantization")
 # Where servers report their own time to first token, most faithful first. llama.cpp's prompt_ms
 # is prompt processing only (no queue), so it is a lower bound of its TTFT.
 SERVER_TTFT_KEYS = ("ttft_ms", "time_to_first_token_ms", "prompt_ms")
+MAX_REMOTE_SESSIONS = 1024  # our session → the server's id, least recently used forgotten first
 
 
 class RemoteError(LatencyLabError):
@@ -76,6 +83,8 @@ class RemoteEngine:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout, connect=10.0)
         self._active: set[RemoteHandle] = set()
+        self._remote_sessions: OrderedDict[str, str] = OrderedDict()
+        self._server_has_sessions = True  # until a POST /sessions says otherwise
         self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"remote-{model}", daemon=True)
@@ -146,7 +155,8 @@ class RemoteEngine:
         try:
             if handle.cancelled:
                 raise asyncio.CancelledError
-            body = request_body(self.model, validate_messages(req.messages), req.config, req.session,
+            session = await self._remote_session(req.session)
+            body = request_body(self.model, validate_messages(req.messages), req.config, session,
                                 self.send_toggles)
             tl.mark("started")
             handle.push(Event("status", stage="setup"))
@@ -193,6 +203,27 @@ class RemoteEngine:
                 "user_error": user_error, "exception": exc}))
         finally:
             self._active.discard(handle)
+
+    async def _remote_session(self, ours: str | None) -> str | None:
+        """The server's session id standing for our session `ours` (None: send none)."""
+        if not ours or not self.send_toggles or not self._server_has_sessions:
+            return None
+        if ours in self._remote_sessions:
+            self._remote_sessions.move_to_end(ours)
+            return self._remote_sessions[ours]
+        resp = await self._client.post(f"{self.base_url}/sessions")
+        try:
+            issued = resp.json().get("id") if resp.status_code == 200 else None
+        except (ValueError, AttributeError):
+            issued = None
+        if not isinstance(issued, str):
+            if resp.status_code in (404, 405):
+                self._server_has_sessions = False  # vLLM, llama.cpp...: no sessions there
+            return None
+        self._remote_sessions[ours] = issued
+        while len(self._remote_sessions) > MAX_REMOTE_SESSIONS:
+            self._remote_sessions.popitem(last=False)
+        return issued
 
     @staticmethod
     def _read_chunk(tl: Timeline, data: str) -> tuple[str, str | None]:

@@ -136,12 +136,14 @@ class Worker:
             if self._stopping:
                 raise LatencyLabError("the worker is shutting down")
             if self.max_queue is not None and len(self._queue) >= self.max_queue:
-                raise QueueFull(f"the queue is full ({self.max_queue} waiting); try again shortly")
+                raise QueueFull(f"the server is busy: {self.max_queue} requests are already waiting, the most it "
+                                "queues (--max-queue); try again shortly")
             timeline.queue_position = len(self._queue) + (1 if self._running else 0)
             timeline.mark("enqueued")
+            # Pushed under the lock, so it comes before any "moved up" update from the worker thread.
+            handle.push(Event("status", stage="queued", detail={"position": timeline.queue_position}))
             self._queue.append(handle)
             self._cv.notify()
-        handle.push(Event("status", stage="queued", detail={"position": timeline.queue_position}))
         return handle
 
     def queue_depth(self) -> int:
@@ -182,6 +184,9 @@ class Worker:
                     return
                 handle = self._queue.popleft()
                 self._running = handle
+                waiting = list(self._queue)
+            for position, behind in enumerate(waiting, start=1):  # everyone waiting moved up one place
+                behind.push(Event("status", stage="queued", detail={"position": position}))
             try:
                 self._run(handle)
             finally:

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from engine.service import Engine
 
-        backends = build_backends(args, lambda: Engine.load(load_config_from_args(args)))
+        backends = build_backends(args, lambda: Engine.load(load_config_from_args(args), max_queue=args.max_queue))
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,10 @@ prompt is tokenized and fits), so bad input, context overflow and a full queue a
 OpenAI error body, never an error inside a 200 stream. A client that goes away — while queued,
 while waiting for its first token, or mid-stream — cancels its generation at once.
 
+Sessions (`session`, the prefix-cache scope) are issued by `POST /v1/sessions` and checked by
+server/sessions.py: a client cannot choose one, so it cannot guess its way into another's cache.
+Queueing shows in `X-Queue-Position` / `X-Queue-Ms` headers, `timings.queue_ms`, and `GET /v1/queue`.
+
 Streaming uses Starlette's own `StreamingResponse` rather than sse-starlette: OpenAI's framing is
 only `data: JSON\\n\\n` lines, Starlette already stops the stream when the client leaves, and one
 try/finally (`_CancelWhenDone`) cancels the generation however the response ends (finished, client
@@ -24,23 +28,29 @@ import json
 import secrets
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import LatencyLabError
 from engine.timeline import Timeline
 
+from .limits import BodySizeLimit
 from .metrics import Metrics
 from .protocol import (APIError, api_error_from, chunk_body, completion_body, in_api_terms, new_completion_id,
                        now_s, parse_chat_request, sse, timings_of, usage_of)
+from .sessions import SessionIds
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # far beyond any prompt that fits the context; refuses memory abuse
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
 
 
-def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metrics | None = None) -> FastAPI:
+def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metrics | None = None,
+               session_ids: SessionIds | None = None) -> FastAPI:
     """The API app over one engine or a {model name: engine} dict (local `Engine` or `RemoteEngine`)."""
     metrics = metrics or Metrics()
+    session_ids = session_ids or SessionIds()
     backends = {name: metrics.instrument(b, name) for name, b in named_backends(engine_or_backends).items()}
     default_model = next(iter(backends))
     started = now_s()
@@ -48,11 +58,15 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     app = FastAPI(title="Latency Lab API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backends = backends
     app.state.metrics = metrics
+    app.state.session_ids = session_ids
+    # Every route of the app, the page's included (it mounts here), refuses oversized bodies.
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     authorized = [Depends(_bearer_auth(api_key))]
 
-    def error_response(err: APIError) -> JSONResponse:
+    def error_response(err: APIError) -> Response:
         metrics.api_errors.labels(str(err.status)).inc()
-        return JSONResponse(err.body(), status_code=err.status)
+        # ASCII-escaped: a message quoting bad input (a lone surrogate, say) still renders.
+        return Response(json.dumps(err.body()), status_code=err.status, media_type="application/json")
 
     @app.exception_handler(APIError)
     @app.exception_handler(LatencyLabError)
@@ -60,9 +74,21 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
         return error_response(api_error_from(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request, exc):  # unknown path, wrong method
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return error_response(APIError(exc.status_code, str(exc.detail), code=code))
+    async def _http_error(request, exc):  # unknown path, wrong method, a /lab route's own 4xx
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
+                429: "queue_full"}.get(exc.status_code)
+        detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
+        err = APIError(exc.status_code, str(detail.get("message") or detail), param=detail.get("param"), code=code)
+        if exc.status_code == 429:
+            err.type = "rate_limit_error"
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(request, exc):  # a typed route's body (the page's /lab): say where, never echo it
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        message = f"{where + ': ' if where else ''}{first.get('msg', 'invalid request body')}"
+        return error_response(APIError(422, message, param=where, code="invalid_value"))
 
     @app.exception_handler(Exception)
     async def _internal_error(request, exc):  # a bug of ours: still an OpenAI-shaped body
@@ -83,6 +109,16 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
             raise _unknown_model(model_id, backends)
         return model_card(model_id)
 
+    @app.post("/v1/sessions", dependencies=authorized)
+    async def new_session():
+        """A session id for `session` in chat requests: its requests share a prefix-cache scope."""
+        return {"id": session_ids.issue(), "object": "session"}
+
+    @app.get("/v1/queue", dependencies=authorized)
+    async def queue():
+        """Each local engine's queue now: requests waiting, running, and the bound (--max-queue)."""
+        return {"object": "list", "data": [queue_state(name, b) for name, b in backends.items()]}
+
     @app.get("/metrics")
     async def prometheus_metrics():
         data, content_type = metrics.render()
@@ -95,7 +131,8 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
         name = chat.model or default_model
         if name not in backends:
             raise _unknown_model(name, backends)
-        handle = backends[name].submit(chat.messages, chat.config, session=chat.session, timeline=timeline)
+        session = None if chat.session is None else session_ids.engine_session(chat.session)
+        handle = backends[name].submit(chat.messages, chat.config, session=session, timeline=timeline)
         return await _respond(request, handle, chat, name)
 
     return app
@@ -109,6 +146,15 @@ def named_backends(engine_or_backends) -> dict:
     if not backends:
         raise ValueError("create_api needs at least one engine")
     return backends
+
+
+def queue_state(name: str, backend) -> dict:
+    worker = getattr(backend, "worker", None)
+    if worker is None:  # a remote engine: its requests in flight from here
+        in_flight = backend.in_flight() if hasattr(backend, "in_flight") else None
+        return {"model": name, "waiting": None, "running": in_flight, "max_queue": None}
+    return {"model": name, "waiting": worker.queue_depth(), "running": int(worker.busy),
+            "max_queue": worker.max_queue}
 
 
 def _unknown_model(name: str, backends: dict) -> APIError:
@@ -130,12 +176,15 @@ def _bearer_auth(api_key: str | None):
 
 async def _read_json(request: Request):
     size, parts = 0, []
-    async for part in request.stream():
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB",
-                           code="request_too_large")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB",
+                               code="request_too_large")
+            parts.append(part)
+    except ClientDisconnect:  # gone before its body arrived: nobody reads the answer (nginx's 499)
+        raise APIError(499, "the client closed the connection before sending its body", code="client_closed")
     try:
         return json.loads(b"".join(parts))
     except (ValueError, RecursionError) as exc:  # ValueError covers bad UTF-8 too
@@ -160,7 +209,7 @@ async def _respond(request: Request, handle, chat, model: str) -> Response:
     if head[-1].kind == "error":
         raise in_api_terms(_exception_of(head[-1]), chat.max_tokens_field)
     cid, created = new_completion_id(), now_s()
-    headers = {"X-Request-Id": handle.id}
+    headers = {"X-Request-Id": handle.id, **queue_headers(handle.timeline)}
     if chat.stream:
         body = _sse_stream(handle, _chain(head, events), chat, model, cid, created)
         return _CancelWhenDone(handle, body, media_type="text/event-stream", headers={**STREAM_HEADERS, **headers})
@@ -175,6 +224,17 @@ async def _respond(request: Request, handle, chat, model: str) -> Response:
         raise in_api_terms(_exception_of(final), chat.max_tokens_field)
     tl = final.timeline or handle.timeline
     return JSONResponse(completion_body(cid, created, model, final.text, _finish_reason(final), tl), headers=headers)
+
+
+def queue_headers(tl: Timeline) -> dict:
+    """Where the request stood in line when it arrived, and how long it waited (`queue_ms`): known
+    by the time the reply's headers go, since a reply starts only once the worker has taken it."""
+    out = {}
+    if tl.queue_position is not None:
+        out["X-Queue-Position"] = str(tl.queue_position)
+    if tl.queue_ms is not None:
+        out["X-Queue-Ms"] = f"{tl.queue_ms:.3f}"
+    return out
 
 
 async def _accepted(request: Request, events) -> list:

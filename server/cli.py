@@ -12,6 +12,7 @@ import os
 from engine.errors import InvalidRequest
 
 BACKENDS = ("local", "openai", "both")
+DEFAULT_MAX_QUEUE = 64
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -19,6 +20,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     g.add_argument("--port", type=int, default=7860)
+    g.add_argument("--max-queue", type=_non_negative, default=DEFAULT_MAX_QUEUE,
+                   help="requests allowed to wait for the model; past it the API answers 429 and the page says the "
+                        "server is busy (default %(default)s; a queue that grows without limit only grows the wait)")
     g.add_argument("--api-key", default=os.environ.get("LATENCY_LAB_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $LATENCY_LAB_API_KEY, else none)")
     g = p.add_argument_group("remote engine")
@@ -29,6 +33,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--remote-model", default=None, help="the model name the remote server serves")
     g.add_argument("--remote-api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="bearer key for the remote server (default: $OPENAI_API_KEY)")
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def build_backends(args, load_local) -> dict:

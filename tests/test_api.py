@@ -126,14 +126,15 @@ def test_non_streamed_reply_carries_usage_and_timings(client, api, bundled_engin
 
 
 def test_extra_fields_reach_the_engine(client, api):
+    session = httpx.post(api.url + "/v1/sessions").json()["id"]
     client.chat.completions.create(
         model=api.model, messages=[{"role": "developer", "content": "Be brief."},
                                    {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         max_tokens=3, temperature=0.5, top_p=0.8, seed=7, stop=["\n\n"],
-        extra_body={"kv_reuse": False, "speculative": "off", "num_speculative_tokens": 3, "session": "tab-1",
+        extra_body={"kv_reuse": False, "speculative": "off", "num_speculative_tokens": 3, "session": session,
                     "top_k": 20})
     req = api.rec.handles[-1].request
-    assert req.session == "tab-1" and req.messages[0] == {"role": "system", "content": "Be brief."}
+    assert req.session == "api:" + session[5:].split(".")[0] and req.messages[0] == {"role": "system", "content": "Be brief."}
     assert req.messages[1] == {"role": "user", "content": "Hi"}
     cfg = req.config
     assert (cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.seed, cfg.stop, cfg.kv_reuse,

@@ -24,6 +24,8 @@ def _int(name: str, value):
 
 
 def parse(settings: dict | None) -> tuple[str | None, GenerationConfig]:
+    if settings is not None and not isinstance(settings, dict):
+        raise InvalidRequest("settings must be an object of setting: value", "settings")
     s = dict(settings or {})
     unknown = set(s) - set(FIELDS)
     if unknown:

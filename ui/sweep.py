@@ -32,6 +32,8 @@ async def run_sweep(store: ChatStore, prompt_set: dict, settings_a: dict, settin
                     max_items: int | None = None, progress: Callable[[int, int, str], None] | None = None
                     ) -> list[dict]:
     """Every turn of every item through A then B; returns one row per reply (errors included)."""
+    if max_items is not None and (isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1):
+        raise InvalidRequest(f"max_items must be a whole number of at least 1, not {max_items!r}", "max_items")
     items = prompt_set["items"][: max_items or None]
     total = 2 * sum(len(item["turns"]) for item in items)
     session, done, rows = store.new_session(), 0, []

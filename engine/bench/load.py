@@ -1,0 +1,471 @@
+"""Load: N concurrent streaming clients through the API on loopback, at concurrency 1, 2, 4, 8, 16.
+
+The model is served by our API on a free 127.0.0.1 port in this process; clients are httpx
+streams on their own event loop. Each client plays two-turn conversations from a fixed pool with
+mixed toggles: KV reuse on/off, with and without a session (`POST /v1/sessions`), greedy and
+seeded sampling, and the speculative and quantization settings the engine offers (probed: a
+toggle the engine ignores is not counted as offered). Some requests disconnect midway.
+
+Checks (each request): a completed reply must equal what the same request gave alone, computed
+first, in-process, one at a time, without a session; a cancelled one must be a prefix of it.
+A reply equal to another request's reference is *crossed*; one equal to none is *mismatched*;
+a stream that ends without its finish chunk is *lost*; one past its deadline is *stuck*; any 5xx
+(status, or a server_error inside a stream) is counted. After each level the worker must be idle
+(nothing left queued or running). Process memory (psutil RSS) and the prefix cache's bytes are
+sampled all along; the whole load runs twice (`--repeat`) and the RSS after each run is compared.
+
+Figures per level (server `timings`, the glossary's): p50/p90/p99 of `queue_ms`, `ttft_ms`,
+`tpot_ms`, `e2e_ms`; throughput in completed requests/s and output tok/s over the level's wall
+time. fp32 by default: greedy output with KV reuse equals output without only in fp32 (README,
+"Exactness"); in bf16 a reused prefix can change a near-tie and would show as a mismatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import load_model
+
+LEVELS = (1, 2, 4, 8, 16)
+METRICS = ("queue_ms", "ttft_ms", "tpot_ms", "e2e_ms")
+BAD = ("lost", "crossed", "mismatched", "stuck", "5xx")
+# RSS besides the KV cache may grow this much from the first run to the last (allocator noise was
+# 1-4 MiB a run here); a leak of each request's KV (~3 MB fp32 x ~20 requests a run) is far more.
+MEMORY_GROWTH_LIMIT_MB = 32
+PROMPTS = [
+    ("Name three colors of the rainbow.", "Which of them is your favorite?"),
+    ("What is the capital of France?", "And of Italy?"),
+    ("Give one tip for sleeping well.", "Give another one."),
+    ("Write a haiku about the sea.", "Now one about the mountains."),
+    ("How many legs does a spider have?", "And an ant?"),
+    ("Describe a cat in one sentence.", "Now describe a dog."),
+    ("What is two plus three?", "Multiply that by four."),
+    ("Suggest a name for a bakery.", "Suggest one for a bookshop."),
+    ("Explain what a noun is.", "What is a verb?"),
+    ("Name a planet in the solar system.", "Name a bigger one."),
+    ("What do bees make?", "How do they make it?"),
+    ("Say hello in Spanish.", "Now in German."),
+]
+
+
+def add_args(p):
+    p.set_defaults(dtype="fp32")  # exactness is checked: see the module docstring
+    p.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels (clients)")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds each level keeps sending")
+    p.add_argument("--max-requests", type=int, default=200, help="at most this many requests per level")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--conversations", type=int, default=8, help="two-turn conversations in the pool")
+    p.add_argument("--cancel-every", type=int, default=6, help="every Nth request disconnects (0: none)")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds a request may take before it is stuck")
+    p.add_argument("--repeat", type=int, default=2, help="run the whole load this many times (memory run over run)")
+    p.add_argument("--max-queue", type=int, default=None, help="the worker's queue bound (default: none)")
+    p.add_argument("--variants", default="auto", help="auto: one quantization variant the engine offers; none")
+
+
+# --- the pool and its references ---------------------------------------------------------------
+@dataclass
+class Turn:
+    key: str  # "c3t1": conversation 3, turn 1
+    body: dict  # the request body, without stream fields and session
+    ref_text: str = ""
+    ref_prompt_tokens: int = 0
+
+
+@dataclass
+class Conversation:
+    index: int
+    with_session: bool
+    turns: list[Turn] = field(default_factory=list)
+
+
+def offered_toggles(engine, probe_tokens: int = 8, variants: str = "auto") -> dict:
+    """What the engine really does: speculation if a probe reports drafted tokens, quantization
+    variants that `info()` lists. A toggle the engine would accept but ignore is not offered."""
+    from ..config import GenerationConfig
+
+    offers = {"speculative": None, "quantization": None}
+    probe = engine.complete([{"role": "user", "content": "Repeat: one two three one two three one two three"}],
+                            GenerationConfig(temperature=0.0, max_new_tokens=probe_tokens, speculative="prompt_lookup"))
+    if "drafted" in probe.timeline.counters:
+        offers["speculative"] = "prompt_lookup"
+    if variants != "none":
+        info = engine.info().get("variants")
+        names, default = [], None
+        if isinstance(info, dict):
+            names, default = list(info.get("available") or []), info.get("default")
+        elif isinstance(info, list):
+            names = [v["name"] if isinstance(v, dict) else v for v in info]
+        names = [n for n in names if isinstance(n, str) and n not in (default, "default")]
+        offers["quantization"] = (names[0] if variants == "auto" else variants) if names else None
+    return offers
+
+
+def build_pool(conversations: int, max_new_tokens: int, offers: dict) -> list[Conversation]:
+    """Conversations with mixed toggles, cycling: reuse on + session, reuse off + session, seeded
+    sampling + reuse + session, reuse on without a session, then speculation / a quantized variant."""
+    kinds = ["reuse", "no_reuse", "sampled", "no_session"]
+    if offers.get("speculative"):
+        kinds.append("speculative")
+    if offers.get("quantization"):
+        kinds.append("quantized")
+    pool = []
+    for i in range(conversations):
+        kind = kinds[i % len(kinds)]
+        first, second = PROMPTS[i % len(PROMPTS)]
+        if i >= len(PROMPTS):
+            first = f"{first} (take {i // len(PROMPTS) + 1})"
+        body = {"max_tokens": max_new_tokens, "temperature": 0.0, "kv_reuse": kind != "no_reuse"}
+        if kind == "sampled":
+            body.update(temperature=0.7, top_p=0.9, seed=1000 + i)
+        if kind == "speculative":
+            body.update(speculative=offers["speculative"], num_speculative_tokens=4)
+        if kind == "quantized":  # alone, unshared: exactness across reuse is an fp32 promise only
+            body.update(quantization=offers["quantization"], kv_reuse=False)
+        conv = Conversation(i, with_session=kind not in ("no_session", "quantized"))
+        conv.turns.append(Turn(f"c{i}t1", {**body, "messages": [{"role": "user", "content": first}]}))
+        conv.turns.append(Turn(f"c{i}t2", {**body, "messages": [{"role": "user", "content": second}]}))
+        pool.append(conv)
+    return pool
+
+
+def compute_references(engine, pool: list[Conversation]) -> None:
+    """Each turn alone, in-process, one at a time, no session: what the load's replies must equal.
+    Turn 2's history holds turn 1's reference reply, exactly as the clients will send it."""
+    from server.protocol import parse_chat_request
+
+    for conv in pool:
+        history = []
+        for turn in conv.turns:
+            turn.body["messages"] = history + turn.body["messages"][-1:]
+            config = parse_chat_request(turn.body).config  # the very config the API will build
+            done = engine.complete(turn.body["messages"], config)
+            turn.ref_text, turn.ref_prompt_tokens = done.text, done.timeline.prompt_tokens
+            history = turn.body["messages"] + [{"role": "assistant", "content": done.text}]
+
+
+# --- the clients -------------------------------------------------------------------------------
+@dataclass
+class Result:
+    key: str
+    clients: int
+    outcome: str = ""  # exact | cancelled | lost | crossed | mismatched | stuck | 5xx | 4xx | 429
+    status: int | None = None
+    text: str = ""
+    timings: dict | None = None
+    client_ttft_ms: float | None = None
+    error: str | None = None
+
+
+async def one_request(http, url: str, turn: Turn, session: str | None, cancel: str | None, deadline: float,
+                      clients: int) -> Result:
+    """Stream one request. `cancel`: None, "queued" (leave after 50 ms, whatever the state) or
+    "midway" (leave after 2 text chunks)."""
+    from httpx_sse import EventSource
+
+    body = {**turn.body, "stream": True, "stream_options": {"include_usage": True}}
+    if session:
+        body["session"] = session
+    r = Result(turn.key, clients)
+    parts: list[str] = []
+    t0 = time.perf_counter()
+
+    async def stream():
+        async with http.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+            r.status = resp.status_code
+            if resp.status_code != 200:
+                err = json.loads(await resp.aread()).get("error", {})
+                r.error = err.get("message")
+                r.outcome = "5xx" if resp.status_code >= 500 else "429" if resp.status_code == 429 else "4xx"
+                return
+            async for sse in EventSource(resp).aiter_sse():
+                if sse.data == "[DONE]":
+                    r.outcome = r.outcome or "lost"  # [DONE] without a finish chunk
+                    return
+                chunk = json.loads(sse.data)
+                if "error" in chunk:
+                    r.error = chunk["error"].get("message")
+                    r.outcome = "5xx" if chunk["error"].get("type") == "server_error" else "4xx"
+                    return
+                for choice in chunk.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        r.client_ttft_ms = r.client_ttft_ms or (time.perf_counter() - t0) * 1e3
+                        parts.append(text)
+                    if choice.get("finish_reason"):
+                        r.timings = chunk.get("timings")
+                        r.outcome = "done"
+                if cancel == "midway" and len(parts) >= 2 and r.outcome != "done":
+                    r.outcome = "cancelled"
+                    return  # leaving the block closes the connection mid-stream
+            r.outcome = r.outcome if r.outcome == "done" else "lost"  # the stream ended early
+
+    try:
+        if cancel == "queued":
+            try:
+                await asyncio.wait_for(stream(), 0.05)
+            except asyncio.TimeoutError:
+                r.outcome = "cancelled"
+        else:
+            await asyncio.wait_for(stream(), deadline)
+    except asyncio.TimeoutError:
+        r.outcome = "stuck"
+    except Exception as exc:  # a connection that broke, a body that is not JSON: the reply is lost
+        r.outcome, r.error = "lost", f"{type(exc).__name__}: {exc}"
+    r.text = "".join(parts)
+    return r
+
+
+def judge(r: Result, turn: Turn, references: dict[str, str]) -> str:
+    """exact / cancelled (a prefix of its own reference), else crossed (another's) or mismatched."""
+    if r.outcome not in ("done", "cancelled"):
+        return r.outcome
+    own = r.text == turn.ref_text if r.outcome == "done" else turn.ref_text.startswith(r.text)
+    if r.outcome == "done" and (r.timings or {}).get("prompt_tokens") != turn.ref_prompt_tokens:
+        own = False  # the right text for another prompt would be no better
+    if own:
+        return "exact" if r.outcome == "done" else "cancelled"
+    others = [k for k, ref in references.items() if k != turn.key and
+              (ref == r.text if r.outcome == "done" else ref.startswith(r.text))]
+    return "crossed" if others else "mismatched"
+
+
+async def drive(url: str, pool: list[Conversation], clients: int, duration: float, max_requests: int,
+                cancel_every: int, deadline: float, api_key: str | None = None) -> tuple[list[Result], float]:
+    """`clients` clients play conversations until `duration` is up (then finish what they sent)."""
+    import httpx
+
+    references = {t.key: t.ref_text for c in pool for t in c.turns}
+    turns = {t.key: t for c in pool for t in c.turns}
+    results: list[Result] = []
+    sent = 0
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(deadline + 30, connect=10), limits=limits,
+                                 headers=headers) as http:
+        t0 = time.perf_counter()
+        end = t0 + duration
+
+        async def client(c: int) -> None:
+            nonlocal sent
+            i = 0
+            while time.perf_counter() < end and sent < max_requests:
+                conv = pool[(c + i * clients) % len(pool)]
+                i += 1
+                session = None
+                if conv.with_session:
+                    resp = await http.post(url + "/v1/sessions")
+                    session = resp.json()["id"]
+                for turn in conv.turns:
+                    if sent >= max_requests:
+                        return
+                    sent += 1
+                    cancel = None
+                    if cancel_every and sent % cancel_every == 0:
+                        cancel = "queued" if (sent // cancel_every) % 2 else "midway"
+                    r = await one_request(http, url, turn, session, cancel, deadline, clients)
+                    r.outcome = judge(r, turn, references)
+                    results.append(r)
+
+        await asyncio.gather(*(client(c) for c in range(clients)))
+        return results, time.perf_counter() - t0
+
+
+# --- memory --------------------------------------------------------------------------------------
+class MemorySampler:
+    """Process RSS and prefix-cache bytes, every `every` seconds on a thread, tagged by phase."""
+
+    def __init__(self, prefix_cache=None, every: float = 0.25):
+        import psutil
+
+        self.process = psutil.Process()
+        self.prefix_cache = prefix_cache
+        self.every = every
+        self.phase = "start"
+        self.samples: list[tuple[str, int, int]] = []  # (phase, rss bytes, kv bytes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+
+    def sample(self) -> tuple[int, int]:
+        kv = self.prefix_cache.stats()["bytes"] if self.prefix_cache is not None else 0
+        s = (self.phase, self.process.memory_info().rss, kv)
+        self.samples.append(s)
+        return s[1], s[2]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+
+def settled_rss(sampler: MemorySampler) -> tuple[int, int]:
+    """(RSS, prefix-cache bytes) once garbage is collected and freed heap returned to the OS
+    (where glibc allows), so what is left is what is held."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return sampler.sample()
+
+
+# --- figures -------------------------------------------------------------------------------------
+def percentiles(values) -> dict:
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return {"p50": None, "p90": None, "p99": None}
+    return {f"p{q}": round(float(np.percentile(xs, q)), 2) for q in (50, 90, 99)}
+
+
+def level_row(clients: int, results: list[Result], wall_s: float) -> dict:
+    done = [r for r in results if r.outcome == "exact"]
+    counts = {k: sum(r.outcome == k for r in results) for k in ("exact", "cancelled", "429", "4xx", *BAD)}
+    out_tokens = sum((r.timings or {}).get("output_tokens", 0) for r in done)
+    row = {"clients": clients, "requests": len(results), **counts, "wall_s": round(wall_s, 2),
+           "req_per_s": round(len(done) / wall_s, 3) if wall_s else None,
+           "output_tok_per_s": round(out_tokens / wall_s, 2) if wall_s else None}
+    for m in METRICS:
+        for q, v in percentiles([(r.timings or {}).get(m) for r in done]).items():
+            row[f"{m}_{q}"] = v
+    row["client_ttft_ms_p50"] = percentiles([r.client_ttft_ms for r in done])["p50"]
+    return row
+
+
+def server_5xx(url: str) -> float:
+    """5xx answers the server counted (`api_errors_total`), also those no client was left to see."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "latency_lab:api_errors_total" and s.labels.get("status", "").startswith("5"))
+
+
+def wait_idle(engine, timeout: float = 30.0) -> bool:
+    """Nothing queued, nothing running (cancelled requests included) within `timeout`."""
+    worker = getattr(engine, "worker", None)
+    if worker is None:
+        return True
+    deadline = time.monotonic() + timeout
+    while worker.busy or worker.queue_depth():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def run_load(engine, url: str, pool: list[Conversation], levels, *, duration: float, max_requests: int,
+             cancel_every: int, deadline: float, repeat: int, sampler: MemorySampler, out=print,
+             api_key: str | None = None) -> dict:
+    """Every level, `repeat` times; rows per level (all runs pooled), counts, memory run over run."""
+    by_level: dict[int, list[tuple[list[Result], float]]] = {n: [] for n in levels}
+    runs, stuck_workers, server_errors = [], 0, 0
+    for run_i in range(repeat):
+        sampler.phase = f"run{run_i + 1}"
+        for n in levels:
+            errors_before = server_5xx(url)
+            results, wall = asyncio.run(drive(url, pool, n, duration, max_requests, cancel_every, deadline,
+                                              api_key))
+            if not wait_idle(engine):
+                stuck_workers += 1
+            server_errors += server_5xx(url) - errors_before
+            by_level[n].append((results, wall))
+            row = level_row(n, results, wall)
+            out(f"run {run_i + 1}, {n:>2} clients: {row['requests']} requests, {row['exact']} exact, "
+                f"{row['cancelled']} cancelled, " + ", ".join(f"{k} {row[k]}" for k in BAD) +
+                f" | ttft p50 {row['ttft_ms_p50']} ms, queue p50 {row['queue_ms_p50']} ms, "
+                f"{row['req_per_s']} req/s")
+        rss, kv = settled_rss(sampler)
+        runs.append({"run": run_i + 1, "rss_mb_settled": round(rss / 2**20, 1), "kv_cache_mb": round(kv / 2**20, 1),
+                     "rss_mb_besides_kv_cache": round((rss - kv) / 2**20, 1)})
+    rows = []
+    for n in levels:
+        results = [r for rs, _ in by_level[n] for r in rs]
+        rows.append(level_row(n, results, sum(w for _, w in by_level[n])))
+    totals = {k: sum(row[k] for row in rows) for k in ("requests", "exact", "cancelled", "429", "4xx", *BAD)}
+    budget = getattr(getattr(engine, "prefix_cache", None), "budget_bytes", None)
+    kv_max = max((s[2] for s in sampler.samples), default=0)
+    rss = [s[1] for s in sampler.samples if s[0].startswith("run")]
+    def growth(key):  # last run vs first: a leak grows every run; the KV cache grows only up to its budget
+        return round(runs[-1][key] - runs[0][key], 1) if len(runs) > 1 else None
+
+    return {"rows": rows, "totals": totals, "stuck_workers": stuck_workers, "server_5xx": int(server_errors),
+            "runs": runs,
+            "rss_mb_peak": round(max(rss) / 2**20, 1) if rss else None,
+            "rss_growth_mb": growth("rss_mb_settled"),
+            "rss_growth_besides_kv_cache_mb": growth("rss_mb_besides_kv_cache"),
+            "memory_ok": len(runs) < 2 or growth("rss_mb_besides_kv_cache") < MEMORY_GROWTH_LIMIT_MB,
+            "kv_bytes_max": kv_max, "kv_budget_bytes": budget,
+            "kv_within_budget": budget is None or kv_max <= budget,
+            "prefix_cache": engine.prefix_cache.stats() if hasattr(engine, "prefix_cache") else None}
+
+
+def table(rows: list[dict]) -> str:
+    """A Markdown table of the rows (what the README shows)."""
+    head = ["clients", "requests", "req/s", "tok/s"] + [f"{m} p50/p90/p99" for m in METRICS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["clients"], r["requests"], r["req_per_s"], r["output_tok_per_s"]] + [
+            " / ".join("-" if r[f"{m}_{q}"] is None else f"{r[f'{m}_{q}']:,.0f}" for q in ("p50", "p90", "p99"))
+            for m in METRICS]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+# --- the scenario ------------------------------------------------------------------------------------
+def run(args, out):
+    from server.api import create_api
+    from server.run import BackgroundServer
+
+    from ..prefix_cache import PrefixCache
+    from ..service import Engine
+
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    engine = Engine(load_model(args), max_queue=args.max_queue,
+                    prefix_cache=PrefixCache(args.kv_cache_mb, shared=args.shared_prefix_cache))
+    try:
+        with MemorySampler(engine.prefix_cache) as sampler, BackgroundServer(create_api(engine)) as url:
+            offers = offered_toggles(engine, variants=args.variants)
+            pool = build_pool(args.conversations, args.max_new_tokens, offers)
+            sampler.phase = "references"
+            t0 = time.perf_counter()
+            compute_references(engine, pool)
+            refs = [t.ref_text for c in pool for t in c.turns]
+            out(f"{engine.info()['name']} ({engine.info()['dtype']}) on {url}: {len(pool)} conversations, "
+                f"references in {time.perf_counter() - t0:.1f} s ({len(set(refs))} distinct of {len(refs)}); "
+                f"offered: {offers}")
+            result = run_load(engine, url, pool, levels, duration=args.duration, max_requests=args.max_requests,
+                              cancel_every=args.cancel_every, deadline=args.deadline, repeat=args.repeat,
+                              sampler=sampler, out=out)
+    finally:
+        engine.close()
+    out(table(result["rows"]))
+    t = result["totals"]
+    out("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} "
+        "of {requests} requests ({exact} exact, {cancelled} cancelled on purpose)".format(**t)
+        + f"; 5xx counted by the server {result['server_5xx']}; worker left busy {result['stuck_workers']} times")
+    out(f"memory: RSS settled per run {[r['rss_mb_settled'] for r in result['runs']]} MiB (growth "
+        f"{result['rss_growth_mb']} MiB; besides the KV cache {result['rss_growth_besides_kv_cache_mb']} MiB), "
+        f"peak {result['rss_mb_peak']} MiB; KV cache max "
+        f"{result['kv_bytes_max'] / 2**20:.1f} of {result['kv_budget_bytes'] / 2**20:.0f} MiB")
+    bad = (sum(t[k] for k in BAD) + t["4xx"] + result["stuck_workers"] + result["server_5xx"]
+           + (t["429"] if args.max_queue is None else 0))
+    return {**result, "offers": offers, "levels": levels, "dtype": engine.info()["dtype"],
+            "distinct_references": len(set(refs)), "references": len(refs),
+            "ok": bad == 0 and result["kv_within_budget"] and result["memory_ok"],
+            "ratio": None}

@@ -1,0 +1,429 @@
+"""Reliability under load, faults and a full queue, and the safe defaults (bundled model, fp32).
+
+The load test is the bench scenario's code (engine/bench/load.py) in a short version: 8 streaming
+clients through the API for a few seconds, twice, with the same checks as `python -m engine.bench
+load` — every completed reply equals the same request run alone, nothing lost, crossed or stuck,
+no 5xx, the KV cache within its budget, memory not growing run over run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from engine.bench import load
+from engine.config import GenerationConfig, LoadConfig
+from engine.errors import InvalidRequest
+from engine.generate import Decoding
+from engine.prefix_cache import PrefixCache
+from engine.service import Engine
+from engine.worker import Worker
+from server.api import create_api
+from server.run import BackgroundServer
+
+GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=6)
+
+
+def ask(text):
+    return [{"role": "user", "content": text}]
+
+
+# --- load ----------------------------------------------------------------------------------------
+KV_BUDGET_MB = 12  # a few fp32 entries (~3 MB each): the budget binds and evicts under this load
+
+
+@pytest.fixture(scope="module")
+def loaded_api(bundled):
+    engine = Engine(bundled, prefix_cache=PrefixCache(KV_BUDGET_MB))
+    with BackgroundServer(create_api(engine)) as url:
+        yield engine, url
+    engine.close()
+
+
+def test_under_load_every_reply_is_exact_and_nothing_is_lost_crossed_or_stuck(loaded_api):
+    engine, url = loaded_api
+    with load.MemorySampler(engine.prefix_cache, every=0.1) as sampler:
+        pool = load.build_pool(6, 8, load.offered_toggles(engine))
+        load.compute_references(engine, pool)
+        result = load.run_load(engine, url, pool, (8,), duration=10, max_requests=40, cancel_every=4, deadline=120,
+                               repeat=2, sampler=sampler, out=lambda *a: None)
+    t = result["totals"]
+    assert {k: t[k] for k in (*load.BAD, "4xx", "429")} == {k: 0 for k in (*load.BAD, "4xx", "429")}, result["rows"]
+    assert t["exact"] >= 8 and t["cancelled"] >= 2  # the checks above had replies to judge
+    assert result["stuck_workers"] == 0  # after each level nothing stayed queued or running
+    assert result["server_5xx"] == 0  # not even to a client that had already gone
+    row = result["rows"][0]
+    assert row["queue_ms_p90"] is not None and row["ttft_ms_p50"] is not None and row["e2e_ms_p99"] is not None
+    cache = result["prefix_cache"]
+    assert result["kv_within_budget"] and result["kv_bytes_max"] <= KV_BUDGET_MB * 2**20
+    assert cache["hits"] > 0 and cache["evictions"] > 0  # reuse happened, and the budget had to evict
+    # A leak of each request's KV (~3 MB x ~20 requests a run) would show here; the cache itself is bounded.
+    assert result["memory_ok"], result["runs"]
+    assert result["rss_growth_besides_kv_cache_mb"] < load.MEMORY_GROWTH_LIMIT_MB, result["runs"]
+
+
+# --- faults --------------------------------------------------------------------------------------
+FAULT_SEED = 4242  # a test-only hook: only this test's worker knows it; no request reaches it in the app
+
+
+class Faulty(Decoding):
+    """Requests with the fault seed raise: at prefill (max_new_tokens 7), else at the first decode step."""
+
+    def prefill(self):
+        if self.config.seed == FAULT_SEED and self.config.max_new_tokens == 7:
+            raise RuntimeError("forced failure at prefill")
+        return super().prefill()
+
+    def step(self):
+        if self.config.seed == FAULT_SEED:
+            raise RuntimeError("forced failure mid-stream")
+        return super().step()
+
+
+@pytest.fixture(scope="module")
+def faulty(bundled):
+    engine = Engine(bundled)
+    engine.worker.close()
+    engine.worker = Worker(bundled, decoding_factory=Faulty, prefix_cache=engine.prefix_cache)
+    with BackgroundServer(create_api(engine)) as url:
+        yield engine, url
+    engine.close()
+
+
+def test_requests_that_fail_inside_the_engine_fail_alone_under_load(faulty):
+    engine, url = faulty
+    prompts = [f"Name an animal that starts with the letter {c}." for c in "ABCDEF"]
+    references = {p: engine.complete(ask(p), GREEDY).text for p in prompts}
+
+    async def one(http, i):
+        body = {"messages": ask(prompts[i % len(prompts)]), "max_tokens": 6, "temperature": 0, "stream": i % 3 != 2}
+        if i % 2:  # every other request hits a fault: at prefill (max_tokens 7) or mid-stream
+            body.update(seed=FAULT_SEED, max_tokens=7 if i % 4 == 1 else 6)
+        resp = await http.post(url + "/v1/chat/completions", json=body)
+        return i, body, resp
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as http:
+            return await asyncio.gather(*(one(http, i) for i in range(12)))
+
+    failed_before = engine.worker.failed
+    for i, body, resp in asyncio.run(run()):
+        faulted = body.get("seed") == FAULT_SEED
+        if not body["stream"]:
+            if faulted:
+                assert resp.status_code == 500 and resp.json()["error"]["type"] == "server_error"
+                assert "forced failure" in resp.json()["error"]["message"]
+            else:
+                assert resp.json()["choices"][0]["message"]["content"] == references[body["messages"][0]["content"]]
+            continue
+        assert resp.status_code == 200  # accepted before the fault: the error comes inside the stream
+        chunks = [json.loads(line[6:]) for line in resp.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        errors = [c["error"] for c in chunks if "error" in c]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+        if faulted:
+            assert len(errors) == 1 and errors[0]["type"] == "server_error" and "forced failure" in errors[0]["message"]
+            assert references[body["messages"][0]["content"]].startswith(text)  # what it sent was right
+        else:
+            assert not errors and text == references[body["messages"][0]["content"]]
+    assert engine.worker.failed - failed_before == 6
+    assert engine.worker._thread.is_alive()
+    assert engine.complete(ask(prompts[0]), GREEDY).text == references[prompts[0]]  # still serving, still exact
+
+
+# --- queueing made visible -----------------------------------------------------------------------
+GATE_SEED = 777
+
+
+class Gated(Decoding):
+    """A request with the gate seed holds the worker at prefill until the test opens the gate."""
+
+    gate = threading.Event()
+
+    def prefill(self):
+        if self.config.seed == GATE_SEED:
+            assert self.gate.wait(120), "the test never opened the gate"
+        return super().prefill()
+
+
+def gated_engine(bundled, max_queue=None) -> Engine:
+    engine = Engine(bundled, max_queue=max_queue)
+    engine.worker.close()
+    engine.worker = Worker(bundled, max_queue=max_queue, decoding_factory=Gated, prefix_cache=engine.prefix_cache)
+    return engine
+
+
+def hold_worker(engine):
+    """Submit the gated request and wait until the worker has started it."""
+    Gated.gate.clear()
+    blocker = engine.submit(ask("Say yes."), GREEDY.replace(seed=GATE_SEED, max_new_tokens=2))
+    deadline = time.monotonic() + 60
+    while engine.worker.position(blocker) is not None or not engine.worker.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return blocker
+
+
+def test_queue_positions_count_down_and_the_api_reports_position_and_queue_time(bundled):
+    engine = gated_engine(bundled)
+    try:
+        with BackgroundServer(create_api(engine)) as url:
+            blocker = hold_worker(engine)
+            waiting = [engine.submit(ask(f"Say {w}."), GREEDY) for w in ("one", "two", "three")]
+            answers = {}
+            threading.Thread(target=lambda: answers.update(resp=httpx.post(
+                url + "/v1/chat/completions", json={"messages": ask("Say four."), "max_tokens": 3, "temperature": 0,
+                                                    "stream": True}, timeout=120))).start()
+            deadline = time.monotonic() + 60
+            while engine.worker.queue_depth() < 4:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            queue = httpx.get(url + "/v1/queue").json()["data"][0]
+            assert (queue["waiting"], queue["running"], queue["max_queue"]) == (4, 1, None)
+            Gated.gate.set()
+            blocker.result(timeout=120)
+            positions = [[e.detail["position"] for e in h.events(timeout=120) if e.kind == "status"
+                          and e.stage == "queued"] for h in waiting]
+            deadline = time.monotonic() + 120
+            while "resp" not in answers:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    finally:
+        Gated.gate.set()
+        engine.close()
+    # Each waiting request was told its place, then each step up the line until it ran.
+    assert positions == [[1], [2, 1], [3, 2, 1]]
+    resp = answers["resp"]
+    chunks = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+    timings = next(c["timings"] for c in chunks if "timings" in c)
+    assert resp.headers["X-Queue-Position"] == "4" == str(timings["queue_position"])
+    assert float(resp.headers["X-Queue-Ms"]) == pytest.approx(timings["queue_ms"], abs=1e-3)
+    assert timings["queue_ms"] > 0
+
+
+def test_a_full_queue_is_a_429_with_a_clear_message_in_the_api_and_the_page(bundled):
+    from gradio_client import Client
+
+    from ui.webapp import create_app
+
+    engine = gated_engine(bundled, max_queue=1)
+    try:
+        api = create_api(engine)
+        with BackgroundServer(create_app(api.state.backends, app=api)) as url:
+            blocker = hold_worker(engine)
+            queued = engine.submit(ask("Say two."), GREEDY)  # the one place in the queue is taken
+            resp = httpx.post(url + "/v1/chat/completions", json={"messages": ask("hi"), "stream": True}, timeout=60)
+            err = resp.json()["error"]
+            assert resp.status_code == 429 and (err["type"], err["code"]) == ("rate_limit_error", "queue_full")
+            assert "busy" in err["message"] and "--max-queue" in err["message"]
+
+            # The page's own stream endpoint: the same words, as the page's errorText() reads them.
+            session = httpx.post(url + "/lab/session").json()["session"]
+            resp = httpx.post(url + "/lab/chat", json={"session": session, "message": "hi",
+                                                       "settings": {"max_new_tokens": 2}}, timeout=60)
+            assert resp.status_code == 429 and resp.json()["error"]["message"] == err["message"]
+            # ...and through Gradio's queue (the page's other transport): an error event, not a crash.
+            out = Client(url + "/", verbose=False).predict(
+                json.dumps({"session": session, "message": "hi", "settings": {"max_new_tokens": 2}}), api_name="/chat")
+            last = json.loads(out.splitlines()[-1])
+            assert last["event"] == "error" and last["data"]["message"] == err["message"]
+            Gated.gate.set()
+            assert blocker.result(timeout=120).output_tokens > 0 and queued.result(timeout=120).output_tokens > 0
+            resp = httpx.post(url + "/v1/chat/completions", json={"messages": ask("hi"), "max_tokens": 2}, timeout=120)
+            assert resp.status_code == 200  # the line moved: served again
+    finally:
+        Gated.gate.set()
+        engine.close()
+
+
+# --- safe defaults ------------------------------------------------------------------------------
+def test_app_binds_loopback_and_opens_no_public_link_unless_asked(monkeypatch):
+    """`python app.py` as a user runs it (a paced source stands in for the model)."""
+    import uvicorn
+
+    import app
+
+    served, shared = [], []
+    monkeypatch.setattr(uvicorn, "run", lambda a, **kw: served.append((a, kw)))
+    monkeypatch.setattr(app, "_share", lambda host, port: shared.append((host, port)))
+    assert app.main(["--paced-source", "500"]) == 0
+    assert served[-1][1]["host"] == "127.0.0.1" and shared == []
+    assert app.main(["--paced-source", "500", "--share"]) == 0 and shared == [("127.0.0.1", 7860)]
+    assert app.main(["--paced-source", "500", "--api-key", "k"]) == 0
+    from fastapi.testclient import TestClient
+
+    with TestClient(served[-1][0]) as client:  # the API key guards /v1 of the whole app
+        assert client.post("/v1/chat/completions", json={"messages": ask("hi")}).status_code == 401
+        assert client.post("/v1/sessions").status_code == 401
+        assert client.post("/v1/sessions", headers={"Authorization": "Bearer k"}).status_code == 200
+
+
+def test_cli_defaults_are_safe():
+    import argparse
+
+    import app
+    from server.cli import add_server_args
+
+    args = app.build_parser().parse_args([])
+    assert (args.host, args.share) == ("127.0.0.1", False)
+    assert args.max_queue is not None and args.max_queue > 0 and not args.shared_prefix_cache
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    assert p.parse_args([]).host == "127.0.0.1"
+    assert LoadConfig().shared_prefix_cache is False and PrefixCache().shared is False
+
+
+@pytest.fixture(scope="module")
+def served(bundled_engine):
+    with BackgroundServer(create_api(bundled_engine)) as url:
+        yield url
+
+
+def chat(url, session, text="Tell me about the sea in one sentence.", **extra):
+    body = {"messages": ask(text), "max_tokens": 4, "temperature": 0, **extra}
+    if session is not None:
+        body["session"] = session
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def test_the_prefix_cache_is_per_session_and_sessions_cannot_be_chosen(served):
+    a, b = (httpx.post(served + "/v1/sessions").json()["id"] for _ in range(2))
+    assert a != b and len(a) > 40
+    first = chat(served, a).json()
+    again = chat(served, a).json()
+    other = chat(served, b).json()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # same session: reused
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # another session sees none of it
+    no_session = chat(served, None).json()
+    assert no_session["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    # A session the server did not issue is refused: guessed, forged, another run's, or the engine's own name.
+    nonce = a[len("sess_"):].split(".")[0]
+    for guess in ("demo", "tab-1", "sess_" + nonce, f"sess_{nonce}.AAAAAAAAAAAAAAAAAAAAAA", "api:" + nonce,
+                  a[:-1] + ("A" if a[-1] != "A" else "B")):
+        resp = chat(served, guess)
+        err = resp.json()["error"]
+        assert resp.status_code == 400 and err["param"] == "session" and "POST /v1/sessions" in err["message"]
+
+
+def test_model_paths_come_only_from_the_command_line(served, bundled_engine, tmp_path):
+    """A request that names a file — as the model, a variant, a draft, anything — never makes the
+    server open it: it is refused, or ignored and served by the model loaded at start."""
+    model_file = tmp_path / "evil-model.gguf"
+    model_file.write_bytes(b"GGUF")
+    folder = tmp_path / "evil-folder"
+    folder.mkdir()
+    touched = []
+
+    def audit(event, args):
+        if event in ("open", "os.listdir", "os.scandir") and args and str(tmp_path) in str(args[0]):
+            touched.append((event, str(args[0])))
+
+    sys.addaudithook(audit)  # hooks cannot be removed; this one only notes paths under tmp_path
+    name = bundled_engine.info()["name"]
+    paths = [str(model_file), str(folder), f"file://{model_file}", f"../../{model_file}"]
+    for path in paths:
+        resp = chat(served, None, model=path)
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
+        for fields in ({"quantization": path}, {f: path for f in ("draft_model", "model_path", "gguf_file",
+                                                                 "speculative_model", "tokenizer", "path")}):
+            resp = chat(served, None, **fields)
+            assert resp.status_code in (200, 400), resp.text  # refused, or ignored:
+            if resp.status_code == 200:
+                assert resp.json()["model"] == name  # served by the model loaded at start
+    # The page: a setting naming a path is refused, and backends are only those built at start.
+    from ui.chat import ChatStore
+    from ui.settings import parse
+
+    for setting in ("model", "model_path", "draft_model"):
+        with pytest.raises(InvalidRequest, match="unknown setting"):
+            parse({setting: str(model_file)})
+    with pytest.raises(InvalidRequest, match="backend must be one of"):
+        ChatStore({name: bundled_engine}).engine(str(model_file))
+    assert touched == []
+    assert bundled_engine.info()["name"] == name and bundled_engine.info()["path"] != str(model_file)
+
+
+def test_request_size_is_limited_on_every_route_of_the_app(bundled_engine):
+    from ui.webapp import create_app
+
+    api = create_api(bundled_engine)
+    big = b'{"session": "x", "message": "' + b"a" * (3 * 2**20) + b'"}'
+    with BackgroundServer(create_app(api.state.backends, app=api)) as url:
+        for path in ("/v1/chat/completions", "/lab/chat", "/lab/timing", "/gradio_api/queue/join"):
+            resp = httpx.post(url + path, content=big, headers={"Content-Type": "application/json"}, timeout=60)
+            assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large", path
+        assert httpx.post(url + "/lab/session").status_code == 200  # and the app is still up
+
+
+def test_a_remote_engine_never_sends_our_session_strings(served, bundled_engine):
+    """The page's session ids are secrets of this machine: a remote Latency Lab gets ids it issued
+    itself (one per session of ours, so KV reuse still works there); other servers get none."""
+    from engine.remote import RemoteEngine
+
+    remote = RemoteEngine(served + "/v1", bundled_engine.info()["name"])
+    try:
+        text = "Tell me about the moon in one sentence."
+        first = remote.complete(ask(text), GREEDY, session="page-secret/chat")
+        again = remote.complete(ask(text), GREEDY, session="page-secret/chat")
+        other = remote.complete(ask(text), GREEDY, session="another-tab/chat")
+    finally:
+        remote.close()
+    assert (first.timeline.cached_tokens, other.timeline.cached_tokens) == (0, 0)
+    assert again.timeline.cached_tokens > 0 and again.text == first.text
+
+    bodies = []
+    fake = FastAPI()
+
+    @fake.post("/v1/chat/completions")
+    async def chat(request: Request):
+        bodies.append(await request.json())
+
+        async def stream():
+            yield 'data: {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}\n\n'
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    with BackgroundServer(fake) as url:
+        other_server = RemoteEngine(url + "/v1", "m")
+        try:
+            for _ in range(2):
+                assert other_server.complete(ask("hi"), GREEDY, session="page-secret/chat").text == "ok"
+        finally:
+            other_server.close()
+    assert len(bodies) == 2 and all("session" not in b for b in bodies)
+    assert "page-secret" not in json.dumps(bodies)
+
+
+def test_a_client_that_leaves_before_its_body_is_sent_is_no_server_error(served):
+    import socket
+    from urllib.parse import urlparse
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def errors():
+        text = httpx.get(served + "/metrics").text
+        return {s.labels["status"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "latency_lab:api_errors_total"}
+
+    before = errors()
+    u = urlparse(served)
+    with socket.create_connection((u.hostname, u.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"messages\": [")
+        time.sleep(0.3)  # the handler is waiting for the rest of the body
+    deadline = time.monotonic() + 30
+    while errors().get("499", 0) == before.get("499", 0):
+        assert time.monotonic() < deadline, errors()
+        time.sleep(0.05)
+    after = errors()
+    five = {k: v for k, v in after.items() if k.startswith("5")}
+    assert five == {k: v for k, v in before.items() if k.startswith("5")}
