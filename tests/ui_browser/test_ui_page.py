@@ -14,9 +14,20 @@ def open_page(page, url):
 
 
 def set_number(page, elem_id, value):
+    """Type into a Gradio slider's number box and wait until the slider itself holds the value (its range
+    input mirrors the component's state). Typing into a box that Gradio is still mounting (an accordion
+    just opened) can be lost, so it types again rather than sending a request with the old value."""
     box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Tab")
+    held = f"() => document.querySelector('#{elem_id} input[type=range]').value === {str(value)!r}"
+    for _ in range(5):
+        box.fill(str(value))
+        box.press("Tab")
+        try:
+            page.wait_for_function(held, timeout=2_000)
+            return
+        except Exception:
+            continue
+    raise AssertionError(f"the slider {elem_id} never took the value {value}")
 
 
 def last_run(page, pane):
@@ -117,6 +128,7 @@ def test_an_ab_pair_streams_both_panes_and_fills_the_delta_table(page_server, br
         run = last_run(page, side)
         assert run["error"] is None and run["row"]["client_ttft_ms"] >= run["row"]["ttft_ms"]
         assert page.locator(f"#lab-ov-{side} .lab-card").count() == 4
+        assert run["row"]["output_tokens"] <= 8, (side, run["row"])  # each side sent its own settings
     a, b = last_run(page, "A")["reply"], last_run(page, "B")["reply"]
     assert a == b  # same greedy config, same prompt: same text
     delta = page.inner_text("#lab-delta")
