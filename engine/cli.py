@@ -23,11 +23,15 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--no-fast-path", action="store_true",
                    help="use the generic transformers forward instead of our Llama-family forward")
+    g.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="draft for --speculative draft: a causal LM folder sharing the model's tokenizer "
+                        "(default: the bundled distilled draft for the bundled model; 'none': no draft)")
 
 
 def load_config_from_args(args, progress: bool = True) -> LoadConfig:
     return LoadConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                      fast_path=not args.no_fast_path, progress=progress)
+                      fast_path=not args.no_fast_path, progress=progress,
+                      draft_model=getattr(args, "draft_model", None))
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -42,7 +46,10 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--system", default=None, help="system prompt")
     g.add_argument("--no-kv-reuse", action="store_true", help="prefill the whole prompt every turn")
     g.add_argument("--speculative", default=d.speculative, choices=SPECULATIVE_MODES)
-    g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens)
+    g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
+                   help="the most tokens one speculative step guesses")
+    g.add_argument("--no-adaptive-speculation", action="store_true",
+                   help="always guess --num-speculative-tokens, even when guesses stop paying")
     g.add_argument("--quantization", default=None, help="quantization variant name")
 
 
@@ -51,6 +58,7 @@ def generation_config_from_args(args) -> GenerationConfig:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=tuple(args.stop), kv_reuse=not args.no_kv_reuse, speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
+        speculative_adaptive=not args.no_adaptive_speculation,
     ).validate()
 
 

@@ -30,6 +30,7 @@ class LoadConfig:
     cache_dir: Path | None = None  # where converted weights are kept; default: per-user cache folder
     fast_path: bool = True  # our own Llama-family forward; False forces the generic transformers forward
     progress: bool = True  # show a progress bar while loading
+    draft_model: str | None = None  # speculative draft: a folder sharing the tokenizer; None: bundled (if any)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -53,7 +54,8 @@ class GenerationConfig:
     # Optimization toggles. Later features read them; the core loop ignores what it does not know.
     kv_reuse: bool = True
     speculative: str = "off"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 4  # the most tokens one step guesses
+    speculative_adaptive: bool = True  # guess fewer (or none) when guesses stop paying
     quantization: str | None = None  # a variant name; None: the default variant
     extra: dict = field(default_factory=dict, compare=False)  # room for features still to come
 
@@ -95,6 +97,8 @@ class GenerationConfig:
                 f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, not {self.speculative!r}", "speculative"
             )
         _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=1, hi=16)
+        if not isinstance(self.speculative_adaptive, bool):
+            raise InvalidRequest("speculative_adaptive must be true or false", "speculative_adaptive")
         if self.quantization is not None and not isinstance(self.quantization, str):
             raise InvalidRequest("quantization must be a variant name", "quantization")
         return self

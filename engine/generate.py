@@ -139,9 +139,30 @@ class Decoding:
             torch.cuda.synchronize(self.device)
         return tokens
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` ids (a multi-token step may run past EOS or a stop); the cache
+        keeps KV for all but the last, as after any step."""
+        del self.ids[length:]
+        self.cache.crop(min(self.cache.length, max(length - 1, 0)))
+
+    def counters(self) -> dict:
+        """Figures for the Timeline's counters."""
+        return {"forward_passes": self.forward_passes}
+
     @property
     def output_ids(self) -> list[int]:
         return self.ids[self.prompt_len :]
+
+
+def decoding_for(config: GenerationConfig, draft=None) -> Callable[..., Decoding]:
+    """The Decoding a request's toggles ask for (called as factory(model, prompt_ids, config, ...))."""
+    if config.speculative == "off":
+        return Decoding
+    from functools import partial
+
+    from .speculative import SpeculativeDecoding
+
+    return partial(SpeculativeDecoding, draft=draft)
 
 
 def generate(
@@ -151,11 +172,14 @@ def generate(
     request: Request,
     timeline: Timeline,
     should_stop: Callable[[], bool] = lambda: False,
-    decoding_factory: Callable[..., Decoding] = Decoding,
+    decoding_factory: Callable[..., Decoding] | None = None,
+    draft=None,
 ) -> Iterator[Event]:
     """Answer one request, yielding status, chunk and finally a done event.
 
-    Raises InvalidRequest (before any token) for requests the engine cannot run.
+    `decoding_factory` None: chosen by the request's toggles (`decoding_for`); `draft`: the loaded
+    draft model for speculative='draft'. Raises InvalidRequest (before any token) for requests
+    the engine cannot run.
     """
     cfg = request.config.validate()
     yield Event("status", stage="setup")
@@ -163,7 +187,7 @@ def generate(
         tokenizer, request.messages
     )
     check_lengths(len(prompt_ids), cfg, model.max_context)
-    dec = decoding_factory(model, prompt_ids, cfg)
+    dec = (decoding_factory or decoding_for(cfg, draft))(model, prompt_ids, cfg)
     timeline.prompt_tokens = len(prompt_ids)
     timeline.cached_tokens = dec.cached_tokens
     timeline.prefill_tokens = len(prompt_ids) - dec.cached_tokens
@@ -200,8 +224,9 @@ def generate(
         if tail:
             text_parts.append(tail)
             yield Event("chunk", text=tail, token_ids=[], output_tokens=produced)
+    dec.truncate(dec.prompt_len + produced)
     timeline.finish_reason = finish
-    timeline.counters["forward_passes"] = dec.forward_passes
+    timeline.counters.update(dec.counters())
     timeline.mark("done")
     yield Event("done", text="".join(text_parts), token_ids=dec.output_ids[:produced], output_tokens=produced,
                 detail={"finish_reason": finish}, timeline=timeline, decoding=dec)

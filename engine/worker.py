@@ -194,7 +194,7 @@ class Worker:
         kwargs = {"decoding_factory": self.decoding_factory} if self.decoding_factory else {}
         try:
             for event in generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
-                                  should_stop=lambda: handle.cancelled, **kwargs):
+                                  should_stop=lambda: handle.cancelled, draft=getattr(lm, "draft", None), **kwargs):
                 handle.push(event)
             self.completed += 1
         except Exception as exc:  # the request fails alone; the worker lives on

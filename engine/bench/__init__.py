@@ -20,6 +20,8 @@ SCENARIOS = {
     "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
     "bandwidth": "memory copy bandwidth vs decode bandwidth achieved",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
+    "lookup": "prompt-lookup speculation on copy-heavy prompts: decode tok/s with vs without, acceptance",
+    "draft": "draft-model speculation on ordinary chat prompts: decode tok/s with vs without, acceptance",
 }
 
 CHAT_PROMPTS = [
@@ -85,7 +87,8 @@ def run_request(loaded, messages, config, **request_kw):
     tl.started_ns = tl.enqueued_ns = tl.received_ns
     done = None
     for event in generate(loaded.model, loaded.tokenizer, loaded.eos_token_ids,
-                          Request(messages=messages, config=config, **request_kw), tl):
+                          Request(messages=messages, config=config, **request_kw), tl,
+                          draft=getattr(loaded, "draft", None)):
         if event.kind == "done":
             done = event
     return done
