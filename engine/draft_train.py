@@ -1,4 +1,4 @@
-"""Distil the bundled draft model: `python -m engine.draft_train [data|train|eval|all]`.
+"""Distil the bundled draft model: `python -m engine.draft_train [data|train|export|all]`.
 
 The draft for SmolLM2-135M-Instruct is a small Llama (a few layers at width 576) that shares the
 target's token embeddings and output head, so only its layers and final norm are trained and
@@ -7,8 +7,8 @@ target's replies (a frequency-ranked vocabulary subset): a draft token then cost
 the full 49,152-row head, and verification stays exact because q = 0 outside the subset.
 
 Stages (each resumes from what the previous wrote into --work):
-  data   the target answers a varied prompt set (engine/draft_prompts.py), greedily and sampled,
-         in batches; for every reply position we keep the target's top-K log-probabilities
+  data   the target answers a varied prompt set (engine/draft_prompts.py) greedily (--sampled adds
+         T=0.7 replies), in batches; for every reply position we keep its top-K log-probabilities
   train  the draft learns KL(target || draft) on those positions (teacher top-K, renormalised)
   export writes the draft's own weights (bf16) and the head's token ids into assets/
 Run it with `nice`: the CPU here is shared.
@@ -51,9 +51,10 @@ def make_data(args) -> None:
     prompts = training_prompts(exclude=tuple(BENCH_PROMPTS))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    # two passes over the prompts: greedy, then sampled (the page's default is near-greedy sampling)
-    jobs = [(p, mode) for mode in ("greedy", "sample") for p in prompts]
-    jobs = jobs[: args.max_prompts * 2] if args.max_prompts else jobs
+    # greedy replies (what the benches measure; the page's default T=0.2 is near-greedy), and
+    # optionally a sampled pass (T=0.7) over the same prompts
+    jobs = [(p, mode) for mode in (("greedy", "sample") if args.sampled else ("greedy",)) for p in prompts]
+    jobs = jobs[: args.max_replies] if args.max_replies else jobs
     batches = [jobs[i : i + args.batch] for i in range(0, len(jobs), args.batch)]
     eos = [2, tok.convert_tokens_to_ids("<|im_end|>")]
     for b, batch in enumerate(batches):
@@ -210,6 +211,14 @@ def train(args) -> None:
         log(f"init from target layers {list(cand)}: held-out loss {scored[-1][0]:.3f}")
     init_layers = min(scored)[1]
     draft = fresh(init_layers)
+    if args.resume:  # continue from the last checkpoint (a further run of epochs, fresh schedule)
+        ckpt = torch.load(work / "draft.pt")
+        assert torch.equal(ckpt["vocab"], vocab), "the checkpoint's head tokens differ: same data and --vocab needed"
+        draft.load_state_dict(ckpt["state_dict"], strict=False)
+        init_layers, prior_epochs = ckpt["init_layers"], ckpt.get("epochs", 0)
+        log(f"resumed from {work / 'draft.pt'} after {prior_epochs} epochs: held-out {ckpt['held_out']}")
+    else:
+        prior_epochs = 0
     head_cols = draft.lm_head.weight  # frozen: rows of the target's head
     params = [p for n, p in draft.named_parameters() if n.startswith(("model.layers.", "model.norm."))]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -238,10 +247,11 @@ def train(args) -> None:
         draft.eval()
         ev = _evaluate(draft, head_cols, col_of, held)
         log(f"epoch {epoch + 1}: held-out loss {ev['loss']:.3f}, top-1 agreement {ev['top1_agreement']:.1%}")
-    sd = {k: v.detach().clone().contiguous() for k, v in own_state_dict(draft).items()}
-    torch.save({"state_dict": sd, "vocab": vocab, "layers": L, "init_layers": list(init_layers),
-                "held_out": ev, "train_s": time.perf_counter() - t0, "records": len(records)}, work / "draft.pt")
-    log(f"saved {work / 'draft.pt'}")
+        sd = {k: v.detach().clone().contiguous() for k, v in own_state_dict(draft).items()}
+        torch.save({"state_dict": sd, "vocab": vocab, "layers": L, "init_layers": list(init_layers),
+                    "epochs": prior_epochs + epoch + 1, "schedule": f"{args.epochs} epochs at lr {args.lr}",
+                    "held_out": ev, "train_s": time.perf_counter() - t0, "records": len(records)}, work / "draft.pt")
+        log(f"saved {work / 'draft.pt'} (after epoch {epoch + 1})")
 
 
 def export(args) -> None:
@@ -256,6 +266,7 @@ def export(args) -> None:
     meta = {"name": f"SmolLM2-135M-Instruct draft ({ckpt['layers']} layers, distilled)", "layers": ckpt["layers"],
             "head_tokens": int(ckpt["vocab"].numel()), "init_from_target_layers": ckpt["init_layers"],
             "held_out": ckpt["held_out"], "train_s": round(ckpt["train_s"]), "replies": ckpt["records"],
+            "epochs": ckpt.get("epochs"),
             "made_by": "python -m engine.draft_train all"}
     (ASSET_DIR / "draft.json").write_text(json.dumps(meta, indent=1) + "\n")
     log(f"wrote {ASSET_DIR}: " + ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in sorted(ASSET_DIR.iterdir())))
@@ -265,16 +276,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.draft_train", description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["data", "train", "export", "all"])
     p.add_argument("--work", default="artifacts/draft", help="where data shards and checkpoints go")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 was steadiest on a shared CPU)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (the shipped draft: 1 for data, 2 for train)")
     p.add_argument("--batch", type=int, default=64, help="prompts generated together (data)")
     p.add_argument("--max-new-tokens", type=int, default=192)
-    p.add_argument("--max-prompts", type=int, default=0, help="0: all prompts")
+    p.add_argument("--max-replies", type=int, default=512,
+                   help="replies to generate (0: all); the shipped draft used 512 (8 batches), for time")
+    p.add_argument("--sampled", action="store_true", help="also a sampled (T=0.7) reply per prompt")
     p.add_argument("--layers", type=int, default=2, help="draft transformer layers")
     p.add_argument("--vocab", type=int, default=8192, help="target tokens the draft's head covers")
     p.add_argument("--init", default="auto", help="target layers to start from, e.g. 0,29 (auto: best of a few)")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--tokens-per-batch", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--tokens-per-batch", type=int, default=1024)
+    p.add_argument("--resume", action="store_true", help="train further from the last checkpoint in --work")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.stage in ("data", "all"):

@@ -43,13 +43,18 @@ _TYPOS = (
 )
 
 # Copy-heavy: the reply repeats long spans of the prompt (edit, summarise with quotes, rewrite code).
+# Phrased so that the right answer copies ("change nothing else"); the bundled 135M model
+# paraphrases looser requests, and then there is little to look up.
 LOOKUP_PROMPTS = [
-    f"Fix the spelling mistakes in this text and return the whole corrected text:\n\n{_TYPOS}",
-    f"Add a docstring to each function in this Python code and return the full code:\n\n{_CODE}",
-    f"Rename the variable `total` to `amount` in this code and return the full code:\n\n{_CODE}",
-    f"Summarize this article, quoting its key sentences word for word:\n\n{_ARTICLE}",
-    f"Repeat the following text exactly, then add one sentence at the end:\n\n{_ARTICLE}",
+    f"Correct the spelling of the misspelled words in this text. Keep every other word exactly the same "
+    f"and return the whole text:\n\n{_TYPOS}",
     f"Rewrite this text, replacing \"Millbrook\" with \"Oakdale\" and changing nothing else:\n\n{_ARTICLE}",
+    f"Quote the first three sentences of this article word for word, then summarize the rest in one "
+    f"sentence:\n\n{_ARTICLE}",
+    f"Repeat the following text exactly, then add one sentence at the end:\n\n{_ARTICLE}",
+    f"Rename the function `cheapest` to `lowest_price` in this code. Return the complete code with "
+    f"nothing else changed:\n\n```python\n{_CODE}```",
+    f"Copy this Python code exactly and add a one-line comment above each function:\n\n```python\n{_CODE}```",
 ]
 
 BENCH_PROMPTS = DRAFT_PROMPTS + LOOKUP_PROMPTS
