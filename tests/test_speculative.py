@@ -45,7 +45,7 @@ PROMPTS = [
     "Say hello in Spanish, French and German.",
     f"Copy this line twice: {TEXT[:44]}",
 ]
-N_TOKENS = 20
+N_TOKENS = 16
 KS = (1, 2, 4, 8)
 
 
