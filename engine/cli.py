@@ -33,6 +33,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
                    help="quantization variants to build at start, e.g. int8,nf4 (others are built on first use)")
     g.add_argument("--variants-budget-mb", type=float, default=None,
                    help="memory for the weights of all resident variants (default: 3x the loaded model's)")
+    g.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="draft for --speculative draft: a causal LM folder sharing the model's tokenizer "
+                        "(default: the bundled distilled draft for the bundled model; 'none': no draft)")
 
 
 def load_config_from_args(args, progress: bool = True) -> LoadConfig:
@@ -40,7 +43,8 @@ def load_config_from_args(args, progress: bool = True) -> LoadConfig:
                       fast_path=not args.no_fast_path, progress=progress, kv_cache_mb=args.kv_cache_mb,
                       shared_prefix_cache=args.shared_prefix_cache,
                       variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
-                      variants_budget_mb=args.variants_budget_mb)
+                      variants_budget_mb=args.variants_budget_mb,
+                      draft_model=getattr(args, "draft_model", None))
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +59,10 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--system", default=None, help="system prompt")
     g.add_argument("--no-kv-reuse", action="store_true", help="prefill the whole prompt every turn")
     g.add_argument("--speculative", default=d.speculative, choices=SPECULATIVE_MODES)
-    g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens)
+    g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
+                   help="the most tokens one speculative step guesses")
+    g.add_argument("--no-adaptive-speculation", action="store_true",
+                   help="always guess --num-speculative-tokens, even when guesses stop paying")
     g.add_argument("--quantization", default=None,
                    help="the model variant for this request: int8, nf4, fp4, int8wo or a dtype (default: as loaded)")
 
@@ -65,6 +72,7 @@ def generation_config_from_args(args) -> GenerationConfig:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=tuple(args.stop), kv_reuse=not args.no_kv_reuse, speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
+        speculative_adaptive=not args.no_adaptive_speculation,
     ).validate()
 
 

@@ -34,6 +34,7 @@ class LoadConfig:
     shared_prefix_cache: bool = False  # one prefix-cache scope for all sessions (default: per session)
     variants: tuple[str, ...] = ()  # quantization variants to build at start (others: on first use)
     variants_budget_mb: float | None = None  # weights of all resident variants; None: 3x the loaded model's
+    draft_model: str | None = None  # speculative draft: a folder sharing the tokenizer; None: bundled (if any)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -63,7 +64,8 @@ class GenerationConfig:
     # Optimization toggles. Later features read them; the core loop ignores what it does not know.
     kv_reuse: bool = True
     speculative: str = "off"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 4  # the most tokens one step guesses
+    speculative_adaptive: bool = True  # guess fewer (or none) when guesses stop paying
     quantization: str | None = None  # a variant name; None: the default variant
     extra: dict = field(default_factory=dict, compare=False)  # room for features still to come
 
@@ -105,6 +107,8 @@ class GenerationConfig:
                 f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, not {self.speculative!r}", "speculative"
             )
         _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=1, hi=16)
+        if not isinstance(self.speculative_adaptive, bool):
+            raise InvalidRequest("speculative_adaptive must be true or false", "speculative_adaptive")
         if self.quantization is not None and not isinstance(self.quantization, str):
             raise InvalidRequest("quantization must be a variant name", "quantization")
         return self

@@ -157,9 +157,30 @@ class Decoding:
             torch.cuda.synchronize(self.device)
         return tokens
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` ids (a multi-token step may run past EOS or a stop); the cache
+        keeps KV for all but the last, as after any step."""
+        del self.ids[length:]
+        self.cache.crop(min(self.cache.length, max(length - 1, 0)))
+
+    def counters(self) -> dict:
+        """Figures for the Timeline's counters."""
+        return {"forward_passes": self.forward_passes}
+
     @property
     def output_ids(self) -> list[int]:
         return self.ids[self.prompt_len :]
+
+
+def decoding_for(config: GenerationConfig, draft=None) -> Callable[..., Decoding]:
+    """The Decoding a request's toggles ask for (called as factory(model, prompt_ids, config, ...))."""
+    if config.speculative == "off":
+        return Decoding
+    from functools import partial
+
+    from .speculative import SpeculativeDecoding
+
+    return partial(SpeculativeDecoding, draft=draft)
 
 
 def generate(
@@ -169,14 +190,17 @@ def generate(
     request: Request,
     timeline: Timeline,
     should_stop: Callable[[], bool] = lambda: False,
-    decoding_factory: Callable[..., Decoding] = Decoding,
+    decoding_factory: Callable[..., Decoding] | None = None,
     prefix_cache: PrefixCache | None = None,
+    draft=None,
 ) -> Iterator[Event]:
     """Answer one request, yielding status, chunk and finally a done event.
 
     Raises InvalidRequest (before any token) for requests the engine cannot run. With a
     `prefix_cache` (and `kv_reuse` on), the longest cached prefix of the prompt is not prefilled,
     and the finished sequence's KV is kept for the next request of the same scope.
+    `decoding_factory` None: chosen by the request's toggles (`decoding_for`); `draft`: the loaded
+    draft model for speculative='draft'.
     """
     cfg = request.config.validate()
     yield Event("status", stage="setup")
@@ -188,7 +212,7 @@ def generate(
                          cache_capacity(len(prompt_ids), cfg))
     try:
         yield from _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop,
-                           decoding_factory)
+                           decoding_factory or decoding_for(cfg, draft))
     finally:
         reuse.release()  # also on error or an abandoned generator; nothing half-done is kept
 
@@ -233,8 +257,9 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
         if tail:
             text_parts.append(tail)
             yield Event("chunk", text=tail, token_ids=[], output_tokens=produced)
+    dec.truncate(dec.prompt_len + produced)
     timeline.finish_reason = finish
-    timeline.counters["forward_passes"] = dec.forward_passes
+    timeline.counters.update(dec.counters())
     timeline.mark("done")
     reuse.keep(dec)  # after a cancel too: between steps the sequence and its KV agree
     yield Event("done", text="".join(text_parts), token_ids=dec.output_ids[:produced], output_tokens=produced,

@@ -49,6 +49,7 @@ class LoadedModel:
     weights: str = ""  # the folder (or hub id) transformers read the weights from
     eos_token_ids: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    draft: object | None = None  # engine.draft.Draft for speculative='draft' (None: no draft loaded)
 
     @property
     def max_context(self) -> int:
@@ -74,6 +75,7 @@ class LoadedModel:
             "max_context": self.max_context,
             "threads": torch.get_num_threads(),
             "notes": list(self.notes),
+            "draft": self.draft.info() if self.draft is not None else None,
         }
 
 
@@ -173,7 +175,7 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         bar.update(1)
     name = BUNDLED_NAME if source == "bundled" else Path(path).name if source != "hub" else path
     eos = _eos_ids(tokenizer, hf_model)
-    return LoadedModel(
+    loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
         name=name,
@@ -187,6 +189,11 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         eos_token_ids=eos,
         notes=notes,
     )
+    from .draft import load_draft
+
+    loaded.draft = load_draft(config.draft_model, loaded)
+    loaded.load_s = time.perf_counter() - t0
+    return loaded
 
 
 def _resolve_source(spec: str | None) -> tuple[str, Path | str, str | None]:

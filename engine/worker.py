@@ -207,7 +207,7 @@ class Worker:
             variant = self._variant(handle.request.config.quantization, tl)
             lm = variant.loaded
             for event in generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
-                                  should_stop=lambda: handle.cancelled, **kwargs):
+                                  should_stop=lambda: handle.cancelled, draft=getattr(lm, "draft", None), **kwargs):
                 handle.push(event)
             self.completed += 1
             self.variants.record(variant.name, tl)

@@ -7,7 +7,7 @@ finished `Timeline`, so /metrics, the API's `timings` and the page can never dis
 `Metrics.instrument(backend, name)` wraps an engine (local or remote) so that every request it
 serves is counted when its consumer reads the final event, whoever submitted it: the API, the page
 or a bench. Feature counters are read defensively (missing → 0): `timeline.cached_tokens` (KV
-reuse) and `timeline.counters` keys `drafted`, `accepted`, `spec_steps` (speculative decoding).
+reuse) and `timeline.counters` keys `drafted`, `accepted`, `accepted_hist` (speculative decoding).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Metrics:
             self.prefix_hits.labels(**m).inc(timeline.cached_tokens or 0)
         c = timeline.counters
         drafted, accepted = _count(c.get("drafted")), _count(c.get("accepted"))
-        steps = _count(c.get("spec_steps")) or len(c.get("accepted_per_step") or ())
+        steps = sum(_count(n) for n in (c.get("accepted_hist") or ()))  # verify steps that had guesses
         self.spec_drafts.labels(**m).inc(steps)
         self.spec_draft_tokens.labels(**m).inc(drafted)
         self.spec_accepted.labels(**m).inc(accepted)

@@ -102,7 +102,8 @@
         prompt_tokens: num(tl.prompt_tokens), cached_tokens: num(tl.cached_tokens),
         prefill_tokens: num(tl.prefill_tokens), drafted: num(tl.drafted), accepted: num(tl.accepted),
         acceptance_rate: num(tl.acceptance_rate), tokens_per_step: num(tl.tokens_per_step),
-        accepted_per_step: Array.isArray(tl.accepted_per_step) ? tl.accepted_per_step : null,
+        accepted_hist: Array.isArray(tl.accepted_hist) ? tl.accepted_hist : null,
+        backoffs: num(tl.backoffs), k_changes: Array.isArray(tl.k_changes) ? tl.k_changes : null,
         weight_mb: num(tl.weight_bytes) ? tl.weight_bytes / 1e6 : num(o.weightMb),
         variant: o.variant || null,
       },
@@ -338,9 +339,14 @@
         (rate != null ? ` (${Math.round(rate * 100)}%)` : "") +
         (c.tokens_per_step != null ? ` · ${c.tokens_per_step.toFixed(2)} tok/step` : "") + "</span>" +
         stacked([["accepted", c.accepted || 0, COLORS.accepted], ["rejected", (c.drafted || 0) - (c.accepted || 0), COLORS.drafted]], hov(G, "acceptance_rate"));
-      if (c.accepted_per_step && c.accepted_per_step.length) {
-        const max = Math.max(...c.accepted_per_step, 1);
-        h += `<div class="lab-hist" title="steps by number of accepted drafts (0, 1, 2, …)">` + c.accepted_per_step.map((n, k) =>
+      if (c.k_changes && c.k_changes.length) {  // adaptive speculation: when it guessed fewer or none
+        const last = c.k_changes[c.k_changes.length - 1];
+        h += `<div class="lab-muted" title="adaptive speculation changes k when guesses stop (or start) paying; k=0 means it stopped guessing">` +
+          `k changed ${fmtInt(c.k_changes.length)}× (backed off to none ${fmtInt(c.backoffs || 0)}×), last k=${fmtInt(last.k)} at token ${fmtInt(last.token)}</div>`;
+      }
+      if (c.accepted_hist && c.accepted_hist.length) {
+        const max = Math.max(...c.accepted_hist, 1);
+        h += `<div class="lab-hist" title="verify steps by number of accepted drafts (0, 1, 2, …)">` + c.accepted_hist.map((n, k) =>
           `<span style="height:${Math.max(2, (n / max) * 32)}px" title="${fmtInt(n)} steps accepted ${k}"><em>${k}</em></span>`).join("") + "</div>";
       }
       rows.push(h + "</div>");

@@ -24,6 +24,8 @@ SCENARIOS = {
     "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
     "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",
     "load": "N concurrent streaming clients through the API: nothing lost, crossed or stuck; latency per level",
+    "lookup": "prompt-lookup speculation on copy-heavy prompts: decode tok/s with vs without, acceptance",
+    "draft": "draft-model speculation on ordinary chat prompts: decode tok/s with vs without, acceptance",
 }
 
 CHAT_PROMPTS = [
@@ -89,7 +91,8 @@ def run_request(loaded, messages, config, prefix_cache=None, **request_kw):
     tl.started_ns = tl.enqueued_ns = tl.received_ns
     done = None
     for event in generate(loaded.model, loaded.tokenizer, loaded.eos_token_ids,
-                          Request(messages=messages, config=config, **request_kw), tl, prefix_cache=prefix_cache):
+                          Request(messages=messages, config=config, **request_kw), tl, prefix_cache=prefix_cache,
+                          draft=getattr(loaded, "draft", None)):
         if event.kind == "done":
             done = event
     return done

@@ -94,10 +94,12 @@ def test_token_timeline_draws_three_series_pace_and_stalls(js):
 def test_effects_show_only_what_the_engine_reported(js):
     plain = js("O.effects(arg, {})", view(js))
     assert "1,312 cached · 68 prefilled" in plain and "speculation" not in plain
-    spec = {**TIMELINE, "drafted": 40, "accepted": 30, "tokens_per_step": 2.5, "accepted_per_step": [3, 1, 4, 6]}
+    spec = {**TIMELINE, "drafted": 40, "accepted": 30, "tokens_per_step": 2.5, "accepted_hist": [3, 1, 4, 6],
+            "backoffs": 1, "k_changes": [{"token": 0, "k": 4}, {"token": 9, "k": 0}, {"token": 20, "k": 2}]}
     html = js("O.effects(arg, {})", view(js, timeline=spec))
     assert "30 of 40 drafts accepted (75%)" in html and "2.50 tok/step" in html
     assert html.count("steps accepted") == 4
+    assert "k changed 3× (backed off to none 1×), last k=2 at token 20" in html
     assert "no optimization figures" in js("O.effects(arg, {})", view(js, timeline={"token_ms": []}))
 
 

@@ -1,0 +1,353 @@
+"""Speculative decoding: guess several tokens cheaply, check them all in one target forward pass.
+
+Decode is memory-bound: a forward pass over k+1 tokens costs little more than over one, so a
+step that verifies k guesses can yield up to k+1 tokens for about the price of one.
+
+* Proposers guess the next tokens. `PromptLookup` finds the last few tokens earlier in the
+  prompt or the reply and proposes what followed them there (no model). `DraftModel` runs a
+  small causal LM that shares the target's tokenizer, with a KV cache of its own.
+* Verification keeps the output exactly the target's. Greedy: accept the longest prefix of the
+  guesses that equals the target's own argmax choices, then add the target's next token.
+  Sampling: standard speculative sampling (Leviathan et al. 2023, Chen et al. 2023): accept a
+  guess d with probability min(1, p(d)/q(d)), else draw from the normalised residual
+  max(0, p - q) and stop; when all are accepted, draw a bonus token from p. The result is
+  distributed exactly as the target's sampler (`Sampler.probs`) would draw.
+* Caches roll back on rejection: the target's to the accepted prefix, the draft's likewise.
+* `AdaptiveK` chooses how many tokens to guess each step from the measured acceptance and the
+  measured cost of a verify pass and of a draft token; when guessing stops paying it guesses
+  none, and the Timeline records each change (`k_changes`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .errors import InvalidRequest
+from .generate import Decoding
+
+
+# --- proposers -------------------------------------------------------------------------------
+class PromptLookup:
+    """Propose the continuation of the latest earlier occurrence of the sequence's last n tokens.
+
+    Tries n = max_ngram down to min_ngram. An index from each n-gram to the position after its
+    latest occurrence is kept up to date as tokens arrive, so a proposal costs a few dict lookups.
+    """
+
+    name = "prompt_lookup"
+    free_probe = True  # its guess can be checked against the real next token at no cost
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.index: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # continuations starting at positions < indexed are in the index
+
+    def _update(self, ids: list[int]) -> None:
+        for j in range(max(self.indexed, 1), len(ids)):  # j: where the continuation starts
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if j >= n:
+                    self.index[tuple(ids[j - n : j])] = j
+        self.indexed = len(ids)
+
+    def propose(self, ids: list[int], k: int, sampler) -> tuple[list[int], None]:
+        self._update(ids)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(ids) < n:
+                continue
+            start = self.index.get(tuple(ids[-n:]))
+            if start is not None:
+                return ids[start : start + k], None
+        return [], None
+
+    def after_verify(self, committed_before: int, accepted: int) -> None:
+        """Nothing to undo: the index only ever holds committed tokens."""
+
+
+class DraftModel:
+    """Propose by running a small draft LM (`engine.draft.Draft`) k times; it keeps its own KV cache."""
+
+    name = "draft"
+    free_probe = False
+
+    def __init__(self, draft, capacity: int, target_vocab: int):
+        self.model = draft.model
+        self.vocab = draft.vocab  # draft column -> target token id (None: identity)
+        self.target_vocab = target_vocab
+        self.cache = self.model.new_cache(capacity)
+        self.forward_passes = 0
+        self.token_s: float | None = None  # mean time of this proposal's one-token draft passes
+        self._fed_back = 0  # guesses of the last proposal that went into the cache
+
+    def _next(self, tokens: list[int], sampler) -> tuple[int, torch.Tensor | None]:
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.model.device)
+        logits = self.model.forward(ids, self.cache)[0]
+        self.forward_passes += 1
+        if self.vocab is not None:
+            logits = logits[: self.vocab.numel()]
+        if sampler.greedy:
+            col = int(logits.argmax())
+            return (col if self.vocab is None else int(self.vocab[col])), None
+        full = logits.new_full((self.target_vocab,), float("-inf"))
+        if self.vocab is None:
+            full[: logits.numel()] = logits[: self.target_vocab]
+        else:
+            full[self.vocab] = logits  # q = 0 for tokens the draft's head does not cover
+        q = sampler.probs(full)
+        return sampler.draw(q), q
+
+    def propose(self, ids: list[int], k: int, sampler) -> tuple[list[int], torch.Tensor | None]:
+        """Guess k tokens after ids. The draft first catches up on committed tokens it has not seen
+        (the whole prompt on its first call: its prefill happens here, not before the first token)."""
+        tokens, qs, small = [], [], []
+        feed = ids[self.cache.length :]
+        for _ in range(k):
+            t0 = time.perf_counter()
+            tok, q = self._next(feed, sampler)
+            if len(feed) <= 2:  # catch-up passes over many tokens are not the per-guess cost
+                small.append(time.perf_counter() - t0)
+            tokens.append(tok)
+            qs.append(q)
+            feed = [tok]
+        self.token_s = sum(small) / len(small) if small else None
+        self._fed_back = k - 1  # the last guess is never fed back
+        return tokens, (torch.stack(qs) if qs and qs[0] is not None else None)
+
+    def after_verify(self, committed_before: int, accepted: int) -> None:
+        """Roll the draft cache back to the committed tokens: it holds the `committed_before` old
+        tokens and the guesses fed back; only the accepted ones among those stay."""
+        self.cache.crop(min(self.cache.length, committed_before + min(accepted, self._fed_back)))
+
+
+# --- verification ----------------------------------------------------------------------------
+def verify_greedy(guesses: list[int], target_logits: torch.Tensor) -> list[int]:
+    """target_logits[i] scores the token after guess i (row 0: after the last committed token).
+    Returns the accepted guesses followed by the target's own next token."""
+    choice = target_logits.argmax(-1).tolist()
+    out = []
+    for i, g in enumerate(guesses):
+        if g != choice[i]:
+            break
+        out.append(g)
+    out.append(choice[len(out)])
+    return out
+
+
+def verify_sampling(guesses: list[int], q: torch.Tensor | None, target_logits: torch.Tensor, sampler) -> list[int]:
+    """Speculative sampling. q[i] is the distribution guess i was drawn from; None means each guess
+    was certain (a point mass, as for prompt lookup). Output tokens follow the target's distribution."""
+    p = sampler.probs(target_logits)  # [k+1, vocab], processed exactly as plain sampling would
+    out = []
+    for i, g in enumerate(guesses):
+        p_g = float(p[i, g])
+        q_g = 1.0 if q is None else float(q[i, g])
+        if sampler.uniform() < min(1.0, p_g / q_g):
+            out.append(g)
+            continue
+        residual = p[i].clone()
+        if q is None:
+            residual[g] = 0.0  # max(0, p - onehot(g))
+        else:
+            residual = (residual - q[i]).clamp_(min=0.0)
+        total = float(residual.sum())
+        out.append(sampler.draw(residual / total if total > 0 else p[i]))
+        return out
+    out.append(sampler.draw(p[len(guesses)]))
+    return out
+
+
+# --- how many tokens to guess ---------------------------------------------------------------------
+class AdaptiveK:
+    """Choose k (0..max_k) each step to maximise expected tokens per second.
+
+    With a per-token acceptance a, a step guessing k tokens yields E(k) = 1 + a + ... + a^k tokens
+    and costs verify(k+1) + k * draft_token, in units of one plain decode step. a is a decaying
+    average over the guesses examined; costs are decaying averages of measured times, with a prior
+    (verify(T) = 1 + 0.05 (T-1), the bf16 figure measured here) until measured. k = 0 means a plain
+    step; while at 0, a proposer that can be checked for free (prompt lookup) keeps measuring a,
+    and a draft model is probed with k = 1 every `probe_every` plain steps.
+    """
+
+    def __init__(self, max_k: int, adaptive: bool = True, prior_acceptance: float = 0.6,
+                 decay: float = 0.8, probe_every: int = 8):
+        self.max_k, self.adaptive, self.decay, self.probe_every = max_k, adaptive, decay, probe_every
+        self.hits, self.trials = 2 * prior_acceptance, 2.0  # prior worth two observed guesses
+        self.step_s: float | None = None  # a plain (T=1) decode step, seconds
+        self.verify_s: dict[int, float] = {}  # T -> a verify pass over T tokens, seconds
+        self.draft_token_s: float | None = None
+        self.k = max_k
+        self.plain_since_probe = 0
+        self.probing = False  # this step's k is a probe, not a decision
+
+    @property
+    def acceptance(self) -> float:
+        return self.hits / self.trials
+
+    def observe(self, guessed: int, accepted: int) -> None:
+        examined = accepted + (1 if accepted < guessed else 0)
+        if examined:
+            self.hits = self.decay * self.hits + accepted
+            self.trials = self.decay * self.trials + examined
+
+    def time_forward(self, tokens: int, seconds: float) -> None:
+        if tokens == 1:
+            self.step_s = _ema(self.step_s, seconds)
+        else:
+            self.verify_s[tokens] = _ema(self.verify_s.get(tokens), seconds)
+
+    def time_draft(self, tokens: int, seconds: float) -> None:
+        if tokens:
+            self.draft_token_s = _ema(self.draft_token_s, seconds / tokens)
+
+    def _cost(self, k: int, draft_cost: float) -> float:
+        if k == 0:
+            return 1.0
+        measured = self.verify_s.get(k + 1)
+        verify = measured / self.step_s if measured and self.step_s else 1.0 + 0.05 * k
+        return verify + k * draft_cost
+
+    def choose(self, room: int, free_probe: bool) -> int:
+        """k for the next step (room: the most guesses still useful)."""
+        if not self.adaptive:
+            return max(0, min(self.max_k, room))
+        a = min(self.acceptance, 0.999)
+        draft_cost = self.draft_token_s / self.step_s if self.draft_token_s and self.step_s else (0.0 if free_probe else 0.15)
+        self.probing = False
+        best_k, best = 0, 1.0
+        expected = 1.0
+        for k in range(1, self.max_k + 1):
+            expected += a**k
+            rate = expected / self._cost(k, draft_cost)
+            if rate > best * 1.02:  # a 2% margin: do not speculate for a noise-level gain
+                best_k, best = k, rate
+        if best_k == 0 and not free_probe:
+            self.plain_since_probe += 1
+            if self.plain_since_probe >= self.probe_every:
+                self.plain_since_probe = 0
+                best_k, self.probing = 1, True
+        self.k = min(best_k, room)
+        return self.k
+
+
+def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+CALIBRATE_EVERY = 32
+
+
+# --- the decoding ----------------------------------------------------------------------------
+class SpeculativeDecoding(Decoding):
+    """A `Decoding` whose step guesses tokens with a proposer and verifies them in one target pass.
+
+    Same constructor contract as `Decoding` (a prefix cache may hand it `cache`/`cached_tokens`);
+    the draft model, if any, prefills the whole prompt into its own cache on its first step, so
+    speculation adds nothing to the time to first token.
+    """
+
+    def __init__(self, model, prompt_ids: list[int], config, cache=None, cached_tokens: int = 0, draft=None):
+        super().__init__(model, prompt_ids, config, cache=cache, cached_tokens=cached_tokens)
+        capacity = self.prompt_len + config.max_new_tokens + 17
+        if config.speculative == "prompt_lookup":
+            self.proposer = PromptLookup()
+            prior = 0.5
+        elif config.speculative == "draft":
+            if draft is None:
+                raise InvalidRequest("speculative='draft' needs a draft model, and none is loaded: start the engine "
+                                     "with --draft-model PATH (the bundled model has one built in)", "speculative")
+            self.proposer = DraftModel(draft, capacity, model.vocab_size)
+            prior = 0.6
+        else:
+            raise InvalidRequest(f"speculative={config.speculative!r} is not a speculative mode", "speculative")
+        self.policy = AdaptiveK(config.num_speculative_tokens, adaptive=config.speculative_adaptive,
+                                prior_acceptance=prior)
+        self.drafted = self.accepted = self.steps = self.step_tokens = self.backoffs = 0
+        self.accepted_hist = [0] * (config.num_speculative_tokens + 1)
+        self.k_changes: list[dict] = []
+        self.draft_ns = self.verify_ns = 0
+        self._last_k = None
+
+    def step(self) -> list[int]:
+        room = min(self.config.max_new_tokens - len(self.output_ids) - 1,  # the bonus token always comes
+                   self.model.max_context - len(self.ids) - 1)
+        # every CALIBRATE_EVERY steps (the first included) a plain step measures the one-token cost
+        calibrate = self.steps % CALIBRATE_EVERY == 0
+        k = 0 if calibrate else self.policy.choose(max(room, 0), self.proposer.free_probe)
+        if not calibrate and not self.policy.probing:
+            self._note_k(k)
+        guesses, q = [], None
+        if k > 0:
+            t0 = time.perf_counter_ns()
+            guesses, q = self.proposer.propose(self.ids, k, self.sampler)
+            self.draft_ns += time.perf_counter_ns() - t0
+            if getattr(self.proposer, "token_s", None):
+                self.policy.time_draft(1, self.proposer.token_s)
+        if not guesses:
+            return self._plain_step()
+        return self._speculative_step(guesses, q)
+
+    def _plain_step(self) -> list[int]:
+        t0 = time.perf_counter_ns()
+        out = super().step()
+        self.policy.time_forward(1, (time.perf_counter_ns() - t0) / 1e9)
+        self.steps += 1
+        self.step_tokens += 1
+        if self.proposer.free_probe:  # would a guess have been right? (costs a dict lookup)
+            guess, _ = self.proposer.propose(self.ids[:-1], 1, self.sampler)
+            if guess:
+                self.policy.observe(1, int(guess[0] == out[0]))
+        return out
+
+    def _speculative_step(self, guesses: list[int], q) -> list[int]:
+        k, before = len(guesses), len(self.ids)
+        t0 = time.perf_counter_ns()
+        logits = self.model.forward(self._tensor([self.ids[-1], *guesses]), self.cache, all_logits=True)
+        self.forward_passes += 1
+        new = verify_greedy(guesses, logits) if self.sampler.greedy else verify_sampling(guesses, q, logits, self.sampler)
+        spent = time.perf_counter_ns() - t0
+        self.verify_ns += spent
+        self.policy.time_forward(k + 1, spent / 1e9)
+        accepted = len(new) - 1
+        self.cache.crop(before + accepted)  # keep the last committed token and the accepted guesses
+        self.proposer.after_verify(before, accepted)
+        self.policy.observe(k, accepted)
+        self.drafted += k
+        self.accepted += accepted
+        self.accepted_hist[accepted] += 1
+        self.steps += 1
+        self.step_tokens += len(new)
+        return self._accept(new)
+
+    def _note_k(self, k: int) -> None:
+        if k == self._last_k:
+            return
+        if k == 0 and self._last_k:
+            self.backoffs += 1
+        self.k_changes.append({"token": len(self.output_ids), "k": k,
+                               "acceptance_estimate": round(self.policy.acceptance, 3)})
+        self._last_k = k
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        if isinstance(self.proposer, DraftModel):
+            self.proposer.cache.crop(min(self.proposer.cache.length, max(length - 1, 0)))
+
+    def counters(self) -> dict:
+        """Speculation figures for the Timeline (glossary names)."""
+        return {
+            **super().counters(),
+            "speculative": self.config.speculative,
+            "num_speculative_tokens": self.config.num_speculative_tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
+            "tokens_per_step": round(self.step_tokens / self.steps, 3) if self.steps else None,
+            "accepted_hist": list(self.accepted_hist),  # [m]: verify steps that accepted m guesses
+            "target_forward_passes": self.forward_passes,
+            "draft_forward_passes": getattr(self.proposer, "forward_passes", 0),
+            "draft_ms": round(self.draft_ns / 1e6, 3),
+            "verify_ms": round(self.verify_ns / 1e6, 3),
+            "backoffs": self.backoffs,
+            "k_changes": self.k_changes,
+        }

@@ -1,0 +1,328 @@
+"""Speculative decoding: exactness (greedy equals plain greedy; sampling keeps the target's
+distribution), cache rollback, adaptive back-off, cancellation, and clear errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from engine.config import GenerationConfig
+from engine.draft import load_draft
+from engine.errors import InvalidRequest, LoadError
+from engine.generate import Decoding, Request, build_prompt_ids, generate
+from engine.prefix_cache import PrefixCache
+from engine.sampling import Sampler
+from engine.speculative import AdaptiveK, PromptLookup, SpeculativeDecoding, verify_greedy, verify_sampling
+from engine.timeline import Timeline
+
+# Varied prompts: copy-heavy ones (where prompt lookup finds matches) and open-ended ones.
+TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps in the sun all afternoon."
+CODE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+PROMPTS = [
+    f"Repeat this text exactly: {TEXT}",
+    f"Fix the grammar and return the text: me and him goes to the store and buyed apples. {TEXT}",
+    f"Add a docstring to each function and return the code:\n{CODE}",
+    f"Rename the function add to plus in this code:\n{CODE}",
+    f"Summarize, quoting one sentence: {TEXT}",
+    "Translate into French: The cat sleeps on the sofa.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a CPU cache is in two sentences.",
+    "List three fruits that are red.",
+    "How do I reverse a list in Python?",
+    "Give me two tips for sleeping better.",
+    "Why is the sky blue?",
+    "Write one sentence about a dragon.",
+    "What is 12 times 12?",
+    "Name three planets.",
+    "Describe a rainbow in one sentence.",
+    "What does HTTP stand for?",
+    "Write a Python function that returns the square of a number.",
+    "Count from one to ten in words.",
+    "Say hello in Spanish, French and German.",
+    f"Copy this line twice: {TEXT[:44]}",
+]
+N_TOKENS = 16
+KS = (1, 2, 4, 8)
+
+
+def run(lm, messages, factory=None, prefix_cache=None, session=None, **cfg):
+    tl = Timeline()
+    tl.enqueued_ns = tl.started_ns = tl.received_ns
+    events = list(generate(lm.model, lm.tokenizer, lm.eos_token_ids,
+                           Request(messages=messages, config=GenerationConfig(**cfg), session=session), tl,
+                           decoding_factory=factory, prefix_cache=prefix_cache, draft=lm.draft))
+    return events[-1]
+
+
+def ask(text):
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(bundled):
+    return {p: run(bundled, ask(p), temperature=0.0, max_new_tokens=N_TOKENS).token_ids for p in PROMPTS}
+
+
+# --- greedy exactness on the bundled model (fp32) ------------------------------------------------
+@pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
+def test_greedy_speculation_equals_plain_greedy(bundled, plain_greedy, mode):
+    assert bundled.draft is not None, "the bundled draft (assets/) did not load"
+    drafted = accepted = 0
+    for i, prompt in enumerate(PROMPTS):
+        # adaptive off: every step speculates, so every step's verification is exercised
+        done = run(bundled, ask(prompt), temperature=0.0, max_new_tokens=N_TOKENS, speculative=mode,
+                   num_speculative_tokens=KS[i % len(KS)], speculative_adaptive=False)
+        assert done.token_ids == plain_greedy[prompt], f"{mode}, k={KS[i % len(KS)]}: {prompt!r}"
+        c = done.timeline.counters
+        drafted, accepted = drafted + c["drafted"], accepted + c["accepted"]
+    assert drafted > 0 and 0 < accepted < drafted  # guesses were made, some accepted, some rejected
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
+def test_greedy_speculation_with_a_reused_prefix_cache(bundled, plain_greedy, mode):
+    """KV reuse (#3) hands the speculative decoding a cache that already holds the conversation so
+    far: turn 2 of a chat reuses turn 1's prompt and reply, and still decodes exactly."""
+    cache = PrefixCache()
+    for i, prompt in enumerate(PROMPTS[::3]):
+        session = f"spec-{mode}-{i}"
+        first = run(bundled, ask(prompt), prefix_cache=cache, session=session, temperature=0.0,
+                    max_new_tokens=N_TOKENS, speculative=mode, num_speculative_tokens=KS[i % len(KS)],
+                    speculative_adaptive=False)
+        assert first.token_ids == plain_greedy[prompt]
+        turn2 = [*ask(prompt), {"role": "assistant", "content": first.text}, *ask("Now say it again, shorter.")]
+        plain = run(bundled, turn2, temperature=0.0, max_new_tokens=N_TOKENS)
+        reused = run(bundled, turn2, prefix_cache=cache, session=session, temperature=0.0, max_new_tokens=N_TOKENS,
+                     speculative=mode, num_speculative_tokens=KS[i % len(KS)], speculative_adaptive=False)
+        assert reused.timeline.cached_tokens > 0 and plain.timeline.cached_tokens == 0
+        assert reused.token_ids == plain.token_ids, f"{mode}: {prompt!r}"
+
+
+def test_caches_match_a_fresh_prefill_after_rejections(bundled):
+    """After each step the target cache holds exactly the committed tokens but the last, and the
+    draft cache a prefix of them, with the same keys and values a fresh prefill computes."""
+    cfg = GenerationConfig(temperature=0.0, max_new_tokens=24, speculative="draft", num_speculative_tokens=4,
+                           speculative_adaptive=False)
+    prompt_ids = build_prompt_ids(bundled.tokenizer, ask("Write a short story about a robot."))
+    dec = SpeculativeDecoding(bundled.model, prompt_ids, cfg, draft=bundled.draft)
+    dec.prefill()
+    while len(dec.output_ids) < 20:
+        dec.step()
+        assert dec.cache.length == len(dec.ids) - 1
+        assert dec.proposer.cache.length <= len(dec.ids) - 1
+    assert 0 < dec.accepted < dec.drafted  # some guesses were rejected and rolled back
+    for model, cache in ((bundled.model, dec.cache), (bundled.draft.model, dec.proposer.cache)):
+        fresh = model.new_cache(cache.length)
+        model.forward(torch.tensor(dec.ids[: cache.length]), fresh)
+        n = cache.length
+        torch.testing.assert_close(cache.k[:, :, :, :n], fresh.k[:, :, :, :n], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(cache.v[:, :, :, :n], fresh.v[:, :, :, :n], atol=1e-4, rtol=1e-4)
+
+
+def test_timeline_counters_use_glossary_names(bundled):
+    done = run(bundled, ask(PROMPTS[0]), temperature=0.0, max_new_tokens=N_TOKENS, speculative="prompt_lookup")
+    c = done.timeline.to_dict()
+    for name in ("drafted", "accepted", "acceptance_rate", "tokens_per_step", "accepted_hist",
+                 "target_forward_passes", "k_changes", "backoffs"):
+        assert name in c, name
+    assert c["accepted"] == sum(m * n for m, n in enumerate(c["accepted_hist"]))
+    assert c["tokens_per_step"] >= 1.0
+    # fewer target passes than tokens: speculation saved steps on this copy prompt
+    assert c["target_forward_passes"] < c["output_tokens"]
+    json.dumps(c)
+
+
+# --- speculative sampling keeps the target's distribution (tiny random models) ---------------------
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "a token the target gives probability 0 was sampled"
+    stat = ((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum()
+    return float(1 - torch.distributions.Chi2(torch.tensor(float(keep.sum() - 1))).cdf(stat))
+
+
+@pytest.fixture(scope="module")
+def two_tiny(tiny, tmp_path_factory, tokenizer):
+    """Target logits and draft logits for one context, from two different tiny random models."""
+    from conftest import build_tiny_model_dir
+
+    other = load_draft(str(build_tiny_model_dir(tmp_path_factory.mktemp("tiny-draft"), tokenizer, seed=7)), tiny)
+    ids = torch.tensor(tokenizer("Once upon a time there was")["input_ids"])
+    t_cache, d_cache = tiny.model.new_cache(32), other.model.new_cache(32)
+    # Three consecutive positions, over the first 32 token ids only (so thousands of trials run in
+    # seconds), sharpened: a random tiny model's logits are nearly flat.
+    target = tiny.model.forward(ids, t_cache, all_logits=True)[-3:, :32] * 8
+    draft = other.model.forward(ids, d_cache, all_logits=True)[-3:, :32] * 8
+    return target, draft
+
+
+@pytest.mark.parametrize("proposer", ["draft", "point_mass"])
+def test_speculative_sampling_keeps_the_target_distribution(two_tiny, proposer):
+    target_logits, draft_logits = two_tiny
+    # top_k keeps the distributions small enough for a chi-square test. The draft's q mixes the
+    # target's p with another model's distribution, so guesses are sometimes accepted and often
+    # rejected (the residual path runs).
+    cfg = GenerationConfig(temperature=1.0, top_k=8, top_p=1.0, seed=1234)
+    sampler = Sampler(cfg)
+    p = sampler.probs(target_logits)
+    q = 0.5 * p[:2] + 0.5 * sampler.probs(draft_logits[:2])
+    trials, first, rejected = 20000, torch.zeros(p.shape[-1]), 0
+    for _ in range(trials):
+        if proposer == "draft":
+            guesses = [sampler.draw(q[0]), sampler.draw(q[1])]
+            out = verify_sampling(guesses, q, target_logits, sampler)
+        else:  # prompt lookup: a fixed guess, q a point mass on it
+            guesses = [int(q[0].argmax()), int(q[1].argmax())]
+            out = verify_sampling(guesses, None, target_logits, sampler)
+        first[out[0]] += 1
+        rejected += out[0] != guesses[0]
+    assert rejected > trials * 0.2  # the residual path ran often
+    assert _chi_square_p(first, p[0]) > 1e-3
+
+
+def test_speculative_sampling_after_an_accepted_guess(two_tiny):
+    """The second token, given the first guess was accepted, follows the target's next distribution.
+    (verify_sampling takes row i as the distribution after guess i-1; the rows' origin does not matter.)"""
+    target_logits, draft_logits = two_tiny
+    sampler = Sampler(GenerationConfig(temperature=1.0, top_k=8, top_p=1.0, seed=99))
+    p = sampler.probs(target_logits)
+    g0 = int(p[0].argmax())  # a likely first guess, so it is often accepted
+    q1 = sampler.probs(draft_logits[1])
+    second = torch.zeros(p.shape[-1])
+    for _ in range(20000):
+        out = verify_sampling([g0, sampler.draw(q1)], torch.stack([torch.nn.functional.one_hot(
+            torch.tensor(g0), p.shape[-1]).float(), q1]), target_logits, sampler)
+        if out[0] == g0 and len(out) >= 2:
+            second[out[1]] += 1
+    assert second.sum() > 2000
+    assert _chi_square_p(second, p[1]) > 1e-3
+
+
+def test_seeded_speculative_sampling_is_reproducible(bundled):
+    cfg = dict(temperature=0.8, top_p=0.95, max_new_tokens=16, speculative="draft", seed=42)
+    a = run(bundled, ask("Tell me about the sea."), **cfg).token_ids
+    b = run(bundled, ask("Tell me about the sea."), **cfg).token_ids
+    assert a == b and len(a) == 16
+
+
+# --- proposers, verification and the adaptive policy (no model) ------------------------------------
+def test_prompt_lookup_proposes_what_followed_the_latest_match():
+    lookup = PromptLookup(max_ngram=3, min_ngram=1)
+    ids = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 3, 4, 9, 5, 6, 7]
+    assert lookup.propose(ids, 3, None)[0] == [3, 4, 9]  # latest earlier "5 6 7" is followed by 3 4 9
+    assert lookup.propose(ids + [3], 2, None)[0] == [4, 9]  # "6 7 3" now matches
+    # (one PromptLookup follows one growing sequence; new sequences get a new one)
+    assert PromptLookup().propose([1, 2, 3], 4, None)[0] == []  # nothing repeats
+    assert PromptLookup().propose([1, 2, 1], 4, None)[0] == [2, 1]  # continuation cut at the sequence end
+
+
+def test_verify_greedy_accepts_the_longest_agreeing_prefix_plus_one():
+    logits = torch.full((4, 10), -1.0)
+    for row, tok in enumerate([3, 4, 5, 6]):
+        logits[row, tok] = 1.0
+    assert verify_greedy([3, 4, 5], logits) == [3, 4, 5, 6]  # all accepted, plus the bonus
+    assert verify_greedy([3, 9, 5], logits) == [3, 4]  # rejected at the second: target's token instead
+    assert verify_greedy([0, 4, 5], logits) == [3]
+
+
+def test_adaptive_k_backs_off_when_guesses_fail_and_keeps_k_when_they_pay():
+    bad = AdaptiveK(max_k=4)
+    bad.time_forward(1, 0.010)
+    for k in (4, 3, 2, 1):
+        bad.time_forward(k + 1, 0.012)
+    ks = []
+    for _ in range(12):
+        k = bad.choose(room=100, free_probe=True)
+        ks.append(k)
+        if k:
+            bad.observe(k, 0)
+    assert ks[-1] == 0 and bad.acceptance < 0.2
+    good = AdaptiveK(max_k=4)
+    good.time_forward(1, 0.010)
+    good.time_forward(5, 0.012)
+    for _ in range(12):
+        good.observe(good.choose(room=100, free_probe=True), good.k)
+    assert good.choose(room=100, free_probe=True) == 4
+    assert good.choose(room=2, free_probe=True) == 2  # never guesses past max_new_tokens
+
+
+def test_adaptive_backoff_engages_on_the_model_when_guesses_never_match(tiny, tmp_path_factory, tokenizer):
+    from conftest import build_tiny_model_dir
+
+    bad_draft = load_draft(str(build_tiny_model_dir(tmp_path_factory.mktemp("bad"), tokenizer, seed=3)), tiny)
+    tiny.draft = bad_draft
+    try:
+        done = run(tiny, ask("Hello there"), temperature=0.0, max_new_tokens=60, speculative="draft",
+                   num_speculative_tokens=4)
+        plain = run(tiny, ask("Hello there"), temperature=0.0, max_new_tokens=60)
+    finally:
+        tiny.draft = None
+    c = done.timeline.counters
+    assert done.token_ids == plain.token_ids
+    assert c["backoffs"] >= 1 and any(change["k"] == 0 for change in c["k_changes"])
+    assert c["drafted"] < 60  # far fewer guesses than 4 per step: it stopped guessing
+
+
+# --- cancellation and errors ---------------------------------------------------------------------
+def test_cancellation_mid_stream_with_speculation(bundled, plain_greedy):
+    chunks = []
+    tl = Timeline()
+    gen = generate(bundled.model, bundled.tokenizer, bundled.eos_token_ids,
+                   Request(messages=ask(PROMPTS[0]), config=GenerationConfig(
+                       temperature=0.0, max_new_tokens=N_TOKENS, speculative="prompt_lookup",
+                       speculative_adaptive=False)),
+                   tl, should_stop=lambda: len(chunks) >= 3, draft=bundled.draft)
+    for event in gen:
+        if event.kind == "chunk":
+            chunks.append(event)
+    assert event.kind == "done" and event.detail["finish_reason"] == "cancelled"
+    got = event.token_ids
+    assert 3 <= len(got) < N_TOKENS and got == plain_greedy[PROMPTS[0]][: len(got)]
+    dec = event.decoding
+    assert dec.cache.length == len(dec.ids) - 1 and dec.output_ids == got  # consistent, reusable
+
+
+def test_cancel_through_the_worker_keeps_it_serving(bundled_engine):
+    cfg = GenerationConfig(temperature=0.0, max_new_tokens=200, speculative="draft")
+    handle = bundled_engine.submit(ask("Write a long essay about rivers."), cfg)
+    for event in handle.events(timeout=120):
+        if event.kind == "chunk":
+            handle.cancel()
+    assert event.kind == "done" and event.detail["finish_reason"] == "cancelled"
+    after = bundled_engine.complete(ask("Name a color."), GenerationConfig(temperature=0.0, max_new_tokens=4,
+                                                                           speculative="draft"))
+    assert after.output_tokens == 4
+
+
+def test_draft_mode_without_a_draft_is_a_clear_error(tiny):
+    assert tiny.draft is None
+    with pytest.raises(InvalidRequest, match="draft-model"):
+        run(tiny, ask("Hi"), temperature=0.0, max_new_tokens=4, speculative="draft")
+
+
+def test_invalid_speculative_options_are_rejected():
+    with pytest.raises(InvalidRequest):
+        GenerationConfig(speculative="maybe").validate()
+    with pytest.raises(InvalidRequest):
+        GenerationConfig(num_speculative_tokens=0).validate()
+    with pytest.raises(InvalidRequest):
+        GenerationConfig(speculative_adaptive="yes").validate()
+
+
+def test_a_draft_with_another_tokenizer_is_refused(tiny, tmp_path_factory, tokenizer):
+    from conftest import build_tiny_model_dir
+
+    other_tok = copy.deepcopy(tokenizer)
+    other_tok.add_tokens(["<not-in-the-target>"])
+    path = build_tiny_model_dir(tmp_path_factory.mktemp("other-tok"), other_tok)
+    with pytest.raises(LoadError, match="tokenizer"):
+        load_draft(str(path), tiny)
+
+
+def test_plain_decoding_is_unchanged_by_the_toggle_plumbing(bundled, plain_greedy):
+    done = run(bundled, ask(PROMPTS[6]), factory=Decoding, temperature=0.0, max_new_tokens=N_TOKENS)
+    assert done.token_ids == plain_greedy[PROMPTS[6]]
+    assert "drafted" not in done.timeline.counters
