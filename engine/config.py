@@ -17,6 +17,9 @@ DEVICES = ("auto", "cpu", "cuda")
 SPECULATIVE_MODES = ("off", "prompt_lookup", "draft")
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 200
+# Chunked prefill's default chunk: on the 2-core CPU a 1,500-token bf16 prefill in chunks of 256
+# cost ~N% more than one forward, 128 ~M% (python -m engine.bench prefill_chunks); see README.
+PREFILL_CHUNK_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class GenerationConfig:
     speculative: str = "off"
     num_speculative_tokens: int = 4
     quantization: str | None = None  # a variant name; None: the default variant
+    chunked_prefill: bool = False  # prefill in chunks, reporting progress (and checking Stop) between them
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS
     extra: dict = field(default_factory=dict, compare=False)  # room for features still to come
 
     @property
@@ -97,6 +102,9 @@ class GenerationConfig:
         _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=1, hi=16)
         if self.quantization is not None and not isinstance(self.quantization, str):
             raise InvalidRequest("quantization must be a variant name", "quantization")
+        if not isinstance(self.chunked_prefill, bool):
+            raise InvalidRequest("chunked_prefill must be true or false", "chunked_prefill")
+        _check_int("prefill_chunk_tokens", self.prefill_chunk_tokens, lo=16, hi=65536)
         return self
 
 

@@ -21,6 +21,7 @@ SCENARIOS = {
     "bandwidth": "memory copy bandwidth vs decode bandwidth achieved",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
     "remote": "an OpenAI-compatible server measured from the client (default: our own API on loopback)",
+    "prefill_chunks": "what chunked prefill costs on a long prompt, per chunk size (why the default chunk)",
 }
 
 CHAT_PROMPTS = [
