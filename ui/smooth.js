@@ -101,6 +101,9 @@
     // No more text will come: a word still open is complete.
     end() { this.ended = true; }
 
+    // Everything still held, at once (the reader asked to stop waiting).
+    flush() { return this._release(this.text.length); }
+
     // The text to put on the page at time t (ms): "" when nothing is due. Called once per frame,
     // and at least while text is pending.
     take(t) {
