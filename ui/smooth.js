@@ -124,6 +124,7 @@
           this.due++;
         }
         if (forced > this.released && o.unit === "word") forced = this._nextWordEnd(forced);
+        if (this.released === 0) return this._release(Math.max(ready, forced)); // the first words are the TTFT: no wait
         // spread what is ready evenly up to the target, when the buffer should be empty
         const target = this.lastArrival + this.horizonMs;
         if (t >= target) return this._release(Math.max(ready, forced));
