@@ -14,14 +14,17 @@
 //             between arrivals plus twice its mean deviation, as TCP estimates a round trip), so a
 //             burst plays out over the gap that follows it, and the buffer holds about one gap's
 //             worth of text. No text waits more than `maxHoldMs` after it arrived: that bounds the
-//             buffer, and how long text is held back after the last token arrived.
+//             buffer, and how long text is held back after the last token arrived. A burst that
+//             ends a silence longer than the horizon shows its first word at once: the reader is
+//             already waiting, and holding it back would only lengthen the stall.
 //   pace      a steady reading pace (`paceTps` tokens/s, in characters through the reply's own
 //             characters per token) however fast text arrives. It can hold text back for long.
 // Units (off ignores them)
 //   char      any number of characters per release.
 //   word      whole words only (a word and the whitespace after it, as the Vercel AI SDK's
 //             smoothStream chunks); a word still being written waits for its end, the end of the
-//             stream, or its maxHoldMs deadline (adaptive), whichever comes first.
+//             stream, or its maxHoldMs deadline (adaptive), whichever comes first. The first text
+//             of a reply is shown as it comes, whole word or not: it is the time to first token.
 // Why not a fixed delay per word (smoothStream's 10 ms) or a fixed 60 fps queue: a fixed rate is
 // either slower than the model (the buffer grows without bound) or faster (it empties and the text
 // stalls between bursts, as without smoothing). Following the measured arrivals avoids both.
@@ -57,6 +60,7 @@
       this.credit = 0;         // units (characters or words) the drain owes, not yet released
       this.ended = false;
       this.words = 0;          // words begun in `text` (for the average word's length)
+      this.urgent = false;     // the last arrival ended a silence longer than the horizon
     }
 
     get pending() { return this.text.length - this.released; }
@@ -77,7 +81,10 @@
       if (last && t - last.t < SAME_BURST_MS) {
         last.end += text.length;
       } else {
-        if (this.lastArrival != null) this._gap(t - this.lastArrival);
+        if (this.lastArrival != null) {
+          this.urgent = this.opts.mode === "adaptive" && t - this.lastArrival > this.horizonMs;
+          this._gap(t - this.lastArrival);
+        }
         this.arrivals.push({ t, end: this.text.length + text.length });
         this.lastArrival = t;
       }
@@ -112,6 +119,8 @@
       this.drainFrom = t;
       if (this.pending === 0) return "";
       if (o.mode === "off") return this._release(this.text.length);
+      // The first text is the time to first token: it never waits, whole word or not.
+      if (this.released === 0) return this._release(this.text.length);
       const ready = this._lastUnitEnd(); // units (characters, or finished words) that can go now
       let forced = this.released; // what deadlines force out, word finished or not
       let rate; // units per ms
@@ -124,14 +133,19 @@
           this.due++;
         }
         if (forced > this.released && o.unit === "word") forced = this._nextWordEnd(forced);
-        if (this.released === 0) return this._release(Math.max(ready, forced)); // the first words are the TTFT: no wait
         // spread what is ready evenly up to the target, when the buffer should be empty
         const target = this.lastArrival + this.horizonMs;
         if (t >= target) return this._release(Math.max(ready, forced));
         rate = this._units(ready) / (target - prev);
       }
       this.credit = Math.min(this.credit + (t - prev) * rate, this._units(ready));
-      const n = Math.round(this.credit); // the remainder carries over, so the long-run rate is exact
+      let n = Math.round(this.credit); // the remainder carries over, so the long-run rate is exact
+      // Spreading text fills the gaps between bursts; a burst that ends a silence longer than the
+      // horizon finds the reader already waiting: its first word goes at once (not a longer stall).
+      if (this.urgent && this._units(ready) >= 1) {
+        n = Math.max(n, 1);
+        this.urgent = false;
+      }
       this.credit -= n;
       return this._release(Math.max(this._advance(n), forced));
     }
