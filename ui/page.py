@@ -98,8 +98,8 @@ def settings_controls(pane: str, variants: list[str], backends: list[str], *, te
         smoothing = gr.Dropdown(SMOOTHING, value="off", label="Smooth streaming", elem_id=f"lab-{pane}-smoothing",
                                 info=f"adaptive: paced by the arrivals, holds text ≤ {SMOOTH_MAX_HOLD_MS} ms")
         unit = gr.Radio(["word", "char"], value="word", label="Smooth by", elem_id=f"lab-{pane}-smooth-unit")
-    chunked = gr.Checkbox(value=True, label="Chunked prefill", elem_id=f"lab-{pane}-chunked",
-                          info="long prompts in chunks: a progress bar, and Stop works between chunks")
+    chunked = gr.Checkbox(value=False, label="Chunked prefill", elem_id=f"lab-{pane}-chunked",
+                          info="long prompts in chunks: a progress bar, Stop between chunks (costs prefill time)")
     backend = gr.Dropdown(backends, value=backends[0], label="Backend", visible=len(backends) > 1)
     system = gr.Textbox(label="System prompt", lines=1, max_lines=6, placeholder="(none)")
     controls = {"system": system, "max_new_tokens": max_new, "temperature": temp, "top_p": top_p, "seed": seed,
@@ -174,7 +174,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
         updates = []
         for side in ("a", "b"):
             chosen = {"temperature": 0.0, "max_new_tokens": 64, "kv_reuse": True, "speculative": "off",
-                      "quantization": DEFAULT_VARIANT, "chunked_prefill": True, "smoothing": "off",
+                      "quantization": DEFAULT_VARIANT, "chunked_prefill": False, "smoothing": "off",
                       "smooth_unit": "word", **p[side]}
             updates += [gr.update(value=chosen[f]) if f in chosen else gr.update() for f in FIELDS]
         return [*updates, f"**{p['title']}.** {p['explain']}"]

@@ -191,7 +191,8 @@ def test_feedback_comes_before_the_first_token_and_a_long_prompt_shows_prefill_p
     page = browser_page
     open_page(page, page_server)
     set_number(page, "lab-chat-max", 4)
-    assert page.locator("#lab-chat-chunked input").is_checked()  # chunked prefill is on by default
+    assert not page.locator("#lab-chat-chunked input").is_checked()  # off by default: it costs prefill time
+    page.check("#lab-chat-chunked input")
     page.fill("#lab-msg textarea", LONG_PROMPT)
     page.click("#lab-send")
     page.wait_for_selector("#lab-log-chat .lab-msg.user")  # the message is echoed at once
