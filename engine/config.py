@@ -17,6 +17,14 @@ DEVICES = ("auto", "cpu", "cuda")
 SPECULATIVE_MODES = ("off", "prompt_lookup", "draft")
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 200
+# Chunked prefill's default chunk. A 1,500-token bf16 prefill on the 2-core CPU (1 thread, CPU
+# time, `python -m engine.bench prefill_chunks`): chunks of 256 cost ~6% more than one forward
+# (matmuls over 256 rows are ~5% less efficient per token), 128 cost ~18%, and 512 no less than
+# 256 (attention with a chunk's mask costs more over 512 rows here). 256 moves a progress bar six
+# times on such a prompt for about 6%. With 2 threads on the same machine while other jobs kept
+# it oversubscribed, every forward paid for its threads' synchronization and 256 cost +187%:
+# chunking is off by default, a toggle for where the threads are not fighting for cores.
+PREFILL_CHUNK_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class GenerationConfig:
     num_speculative_tokens: int = 4  # the most tokens one step guesses
     speculative_adaptive: bool = True  # guess fewer (or none) when guesses stop paying
     quantization: str | None = None  # a variant name; None: the default variant
+    chunked_prefill: bool = False  # prefill in chunks, reporting progress (and checking Stop) between them
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS
     extra: dict = field(default_factory=dict, compare=False)  # room for features still to come
 
     @property
@@ -111,6 +121,9 @@ class GenerationConfig:
             raise InvalidRequest("speculative_adaptive must be true or false", "speculative_adaptive")
         if self.quantization is not None and not isinstance(self.quantization, str):
             raise InvalidRequest("quantization must be a variant name", "quantization")
+        if not isinstance(self.chunked_prefill, bool):
+            raise InvalidRequest("chunked_prefill must be true or false", "chunked_prefill")
+        _check_int("prefill_chunk_tokens", self.prefill_chunk_tokens, lo=16, hi=65536)
         return self
 
 

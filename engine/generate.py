@@ -135,14 +135,34 @@ class Decoding:
         if self.cache.length > self.cached_tokens:
             self.cache.crop(self.cached_tokens)
         self.forward_passes = 0
+        self.prefilled = self.cached_tokens  # prompt tokens in the cache so far
+        self._prefill_logits = None  # the last prefill chunk's logits, until prefill() samples them
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
+    def prefill_chunks(self, chunk_tokens: int) -> Iterator[int]:
+        """Chunked prefill (as vLLM does it): run the uncached prompt `chunk_tokens` at a time and
+        yield, after each chunk, how many prompt tokens are in the cache. Between chunks the
+        caller can report progress or stop; `prefill()` then samples the first token."""
+        while self.prefilled < self.prompt_len:
+            end = min(self.prefilled + chunk_tokens, self.prompt_len)
+            self._prefill_logits = self.model.forward(self._tensor(self.ids[self.prefilled : end]), self.cache)
+            self.forward_passes += 1
+            self.prefilled = end
+            if self.device.type == "cuda":  # progress, like a token, must not run ahead of the GPU
+                torch.cuda.synchronize(self.device)
+            yield end
+
     def prefill(self) -> list[int]:
-        """Run the uncached prompt tokens; return the first output token."""
-        logits = self.model.forward(self._tensor(self.ids[self.cached_tokens :]), self.cache)
-        self.forward_passes += 1
+        """Run the prompt tokens not yet in the cache (all uncached ones, unless prefill_chunks
+        ran); return the first output token."""
+        if self.prefilled < self.prompt_len:
+            self._prefill_logits = self.model.forward(self._tensor(self.ids[self.prefilled : self.prompt_len]),
+                                                      self.cache)
+            self.forward_passes += 1
+            self.prefilled = self.prompt_len
+        logits, self._prefill_logits = self._prefill_logits, None
         return self._accept([self.sampler.sample(logits)])
 
     def step(self) -> list[int]:
@@ -233,7 +253,7 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
     text_parts: list[str] = []
     finish, hit_stop, produced = None, False, 0
     timeline.prefill_start_ns = now_ns()
-    new_tokens = dec.prefill()
+    new_tokens = yield from _prefill(dec, cfg, should_stop)
     while True:
         t = now_ns()
         kept, finish = _truncate(new_tokens, eos_token_ids, cfg.max_new_tokens - produced)
@@ -264,6 +284,24 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
     reuse.keep(dec)  # after a cancel too: between steps the sequence and its KV agree
     yield Event("done", text="".join(text_parts), token_ids=dec.output_ids[:produced], output_tokens=produced,
                 detail={"finish_reason": finish}, timeline=timeline, decoding=dec)
+
+
+def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], bool]):
+    """Prefill; chunked when the request asks, with a progress event after each chunk (prompt
+    tokens prefilled of `prefill_tokens`, ending at the total) and Stop honoured between chunks.
+    Returns the first token(s), or [] when stopped before the prompt was through."""
+    if cfg.chunked_prefill:
+        total = dec.prompt_len - dec.cached_tokens
+
+        def progress(done: int) -> Event:
+            return Event("status", stage="prefill", detail={"prefill_tokens": total, "prefilled_tokens": done})
+
+        yield progress(0)
+        for end in dec.prefill_chunks(cfg.prefill_chunk_tokens):
+            yield progress(end - dec.cached_tokens)
+            if end < dec.prompt_len and should_stop():
+                return []
+    return dec.prefill()
 
 
 def _truncate(tokens: list[int], eos: set[int], room: int) -> tuple[list[int], str | None]:

@@ -20,7 +20,8 @@ from engine.timeline import Timeline
 
 MAX_SESSION_CHARS = 200
 # Our optimization toggles, accepted as extra body fields (the openai SDK sends them via extra_body).
-TOGGLES = ("kv_reuse", "speculative", "num_speculative_tokens", "quantization")
+TOGGLES = ("kv_reuse", "speculative", "num_speculative_tokens", "quantization", "chunked_prefill",
+           "prefill_chunk_tokens")
 # Standard fields we cannot honour: refused when set to anything but their "off" value.
 UNSUPPORTED = {
     "tools": (None, []),

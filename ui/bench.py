@@ -1,4 +1,4 @@
-"""`python -m ui.bench transport|rate`: what the page's transport costs, measured in Chromium.
+"""`python -m ui.bench transport|rate|smooth`: what the page's transport costs, and what smoothing does, in Chromium.
 
 transport  Replies sent through the page (real clicks on Send), alternating our SSE stream and
            Gradio's queue, on the bundled model (or --paced-source). Prints transport_overhead_ms
@@ -9,7 +9,13 @@ rate       The paced test source at increasing token rates: does the page keep u
            a transport keeps up when that lag does not grow over the reply (last fifth vs first
            fifth of the chunks).
 
-Both start the app on a free loopback port in this process and drive headless Chromium.
+smooth     One bursty reply, painted with smoothing off, adaptive by word and adaptive by
+           character, alternating: the perceived metrics (ui/perceived.py) per mode, medians.
+           Default source: a recorded speculative reply (tests/js/traces/prompt_lookup_cpu.json)
+           replayed by the paced source at its recorded times, so every mode gets the very same
+           bursts; --engine: the bundled model with prompt-lookup speculation on a copy edit.
+
+All start the app on a free loopback port in this process and drive headless Chromium.
 """
 
 from __future__ import annotations
@@ -19,8 +25,14 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 from .records import percentile
+
+TRACES = Path(__file__).resolve().parents[1] / "tests" / "js" / "traces" / "prompt_lookup_cpu.json"
+SMOOTH_MODES = (("off", "word"), ("adaptive", "word"), ("adaptive", "char"))
+SMOOTH_METRICS = ("paint_gap_cv", "paint_gap_max_ms", "frame_gap_cv", "frame_gap_max_ms", "smoothing_hold_ms",
+                  "client_first_word_ms", "client_ttft_ms", "client_e2e_ms")
 
 CHROMIUM = os.environ.get("LATENCY_LAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -166,15 +178,56 @@ def bench_rate(url: str, browser, source, rates: list[float], seconds: float, ke
             "highest_rate_kept_up": best, "runs": results}
 
 
+def _frame_gaps(client: dict) -> tuple[float | None, float | None]:
+    """CV and longest gap between the frames that painted new text (not per word: for comparison)."""
+    from .perceived import gap_stats
+
+    frames = sorted({p for p in client["shown_paint_ms"] if p is not None})
+    return gap_stats(frames)
+
+
+def bench_smooth(url: str, browser, prompt: str, max_tokens: int, rounds: int, settings: dict) -> dict:
+    page = _open(browser, url)
+    fields = page.evaluate("() => window.LAB_CONFIG.fields")
+    runs = {f"{m}/{u}": [] for m, u in SMOOTH_MODES}
+    index = 0
+    for r in range(rounds + 1):  # round 0 warms up each mode
+        for mode, unit in (SMOOTH_MODES if r % 2 == 0 else SMOOTH_MODES[::-1]):
+            s = {"max_new_tokens": max_tokens, "temperature": 0, "top_p": 0.9, "seed": -1, "kv_reuse": False,
+                 "speculative": "off", "num_speculative_tokens": 4, "quantization": "default", "backend": "",
+                 "system": "", "chunked_prefill": False, "smoothing": mode, "smooth_unit": unit, **settings}
+            page.evaluate("() => window.lab.clear('chat')")
+            page.evaluate("(args) => window.lab.sendChat(args)", [prompt] + [s[f] for f in fields] + ["sse", 5.3])
+            run = _wait_reply(page, index)
+            index += 1
+            if r == 0:
+                continue
+            row = dict(run["row"])
+            row["frame_gap_cv"], row["frame_gap_max_ms"] = _frame_gaps(run["client"])
+            row["tokens_per_step"] = (run["timeline"] or {}).get("tokens_per_step")
+            runs[f"{mode}/{unit}"].append(row)
+            page.wait_for_timeout(150)
+    page.close()
+    out = {"rounds": rounds, "max_tokens": max_tokens, "modes": {}}
+    for name, rows in runs.items():
+        out["modes"][name] = {m: _stats([row.get(m) for row in rows]) for m in SMOOTH_METRICS}
+        out["modes"][name]["output_tokens"] = rows[0]["output_tokens"] if rows else None
+        out["modes"][name]["tokens_per_step"] = rows[0].get("tokens_per_step") if rows else None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ui.bench", description=__doc__.splitlines()[0])
-    p.add_argument("scenario", choices=("transport", "rate"))
+    p.add_argument("scenario", choices=("transport", "rate", "smooth"))
     p.add_argument("--replies", type=int, default=20, help="transport: replies per transport")
     p.add_argument("--max-tokens", type=int, default=16, help="transport: tokens per reply")
     p.add_argument("--paced-source", type=float, default=None, help="transport: a paced source instead of the model")
     p.add_argument("--rates", default="100,200,400,800,1600", help="rate: tokens/s to try")
     p.add_argument("--seconds", type=float, default=3.0, help="rate: length of each reply")
     p.add_argument("--keep-up-ms", type=float, default=50.0, help="rate: largest paint-lag growth still 'kept up'")
+    p.add_argument("--rounds", type=int, default=5, help="smooth: replies per mode")
+    p.add_argument("--trace", type=int, default=0, help="smooth: which recorded reply to replay")
+    p.add_argument("--engine", action="store_true", help="smooth: the bundled model with speculation, not a trace")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from engine.cli import add_load_args, load_config_from_args
 
@@ -187,7 +240,17 @@ def main(argv: list[str] | None = None) -> int:
     from server.run import BackgroundServer
     from .webapp import create_app
 
-    if args.scenario == "rate" or args.paced_source:
+    prompt, smooth_settings = "", {}
+    if args.scenario == "smooth":
+        from .presets import load_prompt_sets
+
+        prompt = load_prompt_sets()["copy_edits"]["items"][0]["turns"][0]
+        if args.engine:
+            smooth_settings = {"speculative": "prompt_lookup", "num_speculative_tokens": 8}
+    if args.scenario == "smooth" and not args.engine:
+        trace = json.loads(TRACES.read_text())["traces"][args.trace]
+        engine = PacedSource(trace=trace["chunks"])
+    elif args.scenario == "rate" or args.paced_source:
         engine = PacedSource(args.paced_source or 100.0)
     else:
         from engine.service import Engine
@@ -199,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.scenario == "transport":
                 out = bench_transport(url, browser, args.replies, args.max_tokens)
                 out["engine"] = engine.info().get("name")
+            elif args.scenario == "smooth":
+                out = bench_smooth(url, browser, prompt, 96, args.rounds, smooth_settings)
+                out["source"] = engine.info().get("name") + ("" if args.engine else f", trace {args.trace}")
             else:
                 rates = [float(r) for r in args.rates.split(",")]
                 out = bench_rate(url, browser, engine, rates, args.seconds, args.keep_up_ms)
@@ -207,6 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
     if args.json:
         print(json.dumps(out))
+    elif args.scenario == "smooth":
+        print(f"{out['source']}: {out['rounds']} replies per mode, medians (p50)")
+        for name, m in out["modes"].items():
+            print(f"  {name:>13}: word-gap CV {m['paint_gap_cv'].get('p50')}, longest stall "
+                  f"{m['paint_gap_max_ms'].get('p50')} ms | frame-gap CV {m['frame_gap_cv'].get('p50')}, longest "
+                  f"frame gap {m['frame_gap_max_ms'].get('p50')} ms | hold {m['smoothing_hold_ms'].get('p50')} ms, "
+                  f"first word {m['client_first_word_ms'].get('p50')} ms, last paint {m['client_e2e_ms'].get('p50')} ms")
     else:
         print(json.dumps(out, indent=1))
     return 0

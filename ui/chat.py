@@ -154,7 +154,7 @@ class ChatStore:
         """Join the browser's timestamps to the reply's Timeline (`timeline.client`)."""
         reply = self.reply(session_id, request_id)
         reply.timeline.client.clear()
-        reply.timeline.client.update(records.join_client(reply.timeline.to_dict(), raw))
+        reply.timeline.client.update(records.join_client(reply.timeline.to_dict(), raw, reply.text))
         return reply
 
     # --- one turn ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 class Metric:
     name: str
     label: str
-    unit: str  # ms | tok | tok/s | % | MB | ""
+    unit: str  # ms | tok | tok/s | % | MB | ratio | ""
     start: str  # start event ("" for counts)
     end: str  # end event, or what is counted
     clock: str = "server"  # server | browser | both (a difference of two intervals) | estimated
@@ -62,6 +62,22 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("acceptance_rate", "acceptance", "%", "", "accepted / drafted", better="higher"),
     _M("tokens_per_step", "tokens/step", "tok", "", "output tokens per target forward pass", better="higher"),
     _M("weight_mb", "weights", "MB", "", "bytes of the model variant's weights", better="lower"),
+    # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.
+    _M("client_feedback_ms", "first feedback", "ms", "user pressed send",
+       "the message and a status painted (Nielsen's 'instant' is 100 ms)", "browser"),
+    _M("client_status_ms", "server status seen", "ms", "user pressed send",
+       "the server's first status (queued / processing the prompt) painted", "browser"),
+    _M("client_first_word_ms", "first word", "ms", "user pressed send", "the reply's first whole word painted",
+       "browser"),
+    _M("paint_gap_cv", "word-gap CV", "ratio", "a word of the reply painted",
+       "the next word painted: the spread of those gaps, standard deviation / mean (0 = perfectly even; "
+       "words painted together are gaps of 0)", "browser"),
+    _M("paint_gap_max_ms", "longest stall", "ms", "a word of the reply painted",
+       "the next word painted (the longest such gap)", "browser"),
+    _M("reader_wait_ms", "reader wait", "ms", "first text painted",
+       "last text painted: the time a reader at the reading pace spends waiting for more text", "browser"),
+    _M("smoothing_hold_ms", "smoothing hold", "ms", "the last text arrived",
+       "it was put on the page (what smoothing held back at the end; 0 when off)", "browser"),
 ]}
 
 

@@ -2,7 +2,9 @@
 
 It has the `Engine` interface the page uses (`submit`, `info`, `close`) and records a real
 Timeline, so the transport and the page can be tested at token rates no model here reaches
-(`python app.py --paced-source 400`; the page header says it is a test source).
+(`python app.py --paced-source 400`; the page header says it is a test source). With a `trace`
+it replays recorded chunks instead ([ms since the request started, text, tokens so far], e.g. a
+speculative reply's bursts); with chunked prefill on it reports prefill progress like the engine.
 """
 
 from __future__ import annotations
@@ -21,17 +23,19 @@ WORDS = ("the", "page", "keeps", "up", "with", "a", "fast", "stream", "of", "sho
 
 
 class PacedSource:
-    def __init__(self, tokens_per_s: float = 200.0, prefill_ms: float = 20.0):
+    def __init__(self, tokens_per_s: float = 200.0, prefill_ms: float = 20.0, trace: list | None = None):
         if tokens_per_s <= 0:
             raise ValueError("tokens_per_s must be positive")
         self.tokens_per_s = tokens_per_s
         self.prefill_ms = prefill_ms
+        self.trace = trace
         self._queue: queue.SimpleQueue[RequestHandle | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="paced-source", daemon=True)
         self._thread.start()
 
     def info(self) -> dict:
-        return {"name": f"paced test source ({self.tokens_per_s:g} tok/s, no model)", "source": "paced",
+        what = "a recorded trace" if self.trace else f"{self.tokens_per_s:g} tok/s"
+        return {"name": f"paced test source ({what}, no model)", "source": "paced",
                 "dtype": "-", "device": "-", "weight_bytes": 0}
 
     def submit(self, messages=None, config=None, *, prompt_ids=None, session=None, timeline=None):
@@ -63,20 +67,41 @@ class PacedSource:
         tl.mark("setup_done")
         handle.push(Event("status", stage="prefill", detail={"prefill_tokens": tl.prefill_tokens}))
         tl.prefill_start_ns = now_ns()
-        start = time.perf_counter() + self.prefill_ms / 1e3
-        parts, finish = [], "length"
-        for i in range(cfg.max_new_tokens):
-            delay = start + i / self.tokens_per_s - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+        began = time.perf_counter()
+        if cfg.chunked_prefill:  # progress as the engine reports it, chunks spread over prefill_ms
+            chunks = -(-tl.prefill_tokens // cfg.prefill_chunk_tokens)
+            for c in range(chunks + 1):
+                _sleep_until(began + self.prefill_ms / 1e3 * c / chunks)
+                done = min(c * cfg.prefill_chunk_tokens, tl.prefill_tokens)
+                handle.push(Event("status", stage="prefill",
+                                  detail={"prefill_tokens": tl.prefill_tokens, "prefilled_tokens": done}))
+        parts, finish, produced = [], "length", 0
+        for at_ms, text, tokens in self._chunks(cfg.max_new_tokens):
+            _sleep_until(began + at_ms / 1e3)
             if handle.cancelled:
                 finish = "cancelled"
                 break
-            text = WORDS[i % len(WORDS)] + " "
-            tl.add_tokens(1)
+            tl.add_tokens(tokens - produced)
+            ids, produced = list(range(produced, tokens)), tokens
             parts.append(text)
-            handle.push(Event("chunk", text=text, token_ids=[i], output_tokens=i + 1))
+            handle.push(Event("chunk", text=text, token_ids=ids, output_tokens=produced))
+        else:
+            finish = "stop" if self.trace else "length"
         tl.finish_reason = finish
         tl.mark("done")
-        handle.push(Event("done", text="".join(parts), token_ids=list(range(len(parts))), output_tokens=len(parts),
+        handle.push(Event("done", text="".join(parts), token_ids=list(range(produced)), output_tokens=produced,
                           detail={"finish_reason": finish}, timeline=tl))
+
+    def _chunks(self, max_tokens: int):
+        """(ms after prefill began, text, tokens so far) of each chunk."""
+        if self.trace:
+            yield from ((t, text, n) for t, text, n in self.trace if n <= max_tokens)
+            return
+        for i in range(max_tokens):
+            yield self.prefill_ms + 1e3 * i / self.tokens_per_s, WORDS[i % len(WORDS)] + " ", i + 1
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)

@@ -5,6 +5,11 @@
 // values. The token stream is ours: a POST to /lab/chat answered with SSE, read with fetch, one
 // event per chunk, so each chunk's arrival and paint are stamped (see ui/stream_api.py for why).
 // The "gradio" transport sends the same request through Gradio's queue instead, to measure it.
+//
+// Perceived latency: the user's message and a status are on screen within a frame of send (and
+// the status says what the server does: queued, processing the prompt — with a progress bar when
+// it prefills in chunks —, writing); chunk handling below is the one place where smoothing
+// (ui/smooth.js) holds text back and releases it frame by frame.
 (function () {
   "use strict";
   const CFG = window.LAB_CONFIG;
@@ -102,7 +107,7 @@
     log.querySelector(".lab-empty")?.remove();
     const el = document.createElement("div");
     el.className = "lab-msg assistant";
-    el.innerHTML = `<div class="lab-meta"></div><div class="lab-bubble"><span class="lab-text"></span><span class="lab-status">sending…</span></div><div class="lab-stats"></div><div class="lab-what"></div>`;
+    el.innerHTML = `<div class="lab-meta"></div><div class="lab-bubble"><span class="lab-text"></span><span class="lab-status">sending…</span></div><div class="lab-stats"></div><div class="lab-perceived"></div><div class="lab-what"></div>`;
     el.querySelector(".lab-meta").textContent = label || "";
     const text = document.createTextNode("");
     el.querySelector(".lab-text").appendChild(text);
@@ -113,18 +118,74 @@
 
   function setStatus(run, text) {
     run.view.status.textContent = text || "";
+    run.view.status.className = "lab-status";
     run.view.status.style.display = text ? "" : "none";
+  }
+
+  // Chunked prefill reports prompt tokens processed / total: a progress bar instead of a frozen wait.
+  function setProgress(run, done, total, t) {
+    const pct = Math.max(0, Math.min(100, (100 * done) / total));
+    const el = run.view.status;
+    el.className = "lab-status lab-progressing";
+    el.style.display = "";
+    el.innerHTML = `<span class="lab-progress" role="progressbar" aria-valuemin="0" aria-valuemax="${total}" aria-valuenow="${done}"><span class="lab-progress-bar" style="width:${pct.toFixed(1)}%"></span></span> processing the prompt: ${done.toLocaleString("en-US")} / ${total.toLocaleString("en-US")} tokens`;
+    run.progress.push([t - run.sendAt, done, total]);
+  }
+
+  // Put reply text on the page (at once, or from the smoothing frame loop: inFrame).
+  function show(run, text, t, inFrame) {
+    run.view.text.appendData(text); // O(1): the reply never re-renders as it grows
+    run.textLen += text.length;
+    run.rec.shown(run.textLen, t, inFrame);
+    if (!run.writing) {
+      run.writing = true;
+      setStatus(run, "writing…");
+      run.view.status.className = "lab-status lab-writing";
+    }
+    scrollSoon(run.pane);
+  }
+
+  // Smoothing: one frame loop per reply while text waits; each frame takes what is due.
+  function pump(run) {
+    if (run.pumping) return;
+    run.pumping = true;
+    const step = () => {
+      const now = performance.now();
+      const text = run.smoother.take(now);
+      if (text) show(run, text, now, true);
+      if (run.smoother.idle) {
+        run.pumping = false;
+        if (run.smoother.ended && run.drained) run.drained();
+        return;
+      }
+      requestAnimationFrame(step);
+    };
+    requestAnimationFrame(step);
+  }
+
+  // The stream is over: let the smoother release what it still holds (or all of it at once: flush).
+  function drain(run, flush) {
+    const s = run.smoother;
+    if (!s) return Promise.resolve();
+    s.end();
+    if (flush && !s.idle) show(run, s.flush(), performance.now(), false);
+    if (s.idle) return Promise.resolve();
+    return new Promise((resolve) => { run.drained = resolve; pump(run); });
   }
 
   // ---- one run: send → stream → timings ---------------------------------------------------------
   // Returns a promise that resolves when the reply is done and its timings are joined.
   async function run(p, body, sendAt, transport, meta) {
     const P = pane(p);
+    const s = body.settings || {};
     const r = {
       pane: p, sendAt, transport, rec: new Recorder(sendAt), finished: false, error: null,
       timeline: { received_ns: null, events_ms: {}, token_ms: [] }, requestId: null, row: null, client: null,
-      view: addAssistant(p, meta || ""), textLen: 0,
+      view: addAssistant(p, meta || ""), textLen: 0, progress: [],
+      smoothing: { mode: s.smoothing || "off", unit: s.smooth_unit || "word", maxHoldMs: CFG.smoothMaxHoldMs, paceTps: P.pace },
     };
+    r.smoother = r.smoothing.mode === "off" ? null : new window.LabSmooth.Smoother(r.smoothing);
+    r.rec.stamp("feedback"); // the user's message and "sending…" are in the DOM now: the next frame shows them
     r.view.el.addEventListener("click", () => { P.selected = r; drawPane(p); });
     P.run = r;
     P.selected = r;
@@ -135,8 +196,11 @@
       const payload = Object.assign({ session: lab.session, pane: p }, body);
       if (transport === "gradio") await viaGradio(r, payload);
       else await viaSSE(r, payload);
+      await drain(r, false);
+      setStatus(r, r.row && r.row.finish_reason === "cancelled" ? "stopped" : "");
     } catch (err) {
       r.error = String(err.message || err);
+      if (r.smoother) r.smoother.flush();
     }
     r.finished = true;
     if (r.error) {
@@ -217,22 +281,23 @@
       r.view.el.querySelector(".lab-meta").textContent = (r.view.el.querySelector(".lab-meta").textContent ? r.view.el.querySelector(".lab-meta").textContent + " · " : "") + d.config;
     } else if (kind === "status") {
       Object.assign(r.timeline.events_ms, d.events_ms || {});
-      setStatus(r, (STAGE_TEXT[d.stage] || (() => d.stage))(d));
+      if (d.prefilled_tokens != null && d.prefill_tokens > 0) setProgress(r, d.prefilled_tokens, d.prefill_tokens, t);
+      else setStatus(r, (STAGE_TEXT[d.stage] || (() => d.stage))(d));
+      r.rec.stamp("status");
     } else if (kind === "chunk") {
       r.timeline.token_ms.push(...d.token_ms);
-      if (d.text) {
-        r.view.text.appendData(d.text); // O(1): the reply never re-renders as it grows
-        r.textLen += d.text.length;
-        if (r.textLen === d.text.length) setStatus(r, "");
+      r.rec.arrived(d.n, d.text ? d.text.length : 0, t);
+      if (d.text && r.smoother) {
+        r.smoother.push(d.text, t, d.n);
+        pump(r);
+      } else if (d.text) {
+        show(r, d.text, t, false);
       }
-      r.rec.arrived(d.n, !!d.text, t);
-      if (d.text) scrollSoon(r.pane);
       scheduleDraw(r.pane);
     } else if (kind === "done") {
       r.timeline = d.record.timeline;
       r.record = d.record;
       r.row = d.row;
-      setStatus(r, d.row.finish_reason === "cancelled" ? "stopped" : "");
     } else if (kind === "error") {
       r.requestId = d.request_id || r.requestId;
       throw new Error(d.message);
@@ -241,7 +306,9 @@
 
   async function postTiming(r) {
     if (!r.requestId) return;
-    const body = { session: lab.session, request_id: r.requestId, client: r.rec.toClient(r.transport) };
+    const extra = { smoothing: { mode: r.smoothing.mode, unit: r.smoothing.unit, max_hold_ms: r.smoothing.maxHoldMs },
+      reading_pace_tps: pane(r.pane).pace };
+    const body = { session: lab.session, request_id: r.requestId, client: r.rec.toClient(r.transport, extra) };
     const resp = await fetch("/lab/timing", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
     if (!resp.ok) { r.view.el.querySelector(".lab-stats").textContent = await errorText(resp); return; }
     const j = await resp.json();
@@ -249,6 +316,7 @@
     r.client = j.client;
     r.timeline.client = j.client;
     r.view.el.querySelector(".lab-stats").innerHTML = j.stats_html;
+    r.view.el.querySelector(".lab-perceived").innerHTML = j.perceived_html || "";
     r.view.el.querySelector(".lab-what").textContent = j.what_happened;
   }
 
@@ -399,6 +467,8 @@
   };
 
   lab.stop = async (p) => {
+    const run = pane(p).run;
+    if (run && run.smoother && !run.smoother.idle && run.row) drain(run, true); // the reply is in: show it all
     await ready;
     await fetch("/lab/stop", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ session: lab.session, pane: p }) });
   };

@@ -22,12 +22,13 @@ from . import engine_info, glossary, sweep
 from .chat import ChatStore
 from .presets import custom_prompt_set
 from .records import READING_PACE_TPS
-from .settings import DEFAULT_VARIANT, FIELDS
+from .settings import DEFAULT_VARIANT, FIELDS, SMOOTH_MAX_HOLD_MS
 
 HERE = Path(__file__).resolve().parent
 EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
 EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
+SMOOTHING = [("off: paint text as it arrives", "off"), ("adaptive", "adaptive"), ("reading pace", "pace")]
 
 
 def preset_missing(preset: dict, variants: list[str]) -> str | None:
@@ -47,11 +48,12 @@ def head(presets: dict, variants: list[str]) -> str:
         "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, variants) is None}
                     for k, p in presets.items()},
         "readingPace": READING_PACE_TPS,
+        "smoothMaxHoldMs": SMOOTH_MAX_HOLD_MS,
         "emptyChat": EMPTY_CHAT,
         "emptyOverlay": EMPTY_OVERLAY,
     }
     scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
-        (HERE / name).read_text() for name in ("overlays.js", "client_timing.js", "page.js")]
+        (HERE / name).read_text() for name in ("overlays.js", "client_timing.js", "smooth.js", "page.js")]
     return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
 
 
@@ -92,11 +94,17 @@ def settings_controls(pane: str, variants: list[str], backends: list[str], *, te
     with gr.Row():
         spec = gr.Dropdown(list(SPECULATIVE_MODES), value="off", label="Speculation")
         k = gr.Slider(1, 16, value=4, step=1, label="Draft tokens (k)")
+    with gr.Row():
+        smoothing = gr.Dropdown(SMOOTHING, value="off", label="Smooth streaming", elem_id=f"lab-{pane}-smoothing",
+                                info=f"adaptive: paced by the arrivals, holds text ≤ {SMOOTH_MAX_HOLD_MS} ms")
+        unit = gr.Radio(["word", "char"], value="word", label="Smooth by", elem_id=f"lab-{pane}-smooth-unit")
+    chunked = gr.Checkbox(value=False, label="Chunked prefill", elem_id=f"lab-{pane}-chunked",
+                          info="long prompts in chunks: a progress bar, Stop between chunks (costs prefill time)")
     backend = gr.Dropdown(backends, value=backends[0], label="Backend", visible=len(backends) > 1)
     system = gr.Textbox(label="System prompt", lines=1, max_lines=6, placeholder="(none)")
     controls = {"system": system, "max_new_tokens": max_new, "temperature": temp, "top_p": top_p, "seed": seed,
                 "kv_reuse": kv, "speculative": spec, "num_speculative_tokens": k, "quantization": quant,
-                "backend": backend}
+                "backend": backend, "chunked_prefill": chunked, "smoothing": smoothing, "smooth_unit": unit}
     return [controls[name] for name in FIELDS]
 
 
@@ -166,7 +174,8 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
         updates = []
         for side in ("a", "b"):
             chosen = {"temperature": 0.0, "max_new_tokens": 64, "kv_reuse": True, "speculative": "off",
-                      "quantization": DEFAULT_VARIANT, **p[side]}
+                      "quantization": DEFAULT_VARIANT, "chunked_prefill": False, "smoothing": "off",
+                      "smooth_unit": "word", **p[side]}
             updates += [gr.update(value=chosen[f]) if f in chosen else gr.update() for f in FIELDS]
         return [*updates, f"**{p['title']}.** {p['explain']}"]
 

@@ -56,6 +56,25 @@ TEACHING = {
         "set": "copy_edits", "item": 0,
         "a": {"speculative": "off"}, "b": {"speculative": "prompt_lookup", "num_speculative_tokens": 8},
     },
+    "smoothing": {
+        "title": "Bursty reply: smoothing off vs adaptive",
+        "explain": "Both panes write the same copy-heavy edit with prompt lookup on, so tokens come in bursts "
+                   "(several per verify step). A paints each burst as it lands; B's adaptive smoothing releases "
+                   "the text word by word at the pace the bursts arrive, holding nothing more than "
+                   "150 ms. Compare word-gap CV, longest stall and smoothing hold in the delta table.",
+        "set": "copy_edits", "item": 0,
+        "a": {"speculative": "prompt_lookup", "num_speculative_tokens": 8, "max_new_tokens": 96, "smoothing": "off"},
+        "b": {"speculative": "prompt_lookup", "num_speculative_tokens": 8, "max_new_tokens": 96,
+              "smoothing": "adaptive", "smooth_unit": "word"},
+    },
+    "chunked_prefill": {
+        "title": "Long prompt: one-forward prefill vs chunked",
+        "explain": "Both panes prefill the same ~1,000-token conversation (KV reuse off, so every turn prefills "
+                   "it all). A runs it in one forward pass: the page can only say 'processing the prompt'. "
+                   "B runs it in chunks and reports each: a progress bar, at a small cost in prefill time.",
+        "set": "long_history", "item": 0,
+        "a": {"kv_reuse": False, "chunked_prefill": False}, "b": {"kv_reuse": False, "chunked_prefill": True},
+    },
     "nf4": {
         "title": "bf16 vs nf4 weights",
         "explain": "Same prompt, the unquantized weights against 4-bit nf4: fewer bytes per token, "

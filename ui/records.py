@@ -17,6 +17,7 @@ import statistics
 
 from engine.errors import InvalidRequest
 
+from . import perceived
 from .glossary import METRICS, hover
 
 READING_PACE_TPS = 5.3  # silent reading ~238 words/min at ~0.75 words/token (DESIGN.md)
@@ -29,9 +30,11 @@ ROW_COLUMNS = [
     "queue_ms", "setup_ms", "prefill_ms", "network_in_ms", "network_out_ms", "clock_bound_ms",
     "prompt_tokens", "cached_tokens", "prefill_tokens", "output_tokens",
     "drafted", "accepted", "acceptance_rate", "tokens_per_step", "quantization", "weight_mb",
+    *perceived.METRICS, "smoothing",
 ]
 DELTA_METRICS = ["ttft_ms", "client_ttft_ms", "tpot_ms", "e2e_ms", "client_e2e_ms", "decode_tps",
-                 "prefill_ms", "cached_tokens", "acceptance_rate", "weight_mb"]
+                 "prefill_ms", "cached_tokens", "acceptance_rate", "weight_mb", "client_first_word_ms",
+                 "paint_gap_cv", "paint_gap_max_ms", "reader_wait_ms", "smoothing_hold_ms"]
 
 
 # --- the browser's timestamps -------------------------------------------------------------------
@@ -59,13 +62,14 @@ def _number(raw, name: str):
     return float(raw)
 
 
-def join_client(timeline: dict, raw: dict) -> dict:
+def join_client(timeline: dict, raw: dict, text: str | None = None) -> dict:
     """The browser's timestamps for one reply → `timeline["client"]` (glossary names).
 
     `raw`: `arrival_ms[i]` / `paint_ms[i]` per chunk, ms since the user pressed send (paint is
     None for a chunk with no text); `send_at_ms` (performance.now() at send); `clock_offset_ms`
     (server ms − browser ms) and `clock_rtt_ms` from the pings, if known. Browser intervals stay
-    on the browser clock; only the cross-clock figures (network in/out) use the offset.
+    on the browser clock; only the cross-clock figures (network in/out) use the offset. The
+    perceived metrics (ui/perceived.py) need the reply's `text` and the page's `shown_*` lists.
     """
     if not isinstance(raw, dict):
         raise InvalidRequest("client timing must be an object", "client")
@@ -107,7 +111,30 @@ def join_client(timeline: dict, raw: dict) -> dict:
     client["paint_lag_ms"] = None
     if received is not None and last is not None and tokens and 0 < tokens[last] <= len(token_ms):
         client["paint_lag_ms"] = paint[last] - (received + token_ms[int(tokens[last]) - 1])
+    client.update(_perceived(timeline, raw, arrival, text))
     return client
+
+
+def _perceived(timeline: dict, raw: dict, arrival: list, text: str | None) -> dict:
+    """The page's shown/painted text and feedback stamps, checked, and the perceived metrics."""
+    shown = _numbers(raw.get("shown_ms"), "shown_ms", allow_none=False)
+    chars = _numbers(raw.get("shown_chars"), "shown_chars", allow_none=False)
+    painted = _numbers(raw.get("shown_paint_ms"), "shown_paint_ms", allow_none=True)
+    arrival_chars = _numbers(raw.get("arrival_chars"), "arrival_chars", allow_none=False)
+    if len(chars) != len(shown) or len(painted) != len(shown) or arrival_chars and len(arrival_chars) != len(arrival):
+        raise InvalidRequest("client.shown_ms, shown_chars and shown_paint_ms need one entry per update, "
+                             "arrival_chars one per chunk", "shown_ms")
+    checked = {"shown_ms": shown, "shown_chars": chars, "shown_paint_ms": painted, "arrival_ms": arrival,
+               "arrival_chars": arrival_chars, "feedback_ms": _number(raw.get("feedback_ms"), "feedback_ms"),
+               "status_ms": _number(raw.get("status_ms"), "status_ms")}
+    pace = _number(raw.get("reading_pace_tps"), "reading_pace_tps") or READING_PACE_TPS
+    out = {"shown_ms": shown, "shown_chars": chars, "shown_paint_ms": painted, "arrival_chars": arrival_chars,
+           "reading_pace_tps": pace, "smoothing": perceived.smoothing_label(raw.get("smoothing"))}
+    out.update(dict.fromkeys(perceived.METRICS), client_feedback_ms=checked["feedback_ms"],
+               client_status_ms=checked["status_ms"])
+    if shown and text is not None:
+        out.update(perceived.perceived(checked, text, int(timeline.get("output_tokens") or 0), pace))
+    return out
 
 
 def server_to_client_ms(timeline: dict, server_rel_ms: float | None, client: dict) -> float | None:
@@ -125,6 +152,10 @@ def config_label(settings: dict) -> str:
     s = settings or {}
     parts = ["greedy" if s.get("temperature") == 0 else f"T={s.get('temperature', '?')}"]
     parts.append("kv reuse" if s.get("kv_reuse", True) else "no kv reuse")
+    if s.get("chunked_prefill"):
+        parts.append("chunked prefill")
+    if s.get("smoothing", "off") != "off":
+        parts.append(f"smooth {s['smoothing']}/{s.get('smooth_unit', 'word')}")
     if s.get("speculative", "off") != "off":
         parts.append(f"{s['speculative'].replace('_', ' ')} k={s.get('num_speculative_tokens', '?')}")
     if s.get("quantization"):
@@ -148,7 +179,7 @@ def row(record: dict) -> dict:
                 "queue_position", "itl_p50_ms", "itl_max_ms", "decode_ms"):
         r[key] = tl.get(key)
     for key in ("client_ttft_ms", "client_e2e_ms", "transport_overhead_ms", "network_in_ms", "network_out_ms",
-                "paint_lag_ms", "clock_bound_ms"):
+                "paint_lag_ms", "clock_bound_ms", *perceived.METRICS, "smoothing"):
         r[key] = client.get(key)
     # Feature counters arrive as timeline fields when those features are merged; absent → None.
     for key in ("drafted", "accepted", "acceptance_rate", "tokens_per_step"):
@@ -180,6 +211,8 @@ def fmt(name: str, value) -> str:
         return f"{int(value):,} tok"
     if unit == "tok":
         return f"{value:,.2f} tok"
+    if unit == "ratio":
+        return f"{value:.2f}"
     return f"{value:,}"
 
 
@@ -204,6 +237,21 @@ def stats_line_html(r: dict) -> str:
     if r.get("finish_reason") in ("cancelled", "length", "error"):
         parts.append(f'<span class="lab-finish">{html.escape(r["finish_reason"])}</span>')
     return " · ".join(parts)
+
+
+def perceived_line_html(r: dict) -> str:
+    """What the reader saw: first feedback, first word, how evenly words came, waits and holds."""
+    if r.get("client_feedback_ms") is None and r.get("client_first_word_ms") is None:
+        return ""
+    parts = [_span("client_feedback_ms", f"feedback {fmt('client_feedback_ms', r.get('client_feedback_ms'))}"),
+             _span("client_first_word_ms", f"first word {fmt('client_first_word_ms', r.get('client_first_word_ms'))}"),
+             _span("paint_gap_cv", f"word-gap CV {fmt('paint_gap_cv', r.get('paint_gap_cv'))}"),
+             _span("paint_gap_max_ms", f"longest stall {fmt('paint_gap_max_ms', r.get('paint_gap_max_ms'))}"),
+             _span("reader_wait_ms", f"reader wait {fmt('reader_wait_ms', r.get('reader_wait_ms'))}")]
+    if r.get("smoothing") not in (None, "off"):
+        parts.append(_span("smoothing_hold_ms", f"smoothing ({r['smoothing']}) held "
+                                                f"{fmt('smoothing_hold_ms', r.get('smoothing_hold_ms'))}"))
+    return "perceived: " + " · ".join(parts)
 
 
 def what_happened(r: dict, reading_pace: float = READING_PACE_TPS) -> str:

@@ -109,7 +109,8 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
     async def timing(body: TimingIn):
         reply = _call(store.join_timing, body.session, body.request_id, body.client)
         r = reply.row()
-        return {"row": r, "stats_html": records.stats_line_html(r), "what_happened": records.what_happened(r),
+        return {"row": r, "stats_html": records.stats_line_html(r), "perceived_html": records.perceived_line_html(r),
+                "what_happened": records.what_happened(r),
                 "client": reply.timeline.client}
 
     @router.get("/table")

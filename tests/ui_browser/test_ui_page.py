@@ -191,3 +191,62 @@ def test_two_tabs_contend_and_the_second_shows_its_queue_time(page_server, chrom
     finally:
         for tab in tabs:
             tab.close()
+
+
+LONG_PROMPT = ("Here are my notes from the planning meeting. The library will open three branches, one per district, "
+               "each with a reading room, a children's corner and a repair cafe on Saturdays. ") * 22 + \
+              "Summarize the plan in one sentence."
+
+
+def test_feedback_comes_before_the_first_token_and_a_long_prompt_shows_prefill_progress(page_server, browser_page,
+                                                                                          artifacts):
+    page = browser_page
+    open_page(page, page_server)
+    set_number(page, "lab-chat-max", 4)
+    assert not page.locator("#lab-chat-chunked input").is_checked()  # off by default: it costs prefill time
+    page.check("#lab-chat-chunked input")
+    page.fill("#lab-msg textarea", LONG_PROMPT)
+    page.click("#lab-send")
+    page.wait_for_selector("#lab-log-chat .lab-msg.user")  # the message is echoed at once
+    page.wait_for_selector("#lab-log-chat .lab-progress", timeout=60_000)  # a progress bar, not a frozen wait
+    page.screenshot(path=str(artifacts / "page-prefill-progress.png"))
+    wait_runs(page, "chat", 1, timeout=120_000)
+    r = page.evaluate("""() => { const r = window.lab.panes.chat.runs[0];
+        return {progress: r.progress, arrival: r.rec.arrival, client: r.client, row: r.row, text: r.view.text.data,
+                reply: r.record.reply, perceived: r.view.el.querySelector('.lab-perceived').innerText}; }""")
+    row, progress = r["row"], r["progress"]
+    assert r["text"] == r["reply"]
+    total = row["prefill_tokens"]
+    assert total > 512  # three chunks of 256 or more
+    done = [d for _, d, _ in progress]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == total and len(set(done)) >= 4
+    assert all(t == total for _, _, t in progress)
+    first_arrival = r["arrival"][0]
+    assert all(t <= first_arrival for t, _, _ in progress)  # all progress before the first token
+    # feedback (the message and a status) painted before the server's first status, which came before any token
+    assert row["client_feedback_ms"] is not None and row["client_status_ms"] is not None
+    assert row["client_feedback_ms"] <= row["client_status_ms"] <= first_arrival <= row["client_ttft_ms"]
+    assert row["client_first_word_ms"] >= row["client_ttft_ms"]
+    assert "feedback" in r["perceived"] and "first word" in r["perceived"]
+
+
+def test_adaptive_smoothing_paints_the_whole_reply_and_reports_its_hold(page_server, browser_page):
+    page = browser_page
+    open_page(page, page_server)
+    set_number(page, "lab-chat-max", 24)
+    set_number(page, "lab-chat-temperature", 0)
+    page.click("#lab-chat-smoothing input")
+    page.click("li:has-text('adaptive')")
+    page.fill("#lab-msg textarea", "Name three rivers in Europe.")
+    page.click("#lab-send")
+    wait_runs(page, "chat", 1, timeout=120_000)
+    r = page.evaluate("""() => { const r = window.lab.panes.chat.runs[0];
+        return {row: r.row, text: r.view.text.data, reply: r.record.reply, client: r.client,
+                perceived: r.view.el.querySelector('.lab-perceived').innerText}; }""")
+    assert r["text"] == r["reply"] and r["reply"]  # nothing dropped, nothing reordered
+    row, client = r["row"], r["client"]
+    assert row["smoothing"] == "adaptive/word" and "smooth adaptive/word" in row["config"]
+    assert row["smoothing_hold_ms"] is not None and row["smoothing_hold_ms"] >= 0
+    assert client["shown_chars"][-1] == len(r["reply"]) and client["shown_chars"] == sorted(client["shown_chars"])
+    assert all(p is not None and p >= t for t, p in zip(client["shown_ms"], client["shown_paint_ms"]))
+    assert "smoothing (adaptive/word) held" in r["perceived"]
