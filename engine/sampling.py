@@ -12,10 +12,14 @@ import torch
 
 from .config import GenerationConfig
 
+MIN_TEMPERATURE = 1e-5
+
 
 class Sampler:
     def __init__(self, config: GenerationConfig, device: torch.device | str = "cpu"):
-        self.temperature = float(config.temperature)
+        # Below MIN_TEMPERATURE, logits / T overflows float32 (1e-50 is 0 there, and 0/0 is NaN); the
+        # limit of sampling as T -> 0 is greedy, so such temperatures are greedy.
+        self.temperature = float(config.temperature) if config.temperature >= MIN_TEMPERATURE else 0.0
         self.top_k = int(config.top_k)
         self.top_p = float(config.top_p)
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)

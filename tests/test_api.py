@@ -16,29 +16,11 @@ from engine.service import Engine
 from engine.worker import Worker
 from server.api import create_api
 from server.run import BackgroundServer
+from support import Recording, ask
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 GLOSSARY = ("queue_ms", "setup_ms", "prefill_ms", "ttft_ms", "tpot_ms", "decode_tps", "e2e_ms", "itl_ms",
             "prompt_tokens", "prefill_tokens", "cached_tokens", "output_tokens")
-
-
-def ask(text):
-    return [{"role": "user", "content": text}]
-
-
-class Recording:
-    """An engine that remembers the handles it gave out, so tests can see the server side."""
-
-    def __init__(self, engine):
-        self.engine, self.handles = engine, []
-
-    def submit(self, *args, **kwargs):
-        handle = self.engine.submit(*args, **kwargs)
-        self.handles.append(handle)
-        return handle
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
 
 
 def wait_final(handle, timeout=120.0):

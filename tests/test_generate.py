@@ -105,3 +105,16 @@ def test_cancellation_mid_stream(bundled):
             seen.append(event)
     assert event.kind == "done" and event.detail["finish_reason"] == "cancelled"
     assert event.output_tokens == 3 and tl.finish_reason == "cancelled"
+
+
+def test_a_vanishing_temperature_samples_the_argmax_instead_of_failing():
+    """T = 1e-50 underflows float32 (logits / T would be NaN); its limit, greedy, is what is drawn."""
+    from engine.sampling import Sampler
+
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
+    for t in (1e-50, 1e-8):
+        s = Sampler(GenerationConfig(temperature=t, seed=1))
+        assert s.greedy and s.sample(logits) == 1
+        assert torch.equal(s.probs(logits), torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    warm = Sampler(GenerationConfig(temperature=1e-3, seed=1))  # small but representable: still sampling
+    assert not warm.greedy and warm.sample(logits) == 1 and torch.isfinite(warm.probs(logits)).all()

@@ -20,14 +20,11 @@ from engine.variants import VariantSet
 from engine.worker import Worker
 
 from conftest import build_tiny_model_dir
+from support import ask
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
 PROMPTS = ["What is the capital of France?", "Name three colors."]
-
-
-def ask(text):
-    return [{"role": "user", "content": text}]
 
 
 @pytest.fixture(scope="module")

@@ -27,12 +27,9 @@ from engine.service import Engine
 from engine.worker import Worker
 from server.api import create_api
 from server.run import BackgroundServer
+from support import ask
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=6)
-
-
-def ask(text):
-    return [{"role": "user", "content": text}]
 
 
 # --- load ----------------------------------------------------------------------------------------

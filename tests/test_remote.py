@@ -21,25 +21,9 @@ from engine.remote import RemoteEngine, RemoteError
 from server.api import create_api
 from server.cli import add_server_args, build_backends
 from server.run import BackgroundServer
+from support import Recording, ask
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
-
-
-def ask(text):
-    return [{"role": "user", "content": text}]
-
-
-class Recording:
-    def __init__(self, engine):
-        self.engine, self.handles = engine, []
-
-    def submit(self, *args, **kwargs):
-        handle = self.engine.submit(*args, **kwargs)
-        self.handles.append(handle)
-        return handle
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from engine.prefix_cache import PrefixCache
 from engine.sampling import Sampler
 from engine.speculative import AdaptiveK, PromptLookup, SpeculativeDecoding, verify_greedy, verify_sampling
 from engine.timeline import Timeline
+from support import ask
 
 # Varied prompts: copy-heavy ones (where prompt lookup finds matches) and open-ended ones.
 TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps in the sun all afternoon."
@@ -56,10 +57,6 @@ def run(lm, messages, factory=None, prefix_cache=None, session=None, **cfg):
                            Request(messages=messages, config=GenerationConfig(**cfg), session=session), tl,
                            decoding_factory=factory, prefix_cache=prefix_cache, draft=lm.draft))
     return events[-1]
-
-
-def ask(text):
-    return [{"role": "user", "content": text}]
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,9 @@ from engine.config import GenerationConfig, LoadConfig
 from engine.errors import ContextOverflow, InvalidRequest, LoadError
 from engine.generate import Decoding, Request
 from engine.worker import Worker
+from support import ask
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
-
-
-def ask(text):
-    return [{"role": "user", "content": text}]
 
 
 def test_requests_run_in_arrival_order_and_queue_time_is_measured(bundled_engine):

@@ -1,0 +1,21 @@
+"""Small helpers several test modules share (imported as `support`: pytest puts tests/ on sys.path)."""
+
+
+def ask(text: str) -> list[dict]:
+    """One user message, as chat messages."""
+    return [{"role": "user", "content": text}]
+
+
+class Recording:
+    """An engine that remembers the handles it gave out, so tests can see the server side."""
+
+    def __init__(self, engine):
+        self.engine, self.handles = engine, []
+
+    def submit(self, *args, **kwargs):
+        handle = self.engine.submit(*args, **kwargs)
+        self.handles.append(handle)
+        return handle
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
