@@ -65,6 +65,9 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="always guess --num-speculative-tokens, even when guesses stop paying")
     g.add_argument("--quantization", default=None,
                    help="the model variant for this request: int8, nf4, fp4, int8wo or a dtype (default: as loaded)")
+    g.add_argument("--chunked-prefill", action="store_true",
+                   help="prefill in chunks of --prefill-chunk-tokens, reporting progress between them")
+    g.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens)
 
 
 def generation_config_from_args(args) -> GenerationConfig:
@@ -72,7 +75,8 @@ def generation_config_from_args(args) -> GenerationConfig:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=tuple(args.stop), kv_reuse=not args.no_kv_reuse, speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
-        speculative_adaptive=not args.no_adaptive_speculation,
+        speculative_adaptive=not args.no_adaptive_speculation, chunked_prefill=args.chunked_prefill,
+        prefill_chunk_tokens=args.prefill_chunk_tokens,
     ).validate()
 
 

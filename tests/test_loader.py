@@ -118,3 +118,16 @@ def test_cli_bad_input_is_one_clear_line(args, message):
     r = cli(*args, timeout=120)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_flags_reach_the_generation_config():
+    from engine.cli import build_parser, generation_config_from_args
+
+    args = build_parser().parse_args(["hi", "--speculative", "prompt_lookup", "--num-speculative-tokens", "6",
+                                      "--no-adaptive-speculation", "--chunked-prefill", "--prefill-chunk-tokens",
+                                      "64", "--no-kv-reuse", "--quantization", "int8"])
+    cfg = generation_config_from_args(args)
+    assert (cfg.speculative, cfg.num_speculative_tokens, cfg.speculative_adaptive, cfg.chunked_prefill,
+            cfg.prefill_chunk_tokens, cfg.kv_reuse, cfg.quantization) == ("prompt_lookup", 6, False, True, 64,
+                                                                         False, "int8")
+    assert not generation_config_from_args(build_parser().parse_args(["hi"])).chunked_prefill
