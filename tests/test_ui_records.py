@@ -191,3 +191,17 @@ def test_engine_variants_are_read_defensively():
     assert engine_info.weight_bytes(info, "nf4") == 4 and engine_info.weight_bytes(info, None) == 10
     assert engine_info.weight_bytes({"variants": {"int8": {"weight_bytes": 6}}}, "int8") == 6
     assert "bf16" in engine_info.headline({"name": "m", "dtype": "bf16", "device": "cpu"})
+
+
+def test_the_ab_note_says_whether_the_replies_match_and_why_not():
+    greedy = {"temperature": 0.0, "speculative": "off", "quantization": None}
+    a = {"reply": "The capital is Paris.", "settings": greedy}
+    assert records.replies_note(a, dict(a)) == "The two replies are identical."
+    spec = {"reply": "The capital is Lyon.", "settings": {**greedy, "speculative": "prompt_lookup"}}
+    note = records.replies_note(a, spec)
+    assert note.startswith("The replies part after 15 characters") and "multi-row matmul" in note
+    quant = {"reply": "The capital", "settings": {**greedy, "quantization": "nf4"}}
+    assert "after 11 characters" in records.replies_note(a, quant) and "weights" in records.replies_note(a, quant)
+    hot = {"reply": "Paris!", "settings": {**greedy, "temperature": 0.7}}
+    assert "sampling" in records.replies_note(a, hot)
+    assert records.replies_note({"reply": ""}, {"reply": ""}) == ""

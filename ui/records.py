@@ -366,6 +366,28 @@ def delta_html(deltas: list[dict], label_a: str = "A", label_b: str = "B") -> st
             f'<th>B − A</th><th>B / A</th><th>winner</th></tr></thead><tbody>{"".join(trs)}</tbody></table>')
 
 
+def replies_note(a: dict, b: dict) -> str:
+    """One line under the A/B table: do the two replies say the same thing, and if not, where they
+    part and the likely reason. Greedy text can legitimately differ between configs: quantized
+    weights are other numbers, and in bf16 a speculative verify pass (several rows through one GEMM)
+    rounds near-ties differently from one-row steps (README: Exactness)."""
+    ta, tb = a.get("reply") or "", b.get("reply") or ""
+    if ta == tb:
+        return "The two replies are identical." if ta else ""
+    at = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+    sa, sb = a.get("settings") or {}, b.get("settings") or {}
+    if sa.get("temperature") or sb.get("temperature"):
+        why = "sampling (temperature > 0) draws different tokens"
+    elif (sa.get("quantization") or "") != (sb.get("quantization") or ""):
+        why = "different weights give different greedy choices"
+    elif sa.get("speculative", "off") != sb.get("speculative", "off"):
+        why = ("both are greedy: speculation verifies several tokens in one multi-row matmul, which in bf16 rounds "
+               "near-ties differently from one-token steps (exact in fp32; see the README's Exactness)")
+    else:
+        why = "the configs differ in more than sampling, or the conversations differ"
+    return f"The replies part after {at:,} characters: {why}."
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in 0..100) of the values that are present."""
     xs = sorted(v for v in values if v is not None)

@@ -10,6 +10,7 @@ stays available (`transport: gradio` in the page) to measure what it adds.
 
 from __future__ import annotations
 
+import html
 import json
 import time
 
@@ -122,7 +123,9 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
     async def delta(session: str, a: str, b: str):
         ra, rb = _call(store.reply, session, a), _call(store.reply, session, b)
         row_a, row_b = ra.row(), rb.row()
-        return {"html": records.delta_html(records.delta_rows(row_a, row_b), row_a["config"], row_b["config"])}
+        note = records.replies_note(ra.record(), rb.record())
+        return {"html": records.delta_html(records.delta_rows(row_a, row_b), row_a["config"], row_b["config"])
+                + (f'<p class="lab-muted lab-replies-note">{html.escape(note)}</p>' if note else "")}
 
     @router.get("/export/{session}.{fmt}")
     async def export(session: str, fmt: str, pane: str | None = None):

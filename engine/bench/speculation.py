@@ -1,11 +1,15 @@
 """Shared by the `lookup` and `draft` scenarios: decode speed with speculation on vs off.
 
 For each prompt, runs alternate (off, on, off, on, ...) in one process; decode tok/s is the
-glossary's `decode_tps` (first to last token sampled). `ratio` = median on / median off over all
-runs. `identical` says whether every greedy output with speculation equals the one without.
+glossary's `decode_tps` (first to last token sampled). A prompt's ratio is its median on / median
+off; `ratio` is the geometric mean of the prompts' ratios (the usual mean of speedups: each prompt
+counts once, however fast it decodes), `worst_ratio` the lowest. `identical` says whether every
+greedy output with speculation equals the one without.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -52,12 +56,14 @@ def compare(lm, prompts, mode: str, args, out, label: str) -> dict:
         out(f"  {prompt[:44].replace(chr(10), ' '):<46} off {row['off_tps']:6.1f}  on {row['on_tps']:6.1f} tok/s  "
             f"ratio {row['ratio']:.2f}  accept {c['acceptance_rate'] if c['acceptance_rate'] is not None else 'n/a'}  "
             f"tok/step {c['tokens_per_step']}  {row['tokens']} tok  identical {same}")
-    ratio = median(on_tps) / median(off_tps)
+    ratio = math.exp(sum(math.log(r["ratio"]) for r in per_prompt) / len(per_prompt))
     rate = accepted / drafted if drafted else None
-    out(f"{label}: decode tok/s off {median(off_tps):.1f}, on {median(on_tps):.1f}, ratio {ratio:.2f}, "
+    out(f"{label}: decode tok/s off {median(off_tps):.1f}, on {median(on_tps):.1f}, ratio {ratio:.2f} (geometric mean; "
+        f"worst prompt {min(r['ratio'] for r in per_prompt):.2f}), "
         f"acceptance {rate if rate is None else round(rate, 3)}, tokens/step {steps_tokens / max(steps, 1):.2f}, "
         f"accepted-per-step histogram {hist}, identical {identical}")
     return {"off_decode_tps": median(off_tps), "on_decode_tps": median(on_tps), "ratio": round(ratio, 3),
+            "worst_ratio": min(r["ratio"] for r in per_prompt),
             "identical": identical, "drafted": drafted, "accepted": accepted,
             "acceptance_rate": round(rate, 4) if rate is not None else None,
             "tokens_per_step": round(steps_tokens / max(steps, 1), 3), "accepted_hist": hist, "per_prompt": per_prompt}

@@ -132,6 +132,7 @@ def test_an_ab_pair_streams_both_panes_and_fills_the_delta_table(page_server, br
     a, b = last_run(page, "A")["reply"], last_run(page, "B")["reply"]
     assert a == b  # same greedy config, same prompt: same text
     delta = page.inner_text("#lab-delta")
+    assert "The two replies are identical." in delta
     for label in ("TTFT (server)", "TTFT (browser)", "TPOT", "total (server)", "decode speed", "winner"):
         assert label in delta
     assert page.locator("#lab-delta td.lab-winner").count() >= 5
