@@ -43,6 +43,7 @@ class PromptLookup:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.index: dict[tuple[int, ...], int] = {}
         self.indexed = 0  # continuations starting at positions < indexed are in the index
+        self.matched_n = 0  # the last proposal's match length
 
     def _update(self, ids: list[int]) -> None:
         for j in range(max(self.indexed, 1), len(ids)):  # j: where the continuation starts
@@ -52,13 +53,17 @@ class PromptLookup:
         self.indexed = len(ids)
 
     def propose(self, ids: list[int], k: int, sampler) -> tuple[list[int], None]:
+        """Up to k tokens; `matched_n` says how long the match was (0: none), because a 3-token
+        match predicts far better than a 1-token one and the policy tracks them apart."""
         self._update(ids)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(ids) < n:
                 continue
             start = self.index.get(tuple(ids[-n:]))
             if start is not None:
+                self.matched_n = n
                 return ids[start : start + k], None
+        self.matched_n = 0
         return [], None
 
     def after_verify(self, committed_before: int, accepted: int) -> None:
@@ -167,12 +172,20 @@ class AdaptiveK:
     (verify(T) = 1 + 0.05 (T-1), the bf16 figure measured here) until measured. k = 0 means a plain
     step; while at 0, a proposer that can be checked for free (prompt lookup) keeps measuring a,
     and a draft model is probed with k = 1 every `probe_every` plain steps.
+
+    Acceptance is tracked per `key`: prompt lookup passes its match length, since a 3-token match
+    is right far more often than a 1-token one (measured: guessing on every 1-token match cost
+    open-ended replies up to 11%). A verify length not yet measured is costed by scaling the
+    nearest measured one linearly, not by the prior, so one expensive measurement is enough to
+    rule out the longer guesses.
     """
 
     def __init__(self, max_k: int, adaptive: bool = True, prior_acceptance: float = 0.6,
                  decay: float = 0.8, probe_every: int = 8):
         self.max_k, self.adaptive, self.decay, self.probe_every = max_k, adaptive, decay, probe_every
-        self.hits, self.trials = 2 * prior_acceptance, 2.0  # prior worth two observed guesses
+        self.prior = prior_acceptance
+        self.stats: dict[object, list[float]] = {}  # key -> [hits, trials], decaying
+        self.key = None  # the key of the latest choice
         self.step_s: float | None = None  # a plain (T=1) decode step, seconds
         self.verify_s: dict[int, float] = {}  # T -> a verify pass over T tokens, seconds
         self.draft_token_s: float | None = None
@@ -180,15 +193,23 @@ class AdaptiveK:
         self.plain_since_probe = 0
         self.probing = False  # this step's k is a probe, not a decision
 
+    def _stats(self, key) -> list[float]:
+        return self.stats.setdefault(key, [2 * self.prior, 2.0])  # the prior: worth two observed guesses
+
+    def acceptance_for(self, key=None) -> float:
+        hits, trials = self._stats(key)
+        return hits / trials
+
     @property
     def acceptance(self) -> float:
-        return self.hits / self.trials
+        return self.acceptance_for(self.key)
 
-    def observe(self, guessed: int, accepted: int) -> None:
+    def observe(self, guessed: int, accepted: int, key=None) -> None:
         examined = accepted + (1 if accepted < guessed else 0)
         if examined:
-            self.hits = self.decay * self.hits + accepted
-            self.trials = self.decay * self.trials + examined
+            st = self._stats(key)
+            st[0] = self.decay * st[0] + accepted
+            st[1] = self.decay * st[1] + examined
 
     def time_forward(self, tokens: int, seconds: float) -> None:
         if tokens == 1:
@@ -203,15 +224,25 @@ class AdaptiveK:
     def _cost(self, k: int, draft_cost: float) -> float:
         if k == 0:
             return 1.0
-        measured = self.verify_s.get(k + 1)
-        verify = measured / self.step_s if measured and self.step_s else 1.0 + 0.05 * k
-        return verify + k * draft_cost
+        return self._verify_cost(k + 1) + k * draft_cost
 
-    def choose(self, room: int, free_probe: bool) -> int:
-        """k for the next step (room: the most guesses still useful)."""
+    def _verify_cost(self, tokens: int) -> float:
+        """A verify pass over `tokens` tokens in plain steps: measured, else scaled from the nearest
+        measured length (cost - 1 grows about linearly with the extra rows), else the prior."""
+        if not self.step_s or not self.verify_s:
+            return 1.0 + 0.05 * (tokens - 1)
+        if tokens in self.verify_s:
+            return self.verify_s[tokens] / self.step_s
+        near = min(self.verify_s, key=lambda t: abs(t - tokens))
+        extra = max(self.verify_s[near] / self.step_s - 1.0, 0.0)
+        return 1.0 + extra * (tokens - 1) / (near - 1)
+
+    def choose(self, room: int, free_probe: bool, key=None) -> int:
+        """k for the next step (room: the most guesses still useful; key: what kind of guess)."""
+        self.key = key
         if not self.adaptive:
             return max(0, min(self.max_k, room))
-        a = min(self.acceptance, 0.999)
+        a = min(self.acceptance_for(key), 0.999)
         draft_cost = self.draft_token_s / self.step_s if self.draft_token_s and self.step_s else (0.0 if free_probe else 0.15)
         self.probing = False
         best_k, best = 0, 1.0
@@ -235,6 +266,7 @@ def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
 
 
 CALIBRATE_EVERY = 32
+MAX_K_CHANGES_KEPT = 64
 
 
 # --- the decoding ----------------------------------------------------------------------------
@@ -265,6 +297,7 @@ class SpeculativeDecoding(Decoding):
         self.drafted = self.accepted = self.steps = self.step_tokens = self.backoffs = 0
         self.accepted_hist = [0] * (config.num_speculative_tokens + 1)
         self.k_changes: list[dict] = []
+        self.k_change_count = 0
         self.draft_ns = self.verify_ns = 0
         self._last_k = None
 
@@ -272,12 +305,22 @@ class SpeculativeDecoding(Decoding):
         room = min(self.config.max_new_tokens - len(self.output_ids) - 1,  # the bonus token always comes
                    self.model.max_context - len(self.ids) - 1)
         # every CALIBRATE_EVERY steps (the first included) a plain step measures the one-token cost
-        calibrate = self.steps % CALIBRATE_EVERY == 0
-        k = 0 if calibrate else self.policy.choose(max(room, 0), self.proposer.free_probe)
-        if not calibrate and not self.policy.probing:
+        if self.steps % CALIBRATE_EVERY == 0:
+            return self._plain_step()
+        guesses, q, key = [], None, None
+        if self.proposer.free_probe:  # look first (free), then decide how many of its guesses to check
+            t0 = time.perf_counter_ns()
+            guesses, q = self.proposer.propose(self.ids, self.config.num_speculative_tokens, self.sampler)
+            self.draft_ns += time.perf_counter_ns() - t0
+            key = self.proposer.matched_n
+            if not guesses:  # nothing to guess from: no decision to make
+                return self._plain_step()
+        k = self.policy.choose(max(room, 0), self.proposer.free_probe, key)
+        if not self.policy.probing:
             self._note_k(k)
-        guesses, q = [], None
-        if k > 0:
+        if self.proposer.free_probe:
+            guesses = guesses[:k]
+        elif k > 0:
             t0 = time.perf_counter_ns()
             guesses, q = self.proposer.propose(self.ids, k, self.sampler)
             self.draft_ns += time.perf_counter_ns() - t0
@@ -285,7 +328,7 @@ class SpeculativeDecoding(Decoding):
                 self.policy.time_draft(1, self.proposer.token_s)
         if not guesses:
             return self._plain_step()
-        return self._speculative_step(guesses, q)
+        return self._speculative_step(guesses, q, key)
 
     def _plain_step(self) -> list[int]:
         t0 = time.perf_counter_ns()
@@ -296,10 +339,10 @@ class SpeculativeDecoding(Decoding):
         if self.proposer.free_probe:  # would a guess have been right? (costs a dict lookup)
             guess, _ = self.proposer.propose(self.ids[:-1], 1, self.sampler)
             if guess:
-                self.policy.observe(1, int(guess[0] == out[0]))
+                self.policy.observe(1, int(guess[0] == out[0]), self.proposer.matched_n)
         return out
 
-    def _speculative_step(self, guesses: list[int], q) -> list[int]:
+    def _speculative_step(self, guesses: list[int], q, key=None) -> list[int]:
         k, before = len(guesses), len(self.ids)
         t0 = time.perf_counter_ns()
         logits = self.model.forward(self._tensor([self.ids[-1], *guesses]), self.cache, all_logits=True)
@@ -311,7 +354,7 @@ class SpeculativeDecoding(Decoding):
         accepted = len(new) - 1
         self.cache.crop(before + accepted)  # keep the last committed token and the accepted guesses
         self.proposer.after_verify(before, accepted)
-        self.policy.observe(k, accepted)
+        self.policy.observe(k, accepted, key)
         self.drafted += k
         self.accepted += accepted
         self.accepted_hist[accepted] += 1
@@ -324,8 +367,10 @@ class SpeculativeDecoding(Decoding):
             return
         if k == 0 and self._last_k:
             self.backoffs += 1
-        self.k_changes.append({"token": len(self.output_ids), "k": k,
-                               "acceptance_estimate": round(self.policy.acceptance, 3)})
+        self.k_change_count += 1
+        if len(self.k_changes) < MAX_K_CHANGES_KEPT:  # the Timeline stays small on long replies
+            self.k_changes.append({"token": len(self.output_ids), "k": k,
+                                   "acceptance_estimate": round(self.policy.acceptance, 3)})
         self._last_k = k
 
     def truncate(self, length: int) -> None:
@@ -349,5 +394,6 @@ class SpeculativeDecoding(Decoding):
             "draft_ms": round(self.draft_ns / 1e6, 3),
             "verify_ms": round(self.verify_ns / 1e6, 3),
             "backoffs": self.backoffs,
-            "k_changes": self.k_changes,
+            "k_changes": self.k_changes,  # the first MAX_K_CHANGES_KEPT
+            "k_change_count": self.k_change_count,
         }

@@ -246,6 +246,31 @@ def test_adaptive_k_backs_off_when_guesses_fail_and_keeps_k_when_they_pay():
     assert good.choose(room=2, free_probe=True) == 2  # never guesses past max_new_tokens
 
 
+def test_adaptive_k_tracks_each_match_length_apart():
+    """Prompt lookup's 1-token matches can fail while its 3-token matches pay: guess on the latter only."""
+    policy = AdaptiveK(max_k=8)
+    policy.time_forward(1, 0.010)
+    policy.time_forward(5, 0.014)
+    for _ in range(10):
+        policy.observe(4, 0, key=1)
+        policy.observe(4, 4, key=3)
+    assert policy.choose(room=100, free_probe=True, key=1) == 0
+    assert policy.choose(room=100, free_probe=True, key=3) >= 4
+    assert policy.acceptance_for(1) < 0.1 < 0.9 < policy.acceptance_for(3)
+
+
+def test_an_unmeasured_verify_length_is_costed_from_the_nearest_measured_one():
+    policy = AdaptiveK(max_k=8)
+    policy.time_forward(1, 0.010)
+    policy.time_forward(5, 0.030)  # 4 extra rows cost 2 more plain steps
+    assert policy._verify_cost(5) == pytest.approx(3.0)
+    assert policy._verify_cost(9) == pytest.approx(5.0)  # scaled, not the optimistic prior (1.4)
+    assert policy._verify_cost(3) == pytest.approx(2.0)
+    for _ in range(10):
+        policy.observe(8, 4)  # half the guesses accepted: long guesses do not pay at these costs
+    assert policy.choose(room=100, free_probe=True) < 8
+
+
 def test_adaptive_backoff_engages_on_the_model_when_guesses_never_match(tiny, tmp_path_factory, tokenizer):
     from conftest import build_tiny_model_dir
 

@@ -103,7 +103,7 @@
         prefill_tokens: num(tl.prefill_tokens), drafted: num(tl.drafted), accepted: num(tl.accepted),
         acceptance_rate: num(tl.acceptance_rate), tokens_per_step: num(tl.tokens_per_step),
         accepted_hist: Array.isArray(tl.accepted_hist) ? tl.accepted_hist : null,
-        backoffs: num(tl.backoffs), k_changes: Array.isArray(tl.k_changes) ? tl.k_changes : null,
+        backoffs: num(tl.backoffs), k_change_count: num(tl.k_change_count), k_changes: Array.isArray(tl.k_changes) ? tl.k_changes : null,
         weight_mb: num(tl.weight_bytes) ? tl.weight_bytes / 1e6 : num(o.weightMb),
         variant: o.variant || null,
       },
@@ -342,7 +342,7 @@
       if (c.k_changes && c.k_changes.length) {  // adaptive speculation: when it guessed fewer or none
         const last = c.k_changes[c.k_changes.length - 1];
         h += `<div class="lab-muted" title="adaptive speculation changes k when guesses stop (or start) paying; k=0 means it stopped guessing">` +
-          `k changed ${fmtInt(c.k_changes.length)}× (backed off to none ${fmtInt(c.backoffs || 0)}×), last k=${fmtInt(last.k)} at token ${fmtInt(last.token)}</div>`;
+          `k changed ${fmtInt(c.k_change_count != null ? c.k_change_count : c.k_changes.length)}× (backed off to none ${fmtInt(c.backoffs || 0)}×), last k=${fmtInt(last.k)} at token ${fmtInt(last.token)}</div>`;
       }
       if (c.accepted_hist && c.accepted_hist.length) {
         const max = Math.max(...c.accepted_hist, 1);
