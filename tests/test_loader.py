@@ -131,3 +131,14 @@ def test_cli_flags_reach_the_generation_config():
             cfg.prefill_chunk_tokens, cfg.kv_reuse, cfg.quantization) == ("prompt_lookup", 6, False, True, 64,
                                                                          False, "int8")
     assert not generation_config_from_args(build_parser().parse_args(["hi"])).chunked_prefill
+
+
+@pytest.mark.parametrize("scenario", sorted(__import__("engine.bench", fromlist=["SCENARIOS"]).SCENARIOS))
+def test_every_bench_scenario_parses_its_flags(scenario):
+    """A scenario's own flags must not clash with the load flags every scenario gets (a clash
+    broke `bench load` once, unseen, because tests call its functions, not its command line)."""
+    from engine.bench import build_parser
+
+    parser, module = build_parser([scenario, "--json"])
+    args = parser.parse_args([scenario, "--json"])
+    assert args.scenario == scenario and callable(module.run)

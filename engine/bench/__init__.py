@@ -43,7 +43,9 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser(argv: list[str] | None = None):
+    """The parser for the scenario that argv names (the load flags plus the scenario's own), and
+    the scenario's module."""
     from ..cli import add_load_args
 
     p = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.splitlines()[0])
@@ -54,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(f".{known.scenario}", __name__)
     if hasattr(module, "add_args"):
         module.add_args(p)
+    return p, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    p, module = build_parser(argv)
     args = p.parse_args(argv)
 
     def out(*parts):

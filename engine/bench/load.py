@@ -66,7 +66,8 @@ def add_args(p):
     p.add_argument("--deadline", type=float, default=300.0, help="seconds a request may take before it is stuck")
     p.add_argument("--repeat", type=int, default=2, help="run the whole load this many times (memory run over run)")
     p.add_argument("--max-queue", type=int, default=None, help="the worker's queue bound (default: none)")
-    p.add_argument("--variants", default="auto", help="auto: one quantization variant the engine offers; none")
+    p.add_argument("--mix-quantization", default="auto",
+                   help="the variant some requests of the mix ask for: auto (one the engine offers), a name, or none")
 
 
 # --- the pool and its references ---------------------------------------------------------------
@@ -440,7 +441,7 @@ def run(args, out):
                     prefix_cache=PrefixCache(args.kv_cache_mb, shared=args.shared_prefix_cache))
     try:
         with MemorySampler(engine.prefix_cache) as sampler, BackgroundServer(create_api(engine)) as url:
-            offers = offered_toggles(engine, variants=args.variants)
+            offers = offered_toggles(engine, variants=args.mix_quantization)
             pool = build_pool(args.conversations, args.max_new_tokens, offers)
             sampler.phase = "references"
             t0 = time.perf_counter()
