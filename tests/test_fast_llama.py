@@ -89,3 +89,24 @@ def test_unsupported_architectures_are_named():
 
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100))
     assert "gpt2" in unsupported_reason(gpt2)
+
+
+def test_multi_row_projections_use_a_packed_weight_with_identical_results():
+    """bf16 CPU Linears get a oneDNN-packed copy for 3+ rows; the result is bitwise F.linear's, and
+    a replaced or non-bf16 weight never meets a stale copy."""
+    from torch import nn
+
+    from engine.fast_llama import packed_weight, project
+
+    lin = nn.Linear(64, 96, bias=True).to(torch.bfloat16)
+    x = torch.randn(1, 5, 64).to(torch.bfloat16)
+    packed = packed_weight(lin)
+    if not torch.backends.mkldnn.is_available():
+        assert packed is None
+        return
+    assert packed is not None and packed_weight(lin) is packed  # made once
+    assert torch.equal(project(lin, x), lin(x))
+    assert torch.equal(project(lin, x[:, :1]), lin(x[:, :1]))  # one row: the plain path
+    lin.weight = nn.Parameter(torch.randn(96, 64).to(torch.bfloat16), requires_grad=False)
+    assert packed_weight(lin) is not packed and torch.equal(project(lin, x), lin(x))
+    assert packed_weight(nn.Linear(64, 96)) is None  # fp32: MKL's own path, nothing to pack
