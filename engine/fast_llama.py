@@ -176,6 +176,7 @@ class FastLlama(nn.Module):
 # weight is replaced, cast or quantized never meets a stale copy; variants pack their own on first use).
 _PACKED = WeakIdKeyDictionary()
 _CAN_PACK = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+use_packed = True  # False: plain F.linear for every matmul (`python -m engine.bench verify` compares)
 
 
 def packed_weight(linear: nn.Module):
@@ -206,7 +207,7 @@ def packed_bytes() -> int:
 
 def project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """linear(x), through the packed weight when x has more than two rows (see `_gemm_backend`)."""
-    if x.shape[-2] > 2:
+    if x.shape[-2] > 2 and use_packed:
         packed = packed_weight(linear)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")

@@ -26,6 +26,7 @@ SCENARIOS = {
     "load": "N concurrent streaming clients through the API: nothing lost, crossed or stuck; latency per level",
     "lookup": "prompt-lookup speculation on copy-heavy prompts: decode tok/s with vs without, acceptance",
     "draft": "draft-model speculation on ordinary chat prompts: decode tok/s with vs without, acceptance",
+    "verify": "a forward over T tokens in one-token steps, packed oneDNN weights vs plain (speculation's verify cost)",
     "prefill_chunks": "what chunked prefill costs on a long prompt, per chunk size (why the default chunk)",
 }
 
