@@ -13,9 +13,10 @@ step that verifies k guesses can yield up to k+1 tokens for about the price of o
   max(0, p - q) and stop; when all are accepted, draw a bonus token from p. The result is
   distributed exactly as the target's sampler (`Sampler.probs`) would draw.
 * Caches roll back on rejection: the target's to the accepted prefix, the draft's likewise.
-* `AdaptiveK` chooses how many tokens to guess each step from the measured acceptance and the
-  measured cost of a verify pass and of a draft token; when guessing stops paying it guesses
-  none, and the Timeline records each change (`k_changes`).
+* `AdaptiveK` chooses how many tokens to guess each step from the measured acceptance and a
+  fixed cost model of a verify pass and of a draft token (fixed, so that the same seed gives the
+  same reply); when guessing stops paying it guesses none, and the Timeline records each change
+  (`k_changes`).
 """
 
 from __future__ import annotations
@@ -82,7 +83,6 @@ class DraftModel:
         self.target_vocab = target_vocab
         self.cache = self.model.new_cache(capacity)
         self.forward_passes = 0
-        self.token_s: float | None = None  # mean time of this proposal's one-token draft passes
         self._fed_back = 0  # guesses of the last proposal that went into the cache
 
     def _next(self, tokens: list[int], sampler) -> tuple[int, torch.Tensor | None]:
@@ -105,17 +105,13 @@ class DraftModel:
     def propose(self, ids: list[int], k: int, sampler) -> tuple[list[int], torch.Tensor | None]:
         """Guess k tokens after ids. The draft first catches up on committed tokens it has not seen
         (the whole prompt on its first call: its prefill happens here, not before the first token)."""
-        tokens, qs, small = [], [], []
+        tokens, qs = [], []
         feed = ids[self.cache.length :]
         for _ in range(k):
-            t0 = time.perf_counter()
             tok, q = self._next(feed, sampler)
-            if len(feed) <= 2:  # catch-up passes over many tokens are not the per-guess cost
-                small.append(time.perf_counter() - t0)
             tokens.append(tok)
             qs.append(q)
             feed = [tok]
-        self.token_s = sum(small) / len(small) if small else None
         self._fed_back = k - 1  # the last guess is never fed back
         return tokens, (torch.stack(qs) if qs and qs[0] is not None else None)
 
@@ -164,31 +160,36 @@ def verify_sampling(guesses: list[int], q: torch.Tensor | None, target_logits: t
 
 # --- how many tokens to guess ---------------------------------------------------------------------
 class AdaptiveK:
-    """Choose k (0..max_k) each step to maximise expected tokens per second.
+    """Choose k (0..max_k) each step to maximise expected tokens per unit of work.
 
     With a per-token acceptance a, a step guessing k tokens yields E(k) = 1 + a + ... + a^k tokens
-    and costs verify(k+1) + k * draft_token, in units of one plain decode step. a is a decaying
-    average over the guesses examined; costs are decaying averages of measured times, with a prior
-    (verify(T) = 1 + 0.05 (T-1), the bf16 figure measured here) until measured. k = 0 means a plain
-    step; while at 0, a proposer that can be checked for free (prompt lookup) keeps measuring a,
-    and a draft model is probed with k = 1 every `probe_every` plain steps.
+    and costs verify(k+1) + k * draft_cost, in units of one plain decode step, with verify(T) =
+    1 + VERIFY_COST_PER_TOKEN * (T - 1) (`python -m engine.bench verify`: ~0.06 with packed
+    weights here) and draft_cost the draft's matmul work per token relative to the target's. a is
+    a decaying average over the guesses examined. k = 0 means a plain step; while at 0, a proposer
+    that can be checked for free (prompt lookup) keeps measuring a, and a draft model is probed
+    with k = 1 every `probe_every` plain steps.
+
+    The costs are a fixed model, not wall-clock measurements: every decision is then a function of
+    the tokens alone, so a seeded sampled reply is the same on every run (how many guesses were
+    drawn decides which random numbers each token consumes) and a greedy bf16 reply too (a verify
+    pass rounds differently from plain steps, see README: Exactness). Measured times are still
+    reported (`draft_ms`, `verify_ms`).
 
     Acceptance is tracked per `key`: prompt lookup passes its match length, since a 3-token match
-    is right far more often than a 1-token one (measured: guessing on every 1-token match cost
-    open-ended replies up to 11%). A verify length not yet measured is costed by scaling the
-    nearest measured one linearly, not by the prior, so one expensive measurement is enough to
-    rule out the longer guesses.
+    is right far more often than a 1-token one (guessing on every 1-token match cost open-ended
+    replies up to 11%).
     """
 
     def __init__(self, max_k: int, adaptive: bool = True, prior_acceptance: float = 0.6,
-                 decay: float = 0.8, probe_every: int = 8):
+                 decay: float = 0.8, probe_every: int = 8, draft_cost: float = 0.0,
+                 verify_cost_per_token: float | None = None):
         self.max_k, self.adaptive, self.decay, self.probe_every = max_k, adaptive, decay, probe_every
+        self.draft_cost = draft_cost
+        self.verify_cost_per_token = VERIFY_COST_PER_TOKEN if verify_cost_per_token is None else verify_cost_per_token
         self.prior = prior_acceptance
         self.stats: dict[object, list[float]] = {}  # key -> [hits, trials], decaying
         self.key = None  # the key of the latest choice
-        self.step_s: float | None = None  # a plain (T=1) decode step, seconds
-        self.verify_s: dict[int, float] = {}  # T -> a verify pass over T tokens, seconds
-        self.draft_token_s: float | None = None
         self.k = max_k
         self.plain_since_probe = 0
         self.probing = False  # this step's k is a probe, not a decision
@@ -211,31 +212,9 @@ class AdaptiveK:
             st[0] = self.decay * st[0] + accepted
             st[1] = self.decay * st[1] + examined
 
-    def time_forward(self, tokens: int, seconds: float) -> None:
-        if tokens == 1:
-            self.step_s = _ema(self.step_s, seconds)
-        else:
-            self.verify_s[tokens] = _ema(self.verify_s.get(tokens), seconds)
-
-    def time_draft(self, tokens: int, seconds: float) -> None:
-        if tokens:
-            self.draft_token_s = _ema(self.draft_token_s, seconds / tokens)
-
-    def _cost(self, k: int, draft_cost: float) -> float:
-        if k == 0:
-            return 1.0
-        return self._verify_cost(k + 1) + k * draft_cost
-
-    def _verify_cost(self, tokens: int) -> float:
-        """A verify pass over `tokens` tokens in plain steps: measured, else scaled from the nearest
-        measured length (cost - 1 grows about linearly with the extra rows), else the prior."""
-        if not self.step_s or not self.verify_s:
-            return 1.0 + 0.05 * (tokens - 1)
-        if tokens in self.verify_s:
-            return self.verify_s[tokens] / self.step_s
-        near = min(self.verify_s, key=lambda t: abs(t - tokens))
-        extra = max(self.verify_s[near] / self.step_s - 1.0, 0.0)
-        return 1.0 + extra * (tokens - 1) / (near - 1)
+    def cost(self, k: int) -> float:
+        """A step guessing k tokens, in plain steps."""
+        return 1.0 + k * (self.verify_cost_per_token + self.draft_cost) if k else 1.0
 
     def choose(self, room: int, free_probe: bool, key=None) -> int:
         """k for the next step (room: the most guesses still useful; key: what kind of guess)."""
@@ -243,13 +222,12 @@ class AdaptiveK:
         if not self.adaptive:
             return max(0, min(self.max_k, room))
         a = min(self.acceptance_for(key), 0.999)
-        draft_cost = self.draft_token_s / self.step_s if self.draft_token_s and self.step_s else (0.0 if free_probe else 0.15)
         self.probing = False
         best_k, best = 0, 1.0
         expected = 1.0
         for k in range(1, self.max_k + 1):
             expected += a**k
-            rate = expected / self._cost(k, draft_cost)
+            rate = expected / self.cost(k)
             if rate > best * 1.02:  # a 2% margin: do not speculate for a noise-level gain
                 best_k, best = k, rate
         if best_k == 0 and not free_probe:
@@ -261,12 +239,20 @@ class AdaptiveK:
         return self.k
 
 
-def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
-
-
-CALIBRATE_EVERY = 32
+VERIFY_COST_PER_TOKEN = 0.06  # one more token in a verify pass, in plain steps (bench verify, packed weights)
 MAX_K_CHANGES_KEPT = 64
+
+
+def matmul_weight_ratio(draft_model, target_model) -> float:
+    """A draft token's cost relative to a target step, as the ratio of the weights their matmuls
+    read (decode is memory-bound: a step costs about the bytes it reads). The bundled draft: ~0.09;
+    measured time per token ~0.12 of a target step here."""
+    def linear_bytes(m):
+        return sum(mod.weight.numel() * mod.weight.element_size() for mod in m.modules()
+                   if isinstance(mod, torch.nn.Linear))
+
+    target = linear_bytes(target_model)
+    return linear_bytes(draft_model) / target if target else 0.15
 
 
 # --- the decoding ----------------------------------------------------------------------------
@@ -283,17 +269,17 @@ class SpeculativeDecoding(Decoding):
         capacity = self.prompt_len + config.max_new_tokens + 17
         if config.speculative == "prompt_lookup":
             self.proposer = PromptLookup()
-            prior = 0.5
+            prior, draft_cost = 0.5, 0.0
         elif config.speculative == "draft":
             if draft is None:
                 raise InvalidRequest("speculative='draft' needs a draft model, and none is loaded: start the engine "
                                      "with --draft-model PATH (the bundled model has one built in)", "speculative")
             self.proposer = DraftModel(draft, capacity, model.vocab_size)
-            prior = 0.6
+            prior, draft_cost = 0.6, matmul_weight_ratio(draft.model, model)
         else:
             raise InvalidRequest(f"speculative={config.speculative!r} is not a speculative mode", "speculative")
         self.policy = AdaptiveK(config.num_speculative_tokens, adaptive=config.speculative_adaptive,
-                                prior_acceptance=prior)
+                                prior_acceptance=prior, draft_cost=draft_cost)
         self.drafted = self.accepted = self.steps = self.step_tokens = self.backoffs = 0
         self.accepted_hist = [0] * (config.num_speculative_tokens + 1)
         self.k_changes: list[dict] = []
@@ -304,9 +290,6 @@ class SpeculativeDecoding(Decoding):
     def step(self) -> list[int]:
         room = min(self.config.max_new_tokens - len(self.output_ids) - 1,  # the bonus token always comes
                    self.model.max_context - len(self.ids) - 1)
-        # every CALIBRATE_EVERY steps (the first included) a plain step measures the one-token cost
-        if self.steps % CALIBRATE_EVERY == 0:
-            return self._plain_step()
         guesses, q, key = [], None, None
         if self.proposer.free_probe:  # look first (free), then decide how many of its guesses to check
             t0 = time.perf_counter_ns()
@@ -324,16 +307,12 @@ class SpeculativeDecoding(Decoding):
             t0 = time.perf_counter_ns()
             guesses, q = self.proposer.propose(self.ids, k, self.sampler)
             self.draft_ns += time.perf_counter_ns() - t0
-            if getattr(self.proposer, "token_s", None):
-                self.policy.time_draft(1, self.proposer.token_s)
         if not guesses:
             return self._plain_step()
         return self._speculative_step(guesses, q, key)
 
     def _plain_step(self) -> list[int]:
-        t0 = time.perf_counter_ns()
         out = super().step()
-        self.policy.time_forward(1, (time.perf_counter_ns() - t0) / 1e9)
         self.steps += 1
         self.step_tokens += 1
         if self.proposer.free_probe:  # would a guess have been right? (costs a dict lookup)
@@ -350,7 +329,6 @@ class SpeculativeDecoding(Decoding):
         new = verify_greedy(guesses, logits) if self.sampler.greedy else verify_sampling(guesses, q, logits, self.sampler)
         spent = time.perf_counter_ns() - t0
         self.verify_ns += spent
-        self.policy.time_forward(k + 1, spent / 1e9)
         accepted = len(new) - 1
         self.cache.crop(before + accepted)  # keep the last committed token and the accepted guesses
         self.proposer.after_verify(before, accepted)

@@ -227,19 +227,14 @@ def test_verify_greedy_accepts_the_longest_agreeing_prefix_plus_one():
 
 def test_adaptive_k_backs_off_when_guesses_fail_and_keeps_k_when_they_pay():
     bad = AdaptiveK(max_k=4)
-    bad.time_forward(1, 0.010)
-    for k in (4, 3, 2, 1):
-        bad.time_forward(k + 1, 0.012)
     ks = []
     for _ in range(12):
         k = bad.choose(room=100, free_probe=True)
         ks.append(k)
         if k:
             bad.observe(k, 0)
-    assert ks[-1] == 0 and bad.acceptance < 0.2
+    assert ks[0] > 0 and ks[-1] == 0 and bad.acceptance < 0.2
     good = AdaptiveK(max_k=4)
-    good.time_forward(1, 0.010)
-    good.time_forward(5, 0.012)
     for _ in range(12):
         good.observe(good.choose(room=100, free_probe=True), good.k)
     assert good.choose(room=100, free_probe=True) == 4
@@ -249,8 +244,6 @@ def test_adaptive_k_backs_off_when_guesses_fail_and_keeps_k_when_they_pay():
 def test_adaptive_k_tracks_each_match_length_apart():
     """Prompt lookup's 1-token matches can fail while its 3-token matches pay: guess on the latter only."""
     policy = AdaptiveK(max_k=8)
-    policy.time_forward(1, 0.010)
-    policy.time_forward(5, 0.014)
     for _ in range(10):
         policy.observe(4, 0, key=1)
         policy.observe(4, 4, key=3)
@@ -259,16 +252,14 @@ def test_adaptive_k_tracks_each_match_length_apart():
     assert policy.acceptance_for(1) < 0.1 < 0.9 < policy.acceptance_for(3)
 
 
-def test_an_unmeasured_verify_length_is_costed_from_the_nearest_measured_one():
-    policy = AdaptiveK(max_k=8)
-    policy.time_forward(1, 0.010)
-    policy.time_forward(5, 0.030)  # 4 extra rows cost 2 more plain steps
-    assert policy._verify_cost(5) == pytest.approx(3.0)
-    assert policy._verify_cost(9) == pytest.approx(5.0)  # scaled, not the optimistic prior (1.4)
-    assert policy._verify_cost(3) == pytest.approx(2.0)
-    for _ in range(10):
-        policy.observe(8, 4)  # half the guesses accepted: long guesses do not pay at these costs
-    assert policy.choose(room=100, free_probe=True) < 8
+def test_a_costlier_draft_guesses_fewer_tokens_and_a_draft_at_zero_is_probed():
+    cheap, dear = AdaptiveK(max_k=8, draft_cost=0.05), AdaptiveK(max_k=8, draft_cost=0.5)
+    for policy in (cheap, dear):
+        for _ in range(10):
+            policy.observe(4, 1)  # half the guesses examined accepted
+    assert cheap.choose(room=100, free_probe=False) > dear.choose(room=100, free_probe=False) == 0
+    probes = [dear.choose(room=100, free_probe=False) for _ in range(16)]
+    assert probes.count(1) == 2 and set(probes) == {0, 1}  # k = 1 every 8th plain step
 
 
 def test_adaptive_backoff_engages_on_the_model_when_guesses_never_match(tiny, tmp_path_factory, tokenizer):
@@ -284,8 +275,10 @@ def test_adaptive_backoff_engages_on_the_model_when_guesses_never_match(tiny, tm
         tiny.draft = None
     c = done.timeline.counters
     assert done.token_ids == plain.token_ids
-    assert c["backoffs"] >= 1 and any(change["k"] == 0 for change in c["k_changes"])
-    assert c["drafted"] < 60  # far fewer guesses than 4 per step: it stopped guessing
+    # a draft as big as the target never pays (its cost model says so before any guess); either way
+    # the policy ends at k = 0 and guesses far less than 4 per step
+    assert c["k_changes"] and c["k_changes"][-1]["k"] == 0
+    assert c["drafted"] < 60
 
 
 # --- cancellation and errors ---------------------------------------------------------------------
