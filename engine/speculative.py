@@ -164,8 +164,8 @@ class AdaptiveK:
 
     With a per-token acceptance a, a step guessing k tokens yields E(k) = 1 + a + ... + a^k tokens
     and costs verify(k+1) + k * draft_cost, in units of one plain decode step, with verify(T) =
-    1 + VERIFY_COST_PER_TOKEN * (T - 1) (`python -m engine.bench verify`: ~0.06 with packed
-    weights here) and draft_cost the draft's matmul work per token relative to the target's. a is
+    1 + VERIFY_FIXED_COST + VERIFY_COST_PER_TOKEN * (T - 1) (`python -m engine.bench verify`, packed
+    weights) and draft_cost the draft's matmul work per token relative to the target's. a is
     a decaying average over the guesses examined. k = 0 means a plain step; while at 0, a proposer
     that can be checked for free (prompt lookup) keeps measuring a, and a draft model is probed
     with k = 1 every `probe_every` plain steps.
@@ -214,7 +214,7 @@ class AdaptiveK:
 
     def cost(self, k: int) -> float:
         """A step guessing k tokens, in plain steps."""
-        return 1.0 + k * (self.verify_cost_per_token + self.draft_cost) if k else 1.0
+        return 1.0 + VERIFY_FIXED_COST + k * (self.verify_cost_per_token + self.draft_cost) if k else 1.0
 
     def choose(self, room: int, free_probe: bool, key=None) -> int:
         """k for the next step (room: the most guesses still useful; key: what kind of guess)."""
@@ -239,7 +239,10 @@ class AdaptiveK:
         return self.k
 
 
-VERIFY_COST_PER_TOKEN = 0.06  # one more token in a verify pass, in plain steps (bench verify, packed weights)
+# A verify pass over T = k + 1 tokens costs 1 + VERIFY_FIXED_COST + k * VERIFY_COST_PER_TOKEN plain steps:
+# `python -m engine.bench verify` measured 1.10-1.29 for T = 2, 1.25-1.38 for 3, 1.23-1.25 for 5, 1.38 for 9.
+VERIFY_FIXED_COST = 0.2
+VERIFY_COST_PER_TOKEN = 0.03
 MAX_K_CHANGES_KEPT = 64
 
 
