@@ -168,7 +168,8 @@ class AdaptiveK:
     weights) and draft_cost the draft's matmul work per token relative to the target's. a is
     a decaying average over the guesses examined. k = 0 means a plain step; while at 0, a proposer
     that can be checked for free (prompt lookup) keeps measuring a, and a draft model is probed
-    with k = 1 every `probe_every` plain steps.
+    with k = 1 after `probe_every` plain steps, then after twice as many while probes fail (up to
+    8x).
 
     The costs are a fixed model, not wall-clock measurements: every decision is then a function of
     the tokens alone, so a seeded sampled reply is the same on every run (how many guesses were
@@ -192,6 +193,7 @@ class AdaptiveK:
         self.key = None  # the key of the latest choice
         self.k = max_k
         self.plain_since_probe = 0
+        self.probe_interval = probe_every  # grows while probes fail, back to probe_every once guessing pays
         self.probing = False  # this step's k is a probe, not a decision
 
     def _stats(self, key) -> list[float]:
@@ -232,9 +234,14 @@ class AdaptiveK:
                 best_k, best = k, rate
         if best_k == 0 and not free_probe:
             self.plain_since_probe += 1
-            if self.plain_since_probe >= self.probe_every:
+            if self.plain_since_probe >= self.probe_interval:
                 self.plain_since_probe = 0
+                # a probe costs a verify pass and a draft token; while probes keep saying "no",
+                # probe half as often (8, 16, 32, 64 plain steps)
+                self.probe_interval = min(self.probe_interval * 2, 8 * self.probe_every)
                 best_k, self.probing = 1, True
+        elif best_k > 0:
+            self.probe_interval = self.probe_every
         self.k = min(best_k, room)
         return self.k
 
@@ -278,7 +285,7 @@ class SpeculativeDecoding(Decoding):
                 raise InvalidRequest("speculative='draft' needs a draft model, and none is loaded: start the engine "
                                      "with --draft-model PATH (the bundled model has one built in)", "speculative")
             self.proposer = DraftModel(draft, capacity, model.vocab_size)
-            prior, draft_cost = 0.6, matmul_weight_ratio(draft.model, model)
+            prior, draft_cost = 0.4, matmul_weight_ratio(draft.model, model)
         else:
             raise InvalidRequest(f"speculative={config.speculative!r} is not a speculative mode", "speculative")
         self.policy = AdaptiveK(config.num_speculative_tokens, adaptive=config.speculative_adaptive,

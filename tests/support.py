@@ -1,5 +1,7 @@
 """Small helpers several test modules share (imported as `support`: pytest puts tests/ on sys.path)."""
 
+import contextlib
+
 
 def ask(text: str) -> list[dict]:
     """One user message, as chat messages."""
@@ -19,3 +21,19 @@ class Recording:
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
+
+
+@contextlib.contextmanager
+def served(engine):
+    """The engine, recorded, behind our API on a free loopback port: yields (url, recording, model name)."""
+    from server.api import create_api
+    from server.run import BackgroundServer
+
+    rec = Recording(engine)
+    name = engine.info()["name"]
+    server = BackgroundServer(create_api({name: rec}))
+    url = server.start()
+    try:
+        yield url, rec, name
+    finally:
+        server.stop()

@@ -16,7 +16,7 @@ from engine.service import Engine
 from engine.worker import Worker
 from server.api import create_api
 from server.run import BackgroundServer
-from support import Recording, ask
+from support import ask, served
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 GLOSSARY = ("queue_ms", "setup_ms", "prefill_ms", "ttft_ms", "tpot_ms", "decode_tps", "e2e_ms", "itl_ms",
@@ -33,12 +33,8 @@ def wait_final(handle, timeout=120.0):
 
 @pytest.fixture(scope="module")
 def api(bundled_engine):
-    rec = Recording(bundled_engine)
-    name = bundled_engine.info()["name"]
-    server = BackgroundServer(create_api({name: rec}))
-    url = server.start()
-    yield type("Api", (), {"url": url, "rec": rec, "model": name})
-    server.stop()
+    with served(bundled_engine) as (url, rec, name):
+        yield type("Api", (), {"url": url, "rec": rec, "model": name})
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from engine.remote import RemoteEngine, RemoteError
 from server.api import create_api
 from server.cli import add_server_args, build_backends
 from server.run import BackgroundServer
-from support import Recording, ask
+from support import ask, served
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 
@@ -29,12 +29,8 @@ GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 @pytest.fixture(scope="module")
 def ours(bundled_engine):
     """Our API over the bundled engine, on a free loopback port."""
-    rec = Recording(bundled_engine)
-    name = bundled_engine.info()["name"]
-    server = BackgroundServer(create_api({name: rec}))
-    url = server.start()
-    yield type("Ours", (), {"url": url, "base_url": url + "/v1", "rec": rec, "model": name})
-    server.stop()
+    with served(bundled_engine) as (url, rec, name):
+        yield type("Ours", (), {"url": url, "base_url": url + "/v1", "rec": rec, "model": name})
 
 
 @pytest.fixture(scope="module")
