@@ -26,7 +26,7 @@ import time
 import torch
 
 from .errors import InvalidRequest
-from .generate import Decoding
+from .generate import Decoding, cache_capacity
 
 
 # --- proposers -------------------------------------------------------------------------------
@@ -183,11 +183,9 @@ class AdaptiveK:
     """
 
     def __init__(self, max_k: int, adaptive: bool = True, prior_acceptance: float = 0.6,
-                 decay: float = 0.8, probe_every: int = 8, draft_cost: float = 0.0,
-                 verify_cost_per_token: float | None = None):
+                 decay: float = 0.8, probe_every: int = 8, draft_cost: float = 0.0):
         self.max_k, self.adaptive, self.decay, self.probe_every = max_k, adaptive, decay, probe_every
         self.draft_cost = draft_cost
-        self.verify_cost_per_token = VERIFY_COST_PER_TOKEN if verify_cost_per_token is None else verify_cost_per_token
         self.prior = prior_acceptance
         self.stats: dict[object, list[float]] = {}  # key -> [hits, trials], decaying
         self.key = None  # the key of the latest choice
@@ -216,7 +214,7 @@ class AdaptiveK:
 
     def cost(self, k: int) -> float:
         """A step guessing k tokens, in plain steps."""
-        return 1.0 + VERIFY_FIXED_COST + k * (self.verify_cost_per_token + self.draft_cost) if k else 1.0
+        return 1.0 + VERIFY_FIXED_COST + k * (VERIFY_COST_PER_TOKEN + self.draft_cost) if k else 1.0
 
     def choose(self, room: int, free_probe: bool, key=None) -> int:
         """k for the next step (room: the most guesses still useful; key: what kind of guess)."""
@@ -276,7 +274,7 @@ class SpeculativeDecoding(Decoding):
 
     def __init__(self, model, prompt_ids: list[int], config, cache=None, cached_tokens: int = 0, draft=None):
         super().__init__(model, prompt_ids, config, cache=cache, cached_tokens=cached_tokens)
-        capacity = self.prompt_len + config.max_new_tokens + 17
+        capacity = cache_capacity(self.prompt_len, config)
         if config.speculative == "prompt_lookup":
             self.proposer = PromptLookup()
             prior, draft_cost = 0.5, 0.0
@@ -302,9 +300,7 @@ class SpeculativeDecoding(Decoding):
                    self.model.max_context - len(self.ids) - 1)
         guesses, q, key = [], None, None
         if self.proposer.free_probe:  # look first (free), then decide how many of its guesses to check
-            t0 = time.perf_counter_ns()
-            guesses, q = self.proposer.propose(self.ids, self.config.num_speculative_tokens, self.sampler)
-            self.draft_ns += time.perf_counter_ns() - t0
+            guesses, q = self._propose(self.config.num_speculative_tokens)
             key = self.proposer.matched_n
             if not guesses:  # nothing to guess from: no decision to make
                 return self._plain_step()
@@ -314,12 +310,18 @@ class SpeculativeDecoding(Decoding):
         if self.proposer.free_probe:
             guesses = guesses[:k]
         elif k > 0:
-            t0 = time.perf_counter_ns()
-            guesses, q = self.proposer.propose(self.ids, k, self.sampler)
-            self.draft_ns += time.perf_counter_ns() - t0
+            guesses, q = self._propose(k)
         if not guesses:
             return self._plain_step()
         return self._speculative_step(guesses, q, key)
+
+    def _propose(self, k: int):
+        """The proposer's guesses (up to k), timed as `draft_ms`."""
+        t0 = time.perf_counter_ns()
+        try:
+            return self.proposer.propose(self.ids, k, self.sampler)
+        finally:
+            self.draft_ns += time.perf_counter_ns() - t0
 
     def _plain_step(self) -> list[int]:
         out = super().step()

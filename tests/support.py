@@ -37,3 +37,11 @@ def served(engine):
         yield url, rec, name
     finally:
         server.stop()
+
+
+def cancel_once_streaming(handle, after_tokens: int = 2, timeout: float = 120):
+    """Read a request's events and cancel it once `after_tokens` tokens have streamed; returns the handle."""
+    for event in handle.events(timeout=timeout):
+        if event.kind == "chunk" and event.output_tokens >= after_tokens:
+            handle.cancel()
+    return handle

@@ -21,7 +21,7 @@ from engine.remote import RemoteEngine, RemoteError
 from server.api import create_api
 from server.cli import add_server_args, build_backends
 from server.run import BackgroundServer
-from support import ask, served
+from support import ask, cancel_once_streaming, served
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 
@@ -78,9 +78,7 @@ def test_cancelling_a_remote_request_cancels_it_on_the_server(remote, ours, bund
     before = len(ours.rec.handles)
     handle = remote.submit(ask("Write a very long story about a dragon."),
                            GenerationConfig(temperature=0.0, max_new_tokens=400))
-    for event in handle.events(timeout=120):
-        if event.kind == "chunk" and event.output_tokens >= 2:
-            handle.cancel()
+    cancel_once_streaming(handle)
     assert handle.final.detail["finish_reason"] == "cancelled"
     server_side = ours.rec.handles[before]
     deadline = time.monotonic() + 60

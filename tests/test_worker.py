@@ -8,7 +8,7 @@ from engine.config import GenerationConfig, LoadConfig
 from engine.errors import ContextOverflow, InvalidRequest, LoadError
 from engine.generate import Decoding, Request
 from engine.worker import Worker
-from support import ask
+from support import ask, cancel_once_streaming
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 
@@ -37,9 +37,7 @@ def test_events_stream_and_chunks_are_stamped_out(bundled_engine):
 def test_cancel_while_streaming_frees_the_worker(bundled_engine):
     h = bundled_engine.submit(ask("Write a very long story about a dragon."),
                               GenerationConfig(temperature=0.0, max_new_tokens=400))
-    for event in h.events(timeout=120):
-        if event.kind == "chunk" and event.output_tokens >= 2:
-            h.cancel()
+    cancel_once_streaming(h)
     assert h.final.detail["finish_reason"] == "cancelled"
     assert h.final.output_tokens < 400
     after = bundled_engine.complete(ask("Say hi."), GREEDY)  # the worker still serves
