@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import capabilities
 from .kv_cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -175,7 +176,6 @@ class FastLlama(nn.Module):
 # oneDNN-packed copies of bf16 Linear weights, keyed by the weight tensor itself (so a module whose
 # weight is replaced, cast or quantized never meets a stale copy; variants pack their own on first use).
 _PACKED = WeakIdKeyDictionary()
-_CAN_PACK = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 use_packed = True  # False: plain F.linear for every matmul (`python -m engine.bench verify` compares)
 
 
@@ -189,12 +189,14 @@ def packed_weight(linear: nn.Module):
     So a speculative verify pass over k+1 tokens costs about one plain step, not two, and chunked
     prefill loses most of its per-chunk cost. Price: a second copy of those weights in memory.
     """
-    if not _CAN_PACK or type(linear) is not nn.Linear:  # quantized modules are subclasses or others
+    if type(linear) is not nn.Linear:  # quantized modules are subclasses or others
         return None
     w = linear.weight
     if w.dtype != torch.bfloat16 or w.device.type != "cpu":
         return None
     p = _PACKED.get(w)
+    if p is None and not capabilities.detect().packed_bf16_weights:  # AVX2-only CPUs: plain F.linear
+        return None
     if p is None:
         p = _PACKED[w] = torch.ops.mkldnn._reorder_linear_weight(w.detach())
     return p

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from . import capabilities
 from .config import LoadConfig
 from .errors import LoadError
 from .fast_llama import packed_bytes
@@ -142,8 +143,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return DTYPE_NAMES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return torch.bfloat16 if native_bf16 else torch.float32
+    return torch.bfloat16 if capabilities.detect().native_bf16 else torch.float32
 
 
 def _progress(config: LoadConfig, total: int, desc: str):
