@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from .config import DEVICES, DTYPES, SPECULATIVE_MODES, GenerationConfig, LoadConfig
+from .config import DEVICES, DTYPES, TOGGLES, GenerationConfig, LoadConfig
 from .errors import LatencyLabError
 from .sessions import Conversation
 
@@ -57,26 +57,20 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     g.add_argument("--system", default=None, help="system prompt")
-    g.add_argument("--no-kv-reuse", action="store_true", help="prefill the whole prompt every turn")
-    g.add_argument("--speculative", default=d.speculative, choices=SPECULATIVE_MODES)
-    g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
-                   help="the most tokens one speculative step guesses")
-    g.add_argument("--no-adaptive-speculation", action="store_true",
-                   help="always guess --num-speculative-tokens, even when guesses stop paying")
-    g.add_argument("--quantization", default=None,
-                   help="the model variant for this request: int8, nf4, fp4, int8wo or a dtype (default: as loaded)")
-    g.add_argument("--chunked-prefill", action="store_true",
-                   help="prefill in chunks of --prefill-chunk-tokens, reporting progress between them")
-    g.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens)
+    for t in TOGGLES:  # one flag per declared toggle
+        if t.kind == "bool" and t.default:
+            g.add_argument("--no-" + t.cli_flag[2:], dest=t.name, action="store_false", help=f"off: {t.help}")
+        elif t.kind == "bool":
+            g.add_argument(t.cli_flag, dest=t.name, action="store_true", help=t.help)
+        else:
+            g.add_argument(t.cli_flag, dest=t.name, default=t.default, help=t.help,
+                           type=int if t.kind == "int" else str, choices=t.choices or None)
 
 
 def generation_config_from_args(args) -> GenerationConfig:
     return GenerationConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        seed=args.seed, stop=tuple(args.stop), kv_reuse=not args.no_kv_reuse, speculative=args.speculative,
-        num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
-        speculative_adaptive=not args.no_adaptive_speculation, chunked_prefill=args.chunked_prefill,
-        prefill_chunk_tokens=args.prefill_chunk_tokens,
+        seed=args.seed, stop=tuple(args.stop), **{t.name: getattr(args, t.name) for t in TOGGLES},
     ).validate()
 
 
@@ -123,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         done = _answer(engine, _messages(args.system, [{"role": "user", "content": args.prompt}]), gen,
                        None if args.json else sys.stdout)
         if args.json:
-            print(json.dumps({"text": done.text, "model": engine.info(), "timeline": done.timeline.to_dict()}))
+            print(json.dumps({"text": done.text, "model": engine.info().to_dict(), "timeline": done.timeline.to_dict()}))
         else:
             print(f"\n[{done.timeline.summary()}]", file=sys.stderr)
         return 0
@@ -136,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _chat(engine, args, gen) -> int:
     info = engine.info()
-    print(f"{info['name']} ({info['dtype']}, {info['device']}, loaded in {info['load_s']:.1f}s). "
+    print(f"{info.name} ({info.dtype}, {info.device}, loaded in {info.load_s:.1f}s). "
           "Type a message; /reset starts over, Ctrl-D quits.", file=sys.stderr)
     # The conversation lives here, replies exactly as generated, in one prefix-cache session:
     # each turn prefills only the new tokens (see the `cached` figure in the summary line).

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import InvalidRequest
+from .toggles import declared, toggle
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -69,14 +70,29 @@ class GenerationConfig:
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None  # same seed, same output
     stop: tuple[str, ...] = ()
-    # Optimization toggles. Later features read them; the core loop ignores what it does not know.
-    kv_reuse: bool = True
-    speculative: str = "off"
-    num_speculative_tokens: int = 4  # the most tokens one step guesses
-    speculative_adaptive: bool = True  # guess fewer (or none) when guesses stop paying
-    quantization: str | None = None  # a variant name; None: the default variant
-    chunked_prefill: bool = False  # prefill in chunks, reporting progress (and checking Stop) between them
-    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS
+    # The optimization toggles: each field below is the toggle's one declaration (engine/toggles.py).
+    kv_reuse: bool = toggle(
+        True, "bool", "KV reuse", "serve the longest cached prefix of the prompt from the prefix cache; "
+        "prefill only the rest", glossary="cached_tokens")
+    speculative: str = toggle(
+        "off", "choice", "Speculation", "guess several tokens per step and verify them in one forward: "
+        "prompt_lookup copies n-grams from the prompt, draft asks a small draft model",
+        choices=SPECULATIVE_MODES, glossary="tokens_per_step")
+    num_speculative_tokens: int = toggle(
+        4, "int", "Draft tokens (k)", "the most tokens one speculative step guesses", lo=1, hi=16,
+        glossary="drafted", only_with="speculative", short="k")
+    speculative_adaptive: bool = toggle(
+        True, "bool", "Adaptive k", "guess fewer tokens (or none) while guesses stop paying",
+        glossary="acceptance_rate", off_label="fixed k", only_with="speculative")
+    quantization: str | None = toggle(
+        None, "variant", "Weights", "the weights variant that serves the request (a dtype or a "
+        "quantization); none: the variant the engine loaded", glossary="weight_mb")
+    chunked_prefill: bool = toggle(
+        False, "bool", "Chunked prefill", "prefill long prompts in chunks: a progress bar and Stop between "
+        "chunks, for some extra prefill time", glossary="prefill_ms")
+    prefill_chunk_tokens: int = toggle(
+        PREFILL_CHUNK_TOKENS, "int", "Chunk tokens", "prompt tokens per prefill chunk (with chunked prefill)",
+        lo=16, hi=65536, glossary="prefill_ms", only_with="chunked_prefill", short="chunk")
     extra: dict = field(default_factory=dict, compare=False)  # room for features still to come
 
     @property
@@ -110,21 +126,13 @@ class GenerationConfig:
         for s in self.stop:
             if not s or len(s) > MAX_STOP_CHARS:
                 raise InvalidRequest(f"each stop string must have 1 to {MAX_STOP_CHARS} characters", "stop")
-        if not isinstance(self.kv_reuse, bool):
-            raise InvalidRequest("kv_reuse must be true or false", "kv_reuse")
-        if self.speculative not in SPECULATIVE_MODES:
-            raise InvalidRequest(
-                f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, not {self.speculative!r}", "speculative"
-            )
-        _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=1, hi=16)
-        if not isinstance(self.speculative_adaptive, bool):
-            raise InvalidRequest("speculative_adaptive must be true or false", "speculative_adaptive")
-        if self.quantization is not None and not isinstance(self.quantization, str):
-            raise InvalidRequest("quantization must be a variant name", "quantization")
-        if not isinstance(self.chunked_prefill, bool):
-            raise InvalidRequest("chunked_prefill must be true or false", "chunked_prefill")
-        _check_int("prefill_chunk_tokens", self.prefill_chunk_tokens, lo=16, hi=65536)
+        for t in TOGGLES:
+            t.check(getattr(self, t.name))
         return self
+
+
+TOGGLES = declared(GenerationConfig)  # the page, API, CLI and remote engine derive from these
+TOGGLE = {t.name: t for t in TOGGLES}
 
 
 def _check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:

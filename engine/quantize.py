@@ -82,6 +82,21 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
     return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
 
 
+def precheck(base: LoadedModel, name: str) -> str | None:
+    """Why variant `name` cannot run here, known without building it (None: nothing known against it).
+    The page shows such a variant disabled with this reason; building may still fail (then the
+    VariantSet remembers that reason)."""
+    try:
+        if name in DTYPE_NAMES:
+            if DTYPE_NAMES[name].itemsize > base.dtype.itemsize:
+                _cast(base, DTYPE_NAMES[name])  # raises the upcast's reason
+        elif name != "int8wo":
+            _check_bitsandbytes(name, base)
+    except LoadError as exc:
+        return str(exc)
+    return None
+
+
 def _cast(base: LoadedModel, dtype: torch.dtype) -> nn.Module:
     if dtype.itemsize > base.dtype.itemsize:
         raise LoadError(

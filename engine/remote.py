@@ -33,19 +33,22 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 
 import httpx
 from httpx_sse import EventSource
 
-from .config import GenerationConfig
+from .config import TOGGLES, GenerationConfig
 from .errors import InvalidRequest, LatencyLabError
+from .info import EngineInfo
 from .generate import Event, Request, validate_messages
 from .timeline import Timeline, now_ns
 from .worker import RequestHandle
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
-TOGGLES = ("kv_reuse", "speculative", "num_speculative_tokens", "quantization")
+# The toggles another Latency Lab honours: derived from their one declaration (engine/config.py).
+FORWARDED = tuple(t.name for t in TOGGLES if "remote-lab" in t.backends)
 # Where servers report their own time to first token, most faithful first. llama.cpp's prompt_ms
 # is prompt processing only (no queue), so it is a lower bound of its TTFT.
 SERVER_TTFT_KEYS = ("ttft_ms", "time_to_first_token_ms", "prompt_ms")
@@ -86,6 +89,7 @@ class RemoteEngine:
         self._remote_sessions: OrderedDict[str, str] = OrderedDict()
         self._server_has_sessions = True  # until a POST /sessions says otherwise
         self._closed = False
+        self._info: EngineInfo | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"remote-{model}", daemon=True)
         self._thread.start()
@@ -122,11 +126,32 @@ class RemoteEngine:
     def complete(self, messages: list[dict], config: GenerationConfig | None = None, **kw) -> Event:
         return self.submit(messages, config, **kw).result()
 
-    def info(self) -> dict:
-        return {"name": self.model, "source": "remote", "backend": "openai", "path": self.base_url,
-                "dtype": None, "device": "remote", "load_s": 0.0, "fast_path": None, "weight_bytes": None,
-                "max_context": None, "threads": None,
-                "notes": [f"a remote server at {self.base_url}, measured from this machine"]}
+    def info(self) -> EngineInfo:
+        """What the server says of itself: a Latency Lab sends its whole EngineInfo in its model card
+        (`latency_lab`); any other server only what its card has. Asked once; unknowns stay None."""
+        if self._info is None:
+            card = {}
+            try:
+                card = self._call(self._model_card(), timeout=5.0)
+            except Exception as exc:  # a server that is down must not take the page with it
+                log.warning("remote %s: no model card (%s)", self.base_url, exc)
+            note = f"a remote server at {self.base_url}, measured from this machine"
+            lab = card.get("latency_lab") if isinstance(card, dict) else None
+            if isinstance(lab, dict):
+                remote = EngineInfo.from_dict(lab)
+                self._info = replace(remote, name=self.model, source="remote", path=self.base_url,
+                                     notes=(note, *remote.notes), extra={**remote.extra, "remote_source": remote.source})
+            else:
+                max_len = card.get("max_model_len") if isinstance(card, dict) else None
+                self._info = EngineInfo(name=self.model, source="remote", path=self.base_url, device="remote",
+                                        context_max=max_len if isinstance(max_len, int) else None,
+                                        toggles=FORWARDED if self.send_toggles else (), notes=(note,))
+        return self._info
+
+    async def _model_card(self) -> dict:
+        response = await self._client.get(f"{self.base_url}/models/{self.model}", timeout=3.0)
+        response.raise_for_status()
+        return response.json()
 
     def in_flight(self) -> int:
         return len(self._active)
@@ -262,7 +287,7 @@ def request_body(model: str, messages: list[dict], cfg: GenerationConfig, sessio
         body["top_k"] = cfg.top_k  # vLLM, SGLang and llama.cpp take it; OpenAI itself does not
     if send_toggles:
         default = GenerationConfig()
-        body.update({name: getattr(cfg, name) for name in TOGGLES if getattr(cfg, name) != getattr(default, name)})
+        body.update({name: getattr(cfg, name) for name in FORWARDED if getattr(cfg, name) != getattr(default, name)})
         if session:
             body["session"] = session
     return body

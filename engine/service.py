@@ -5,7 +5,12 @@
 
 from __future__ import annotations
 
-from .config import GenerationConfig, LoadConfig
+import torch
+
+from . import capabilities
+from .config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, LoadConfig
+from .fast_llama import packed_bytes
+from .info import EngineInfo, SpeculationInfo
 from .generate import Event, Request
 from .loader import LoadedModel, load
 from .prefix_cache import PrefixCache
@@ -46,8 +51,21 @@ class Engine:
         """Blocking: the done event (text, token ids, timeline). Raises the request's error."""
         return self.submit(messages, config, **kw).result()
 
-    def info(self) -> dict:
-        return {**self.loaded.info(), "prefix_cache": self.prefix_cache.stats(), "variants": self.variants.report()}
+    def info(self) -> EngineInfo:
+        lm = self.loaded
+        draft_missing = None if lm.draft is not None else (
+            "no draft model is loaded: start the engine with --draft-model PATH (the bundled draft matches "
+            "only the bundled model)")
+        return EngineInfo(
+            name=lm.name, source=lm.source, path=lm.path, dtype=lm.dtype_name, device=str(lm.device),
+            threads=torch.get_num_threads() if lm.device.type == "cpu" else None, context_max=lm.max_context,
+            weight_bytes=lm.weight_bytes(), load_s=round(lm.load_s, 3), fast_path=lm.fast_path,
+            notes=tuple(lm.notes), variants=self.variants.infos(),
+            speculation=tuple(SpeculationInfo(m, m != "draft" or draft_missing is None,
+                                              draft_missing if m == "draft" else None) for m in SPECULATIVE_MODES),
+            toggles=tuple(t.name for t in TOGGLES), capabilities=capabilities.detect().to_dict(),
+            prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
+            packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None)
 
     def close(self) -> None:
         self.worker.close()

@@ -28,7 +28,8 @@ from torch import nn
 from .errors import InvalidRequest, LoadError
 from .loader import LoadedModel, weight_bytes
 from .quality import compare, next_token_logits, quality_inputs
-from .quantize import METHODS, build_variant
+from .info import VariantInfo
+from .quantize import METHODS, build_variant, precheck
 
 log = logging.getLogger(__name__)
 RECENT = 20  # served requests per variant whose speeds the report's medians cover
@@ -153,6 +154,23 @@ class VariantSet:
                 "failed": dict(self._failed),
                 "variants": [v.report() for v in built],
             }
+
+    def infos(self) -> tuple[VariantInfo, ...]:
+        """Every variant this engine offers, the default first: built ones with their figures, the
+        others with whether this machine can run them (and if not, why)."""
+        with self._lock:
+            built, failed = dict(self._built), dict(self._failed)
+        out = []
+        for name in self.names():
+            reason = failed.get(name) or precheck(self.default.loaded, name)
+            v = built.get(name)
+            r = v.report() if v else {}
+            out.append(VariantInfo(
+                name=name, method=v.method if v else METHODS[name], default=name == self.default_name,
+                available=reason is None, reason=reason, resident=v is not None, weight_bytes=r.get("weight_bytes"),
+                decode_tps=r.get("decode_tps"), prefill_tps=r.get("prefill_tps"),
+                top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s")))
+        return tuple(out)
 
     # --- building (worker thread) -----------------------------------------------------------
     def _build(self, name: str) -> Variant:

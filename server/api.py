@@ -97,7 +97,8 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     def model_card(name: str) -> dict:
         info = backends[name].info()
         return {"id": name, "object": "model", "created": started, "owned_by": "latency-lab",
-                "max_model_len": info.get("max_context"), "backend": info.get("source")}
+                "max_model_len": info.context_max, "backend": info.source,
+                "latency_lab": info.to_dict()}  # the typed EngineInfo: a remote Latency Lab reads it back
 
     @app.get("/v1/models", dependencies=authorized)
     async def list_models():
@@ -141,7 +142,7 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
 def named_backends(engine_or_backends) -> dict:
     """One engine → {its model name: it}; a dict passes through."""
     if hasattr(engine_or_backends, "submit"):
-        return {engine_or_backends.info()["name"]: engine_or_backends}
+        return {engine_or_backends.info().name: engine_or_backends}
     backends = dict(engine_or_backends)
     if not backends:
         raise ValueError("create_api needs at least one engine")

@@ -47,7 +47,7 @@ def build_backends(args, load_local) -> dict:
     backends = {}
     if args.backend in ("local", "both"):
         engine = load_local()
-        backends[engine.info()["name"]] = engine
+        backends[engine.info().name] = engine
     if args.backend in ("openai", "both"):
         if not args.base_url or not args.remote_model:
             raise InvalidRequest("--backend openai needs --base-url URL and --remote-model NAME", "base_url")

@@ -13,15 +13,22 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from engine.config import TOGGLES as CONFIG_TOGGLES
 from engine.config import GenerationConfig
 from engine.errors import ContextOverflow, InvalidRequest, LatencyLabError
 from engine.generate import validate_messages
 from engine.timeline import Timeline
 
 MAX_SESSION_CHARS = 200
-# Our optimization toggles, accepted as extra body fields (the openai SDK sends them via extra_body).
-TOGGLES = ("kv_reuse", "speculative", "num_speculative_tokens", "quantization", "chunked_prefill",
-           "prefill_chunk_tokens")
+# Our optimization toggles, accepted as extra body fields (the openai SDK sends them via extra_body);
+# derived from their one declaration (engine/config.py).
+TOGGLES = tuple(t.name for t in CONFIG_TOGGLES if "local" in t.backends)
+# Fields we read; any other field is refused with a 400 that names it, except these standard
+# OpenAI fields, which are accepted and ignored (they change nothing a local engine does).
+READ = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
+        "top_p", "top_k", "seed", "stop", "n", "response_format", "session"}
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
+           "safety_identifier", "prompt_cache_key", "verbosity", "web_search_options"}
 # Standard fields we cannot honour: refused when set to anything but their "off" value.
 UNSUPPORTED = {
     "tools": (None, []),
@@ -59,6 +66,10 @@ def parse_chat_request(body) -> ChatRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidRequest("model must be a string", "model")
+    unknown = sorted(set(body) - READ - IGNORED - set(UNSUPPORTED) - set(TOGGLES))
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]!r}: this server reads the OpenAI chat fields and its "
+                             f"toggles ({', '.join(TOGGLES)})", unknown[0])
     messages = validate_messages(_messages(body.get("messages")))
     for name, allowed in UNSUPPORTED.items():
         if body.get(name) not in allowed:

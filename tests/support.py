@@ -30,7 +30,7 @@ def served(engine):
     from server.run import BackgroundServer
 
     rec = Recording(engine)
-    name = engine.info()["name"]
+    name = engine.info().name
     server = BackgroundServer(create_api({name: rec}))
     url = server.start()
     try:

@@ -264,7 +264,7 @@ def test_api_key_is_required_when_set(bundled_engine):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
         good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
-        assert good.chat.completions.create(model=bundled_engine.info()["name"], messages=HI, max_tokens=2,
+        assert good.chat.completions.create(model=bundled_engine.info().name, messages=HI, max_tokens=2,
                                             temperature=0).usage.completion_tokens > 0
         assert httpx.get(url + "/metrics").status_code == 200  # like vLLM: the key guards /v1 only
 
@@ -291,7 +291,7 @@ def test_an_engine_failure_mid_stream_is_reported_in_the_stream(bundled):
         with BackgroundServer(create_api(broken)) as url:
             sdk = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
             with pytest.raises(openai.APIError, match="forced failure"):
-                for _ in sdk.chat.completions.create(model=broken.info()["name"], messages=HI, max_tokens=5,
+                for _ in sdk.chat.completions.create(model=broken.info().name, messages=HI, max_tokens=5,
                                                      temperature=0, stream=True):
                     pass
             resp = httpx.post(url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 5})

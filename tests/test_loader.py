@@ -124,7 +124,7 @@ def test_cli_flags_reach_the_generation_config():
     from engine.cli import build_parser, generation_config_from_args
 
     args = build_parser().parse_args(["hi", "--speculative", "prompt_lookup", "--num-speculative-tokens", "6",
-                                      "--no-adaptive-speculation", "--chunked-prefill", "--prefill-chunk-tokens",
+                                      "--no-speculative-adaptive", "--chunked-prefill", "--prefill-chunk-tokens",
                                       "64", "--no-kv-reuse", "--quantization", "int8"])
     cfg = generation_config_from_args(args)
     assert (cfg.speculative, cfg.num_speculative_tokens, cfg.speculative_adaptive, cfg.chunked_prefill,

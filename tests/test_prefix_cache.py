@@ -218,7 +218,7 @@ def test_engine_sessions_reuse_and_report_stats(bundled_engine):
     second = bundled_engine.complete(conv.send("Name another one."), GREEDY, session=conv.session)
     assert second.timeline.cached_tokens >= first.timeline.prompt_tokens
     assert second.timeline.to_dict()["cached_tokens"] == second.timeline.cached_tokens
-    stats = bundled_engine.info()["prefix_cache"]
+    stats = bundled_engine.info().prefix_cache
     assert stats["entries"] >= 1 and 0 < stats["bytes"] <= stats["budget_bytes"] and stats["hits"] >= 1
     off = bundled_engine.complete(conv.request_messages(), GREEDY.replace(kv_reuse=False), session=conv.session)
     assert off.timeline.cached_tokens == 0 and off.token_ids == second.token_ids

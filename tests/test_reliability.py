@@ -324,7 +324,7 @@ def test_model_paths_come_only_from_the_command_line(served, bundled_engine, tmp
             touched.append((event, str(args[0])))
 
     sys.addaudithook(audit)  # hooks cannot be removed; this one only notes paths under tmp_path
-    name = bundled_engine.info()["name"]
+    name = bundled_engine.info().name
     paths = [str(model_file), str(folder), f"file://{model_file}", f"../../{model_file}"]
     for path in paths:
         resp = chat(served, None, model=path)
@@ -345,7 +345,7 @@ def test_model_paths_come_only_from_the_command_line(served, bundled_engine, tmp
     with pytest.raises(InvalidRequest, match="backend must be one of"):
         ChatStore({name: bundled_engine}).engine(str(model_file))
     assert touched == []
-    assert bundled_engine.info()["name"] == name and bundled_engine.info()["path"] != str(model_file)
+    assert bundled_engine.info().name == name and bundled_engine.info().path != str(model_file)
 
 
 def test_request_size_is_limited_on_every_route_of_the_app(bundled_engine):
@@ -365,7 +365,7 @@ def test_a_remote_engine_never_sends_our_session_strings(served, bundled_engine)
     itself (one per session of ours, so KV reuse still works there); other servers get none."""
     from engine.remote import RemoteEngine
 
-    remote = RemoteEngine(served + "/v1", bundled_engine.info()["name"])
+    remote = RemoteEngine(served + "/v1", bundled_engine.info().name)
     try:
         text = "Tell me about the moon in one sentence."
         first = remote.complete(ask(text), GREEDY, session="page-secret/chat")

@@ -208,14 +208,14 @@ def test_server_flags_name_the_backends(bundled_engine):
     add_server_args(p)
     args = p.parse_args([])
     assert args.host == "127.0.0.1" and args.backend == "local"
-    assert list(build_backends(args, lambda: bundled_engine)) == [bundled_engine.info()["name"]]
+    assert list(build_backends(args, lambda: bundled_engine)) == [bundled_engine.info().name]
     with pytest.raises(InvalidRequest, match="--base-url"):
         build_backends(p.parse_args(["--backend", "openai"]), lambda: bundled_engine)
     args = p.parse_args(["--backend", "both", "--base-url", "http://127.0.0.1:9/v1",
-                         "--remote-model", bundled_engine.info()["name"]])
+                         "--remote-model", bundled_engine.info().name])
     backends = build_backends(args, lambda: bundled_engine)
     try:
-        assert list(backends) == [bundled_engine.info()["name"], f"remote/{bundled_engine.info()['name']}"]
-        assert isinstance(backends[f"remote/{bundled_engine.info()['name']}"], RemoteEngine)
+        assert list(backends) == [bundled_engine.info().name, f"remote/{bundled_engine.info().name}"]
+        assert isinstance(backends[f"remote/{bundled_engine.info().name}"], RemoteEngine)
     finally:
-        backends[f"remote/{bundled_engine.info()['name']}"].close()
+        backends[f"remote/{bundled_engine.info().name}"].close()

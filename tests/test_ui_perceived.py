@@ -68,7 +68,7 @@ def test_join_client_adds_the_perceived_metrics():
     assert c["reader_wait_ms"] == 0.0  # 5.3 tok/s is far slower than this stream
     row = records.row({"settings": {"smoothing": "adaptive", "smooth_unit": "word", "chunked_prefill": True},
                        "timeline": {**timeline(), "client": c}})
-    assert row["paint_gap_max_ms"] == 50.0 and "smooth adaptive/word" in row["config"]
+    assert row["paint_gap_max_ms"] == 50.0 and "smooth adaptive · by word" in row["config"]
     assert "chunked prefill" in row["config"]
     line = records.perceived_line_html(row)
     for name in ("client_feedback_ms", "client_first_word_ms", "paint_gap_cv", "paint_gap_max_ms", "reader_wait_ms",

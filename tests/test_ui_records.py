@@ -76,7 +76,7 @@ def test_row_reads_feature_counters_only_when_present():
                         "timeline": timeline(drafted=40, accepted=30, tokens_per_step=2.5)})
     assert spec["acceptance_rate"] == pytest.approx(0.75)
     assert spec["weight_mb"] == pytest.approx(269.0)
-    assert "prompt lookup k=8" in spec["config"]
+    assert "prompt lookup · k=8" in spec["config"]
 
 
 def test_stats_line_has_hover_definitions_and_the_key_numbers():
@@ -160,7 +160,7 @@ def test_glossary_gives_every_metric_its_events():
 
 def test_settings_parse_and_errors():
     system, cfg = settings.parse({"system": "  Be brief. ", "max_new_tokens": 64.0, "temperature": 0, "seed": -1,
-                                  "quantization": "default", "speculative": "prompt_lookup",
+                                  "quantization": "", "speculative": "prompt_lookup",
                                   "num_speculative_tokens": 6.0, "backend": "local"})
     assert system == "Be brief." and cfg.max_new_tokens == 64 and cfg.greedy and cfg.seed is None
     assert cfg.quantization is None and cfg.num_speculative_tokens == 6
@@ -181,16 +181,6 @@ def test_prompt_sets_and_presets_load():
     assert presets.custom_prompt_set("a\n\n b \n")["items"] == [{"turns": ["a"]}, {"turns": ["b"]}]
     with pytest.raises(InvalidRequest):
         presets.custom_prompt_set("   \n")
-
-
-def test_engine_variants_are_read_defensively():
-    assert engine_info.variants({}) == ["default"]
-    assert engine_info.variants({"variants": ["default", "int8", "nf4"]}) == ["default", "int8", "nf4"]
-    info = {"weight_bytes": 10, "variants": [{"name": "nf4", "weight_bytes": 4}]}
-    assert engine_info.variants(info) == ["default", "nf4"]
-    assert engine_info.weight_bytes(info, "nf4") == 4 and engine_info.weight_bytes(info, None) == 10
-    assert engine_info.weight_bytes({"variants": {"int8": {"weight_bytes": 6}}}, "int8") == 6
-    assert "bf16" in engine_info.headline({"name": "m", "dtype": "bf16", "device": "cpu"})
 
 
 def test_the_ab_note_says_whether_the_replies_match_and_why_not():

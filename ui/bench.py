@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from .records import percentile
+from .settings import defaults
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "js" / "traces" / "prompt_lookup_cpu.json"
 SMOOTH_MODES = (("off", "word"), ("adaptive", "word"), ("adaptive", "char"))
@@ -138,9 +139,7 @@ def bench_rate(url: str, browser, source, rates: list[float], seconds: float, ke
     for transport in TRANSPORTS:
         for rate in rates:
             source.tokens_per_s = rate
-            settings = {"max_new_tokens": int(rate * seconds), "temperature": 0, "top_p": 0.9, "seed": -1,
-                        "kv_reuse": True, "speculative": "off", "num_speculative_tokens": 4,
-                        "quantization": "default", "backend": "local", "system": ""}
+            settings = {**defaults(), "max_new_tokens": int(rate * seconds), "temperature": 0, "backend": "local"}
             args = ["Stream as fast as you can."] + [settings[f] for f in fields] + [transport, 5.3]
             page.evaluate("(args) => window.lab.sendChat(args)", args)
             try:
@@ -193,9 +192,8 @@ def bench_smooth(url: str, browser, prompt: str, max_tokens: int, rounds: int, s
     index = 0
     for r in range(rounds + 1):  # round 0 warms up each mode
         for mode, unit in (SMOOTH_MODES if r % 2 == 0 else SMOOTH_MODES[::-1]):
-            s = {"max_new_tokens": max_tokens, "temperature": 0, "top_p": 0.9, "seed": -1, "kv_reuse": False,
-                 "speculative": "off", "num_speculative_tokens": 4, "quantization": "default", "backend": "",
-                 "system": "", "chunked_prefill": False, "smoothing": mode, "smooth_unit": unit, **settings}
+            s = {**defaults(), "max_new_tokens": max_tokens, "temperature": 0, "kv_reuse": False,
+                 "smoothing": mode, "smooth_unit": unit, **settings}
             page.evaluate("() => window.lab.clear('chat')")
             page.evaluate("(args) => window.lab.sendChat(args)", [prompt] + [s[f] for f in fields] + ["sse", 5.3])
             run = _wait_reply(page, index)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequest
+from engine.info import EngineInfo
 from engine.timeline import Timeline
 
 from . import engine_info, records
@@ -80,7 +81,7 @@ class ChatStore:
         self._lock = threading.Lock()
 
     @property
-    def info(self) -> dict:
+    def info(self) -> EngineInfo:
         """The first (default) backend's description."""
         return next(iter(self.infos.values()))
 
@@ -189,8 +190,7 @@ class ChatStore:
         applied["backend"] = backend
         reply = Reply(request_id=handle.id, session=session_id, pane=pane,
                       turn=sum(m["role"] == "user" for m in history) + 1, settings=applied, prompt=message,
-                      timeline=handle.timeline,
-                      weight_bytes=engine_info.weight_bytes(self.infos[backend], applied["quantization"]))
+                      timeline=handle.timeline)
         seen, parts = 0, []
         try:
             yield "start", {"request_id": handle.id, "pane": pane, "turn": reply.turn,
@@ -208,6 +208,8 @@ class ChatStore:
                 elif event.kind == "done":
                     conv.inflight = None  # before the last yield: the consumer may stop reading here
                     reply.text = event.text
+                    # asked now, not at start: a variant built for this request knows its bytes only now
+                    reply.weight_bytes = engine_info.weight_bytes(engine_info.describe(engine), config.quantization)
                     conv.messages = history + [{"role": "user", "content": message},
                                                {"role": "assistant", "content": event.text}]
                     self._keep(session_id, reply)

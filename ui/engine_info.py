@@ -1,60 +1,38 @@
-"""What the page shows about the engine, read defensively: features that other branches add
-(quantization variants, prefix-cache stats) appear when the engine reports them, and the page
-works without them.
-"""
+"""What the page offers, read from the engine's typed `EngineInfo` (engine/info.py): exactly the
+variants and speculation modes that exist, and the reason for each one this machine cannot run."""
 
 from __future__ import annotations
 
-from .settings import DEFAULT_VARIANT
+from engine.info import EngineInfo
 
 
-def describe(engine) -> dict:
-    """engine.info() plus nothing invented: {} if the engine cannot say."""
+def describe(engine) -> EngineInfo:
+    """engine.info(), or a bare description if the engine cannot answer (a remote that is down must
+    not take the page with it)."""
     try:
-        return dict(engine.info())
-    except Exception:  # a remote engine that is down must not take the page with it
-        return {}
+        return engine.info()
+    except Exception as exc:
+        return EngineInfo(name=str(getattr(engine, "model", "engine")), source="unknown",
+                          notes=(f"the engine did not describe itself: {type(exc).__name__}: {exc}",))
 
 
-def variants(info: dict) -> list[str]:
-    """Quantization variant names to offer, the default first.
-
-    Reads `info["variants"]` — a list of names or of dicts with a "name", or a dict keyed by
-    name — which the quantization work (#5) is expected to add to `Engine.info()`. Until then
-    only the default variant exists.
-    """
-    raw = info.get("variants") or []
-    if isinstance(raw, dict):
-        names = list(raw)
-    else:
-        names = [v.get("name") if isinstance(v, dict) else v for v in raw]
-    names = [str(n) for n in names if n and n != DEFAULT_VARIANT]
-    return [DEFAULT_VARIANT] + names
+def variant_choices(info: EngineInfo) -> list[tuple[str, str]]:
+    """(label, value) for the Weights dropdown: the runnable variants, the default first."""
+    ordered = sorted((v for v in info.variants if v.available), key=lambda v: not v.default)
+    return [(f"{v.name} (as loaded)" if v.default else v.name, v.name) for v in ordered]
 
 
-def weight_bytes(info: dict, variant: str | None) -> int | None:
-    """Bytes of the chosen variant's weights, if the engine reports them."""
-    raw = info.get("variants")
-    if variant and variant != DEFAULT_VARIANT:
-        entry = None
-        if isinstance(raw, dict):
-            entry = raw.get(variant)
-        elif isinstance(raw, list):
-            entry = next((v for v in raw if isinstance(v, dict) and v.get("name") == variant), None)
-        return entry.get("weight_bytes") if isinstance(entry, dict) else None
-    return info.get("weight_bytes")
+def speculation_choices(info: EngineInfo) -> list[str]:
+    return [s.name for s in info.speculation if s.available] or ["off"]
 
 
-def headline(info: dict) -> str:
-    """One line for the page header: 'SmolLM2-135M-Instruct · bf16 · cpu · 2 threads · 269 MB'."""
-    if not info:
-        return "engine: no information"
-    parts = [str(info.get("name", "model"))]
-    for key in ("dtype", "device"):
-        if info.get(key) and info[key] != "-":
-            parts.append(str(info[key]))
-    if info.get("threads"):
-        parts.append(f"{info['threads']} threads")
-    if info.get("weight_bytes"):
-        parts.append(f"{info['weight_bytes'] / 1e6:,.0f} MB weights")
-    return " · ".join(parts)
+def unavailable_note(items) -> str:
+    """'Not on this machine: nf4 — needs …' for the choices an engine cannot run (shown, not offered)."""
+    missing = [f"{i.name} — {i.reason}" for i in items if not i.available]
+    return ("Not on this machine: " + "; ".join(missing)) if missing else ""
+
+
+def weight_bytes(info: EngineInfo, variant: str | None) -> int | None:
+    """Bytes of the chosen variant's weights, if the engine knows them."""
+    v = info.variant(variant)
+    return v.weight_bytes if v else None

@@ -15,6 +15,7 @@ import threading
 import time
 
 from engine.generate import Event, Request
+from engine.info import EngineInfo
 from engine.timeline import Timeline, now_ns
 from engine.worker import RequestHandle
 
@@ -33,10 +34,10 @@ class PacedSource:
         self._thread = threading.Thread(target=self._loop, name="paced-source", daemon=True)
         self._thread.start()
 
-    def info(self) -> dict:
+    def info(self) -> EngineInfo:
         what = "a recorded trace" if self.trace else f"{self.tokens_per_s:g} tok/s"
-        return {"name": f"paced test source ({what}, no model)", "source": "paced",
-                "dtype": "-", "device": "-", "weight_bytes": 0}
+        return EngineInfo(name=f"paced test source ({what}, no model)", source="paced",
+                          notes=("no model: tokens are emitted at a set pace to measure the page itself",))
 
     def submit(self, messages=None, config=None, *, prompt_ids=None, session=None, timeline=None):
         from engine.config import GenerationConfig

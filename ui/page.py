@@ -15,37 +15,52 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.config import SPECULATIVE_MODES
+from engine.config import TOGGLES
 from engine.errors import LatencyLabError
+from engine.info import EngineInfo
 
-from . import engine_info, glossary, sweep
+from . import glossary, sweep
 from .chat import ChatStore
+from .controls import settings_controls
 from .presets import custom_prompt_set
 from .records import READING_PACE_TPS
-from .settings import DEFAULT_VARIANT, FIELDS, SMOOTH_MAX_HOLD_MS
+from .settings import FIELDS, PAGE_SETTINGS, SMOOTH_MAX_HOLD_MS
 
 HERE = Path(__file__).resolve().parent
 EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
 EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
-SMOOTHING = [("off: paint text as it arrives", "off"), ("adaptive", "adaptive"), ("reading pace", "pace")]
 
 
-def preset_missing(preset: dict, variants: list[str]) -> str | None:
+def preset_missing(preset: dict, info: EngineInfo) -> str | None:
     """Why a teaching preset cannot run on this engine (None: it can)."""
     need = preset.get("needs_variant")
-    if need and need not in variants:
-        return (f"This preset needs the '{need}' weights variant, which this engine does not offer "
-                f"(it offers: {', '.join(variants)}).")
+    if not need:
+        return None
+    variant = info.variant(need)
+    if variant is None:
+        offered = ", ".join(v.name for v in info.variants if v.available) or "none"
+        return f"This preset needs the '{need}' weights variant, which this engine does not offer (it offers: {offered})."
+    if not variant.available:
+        return f"This preset needs the '{need}' weights variant, which cannot run here: {variant.reason}"
     return None
 
 
-def head(presets: dict, variants: list[str]) -> str:
+def preset_settings(preset: dict, side: str, info: EngineInfo) -> dict:
+    """A preset pane's full settings: the declared defaults, greedy and short, then the preset's own."""
+    chosen = {**{t.name: t.default for t in (*TOGGLES, *PAGE_SETTINGS)}, "temperature": 0.0, "max_new_tokens": 64,
+              **preset[side]}
+    if chosen.get("quantization") is None and info.default_variant:
+        chosen["quantization"] = info.default_variant.name  # the dropdown names the loaded variant
+    return chosen
+
+
+def head(presets: dict, info: EngineInfo) -> str:
     """The <head> additions: the page's config, then our three scripts (inlined: one request less)."""
     config = {
         "fields": FIELDS,
         "glossary": glossary.as_json(),
-        "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, variants) is None}
+        "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, info) is None}
                     for k, p in presets.items()},
         "readingPace": READING_PACE_TPS,
         "smoothMaxHoldMs": SMOOTH_MAX_HOLD_MS,
@@ -77,37 +92,6 @@ def _exports(pane: str | None, label: str) -> str:
             f'<a class="lab-export" data-fmt="json"{attr} href="#" download>JSON</a></div>')
 
 
-def settings_controls(pane: str, variants: list[str], backends: list[str], *, temperature: float,
-                      max_new_tokens: int = 128) -> list:
-    """One pane's controls, in the order of settings.FIELDS (the page's JS relies on it)."""
-    g = glossary.METRICS
-    with gr.Row():
-        max_new = gr.Slider(1, 1024, value=max_new_tokens, step=1, label="Max tokens", elem_id=f"lab-{pane}-max")
-        temp = gr.Slider(0, 2, value=temperature, step=0.05, label="Temperature", info="0 = greedy",
-                         elem_id=f"lab-{pane}-temperature")
-    with gr.Row():
-        top_p = gr.Slider(0.05, 1, value=0.9, step=0.05, label="Top-p")
-        seed = gr.Number(value=-1, precision=0, label="Seed", info="-1 = random", minimum=-1)
-    with gr.Row():
-        kv = gr.Checkbox(value=True, label="KV reuse", info=g["cached_tokens"].end)
-        quant = gr.Dropdown(variants, value=DEFAULT_VARIANT, label="Weights", info="quantization variant")
-    with gr.Row():
-        spec = gr.Dropdown(list(SPECULATIVE_MODES), value="off", label="Speculation")
-        k = gr.Slider(1, 16, value=4, step=1, label="Draft tokens (k)")
-    with gr.Row():
-        smoothing = gr.Dropdown(SMOOTHING, value="off", label="Smooth streaming", elem_id=f"lab-{pane}-smoothing",
-                                info=f"adaptive: paced by the arrivals, holds text ≤ {SMOOTH_MAX_HOLD_MS} ms")
-        unit = gr.Radio(["word", "char"], value="word", label="Smooth by", elem_id=f"lab-{pane}-smooth-unit")
-    chunked = gr.Checkbox(value=False, label="Chunked prefill", elem_id=f"lab-{pane}-chunked",
-                          info="long prompts in chunks: a progress bar, Stop between chunks (costs prefill time)")
-    backend = gr.Dropdown(backends, value=backends[0], label="Backend", visible=len(backends) > 1)
-    system = gr.Textbox(label="System prompt", lines=1, max_lines=6, placeholder="(none)")
-    controls = {"system": system, "max_new_tokens": max_new, "temperature": temp, "top_p": top_p, "seed": seed,
-                "kv_reuse": kv, "speculative": spec, "num_speculative_tokens": k, "quantization": quant,
-                "backend": backend, "chunked_prefill": chunked, "smoothing": smoothing, "smooth_unit": unit}
-    return [controls[name] for name in FIELDS]
-
-
 def glossary_html() -> str:
     rows = "".join(
         f"<tr><td><code>{html.escape(m.name)}</code></td><td>{html.escape(m.label)}</td><td>{html.escape(m.unit)}</td>"
@@ -119,7 +103,6 @@ def glossary_html() -> str:
 
 def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
     info = store.info
-    variants = engine_info.variants(info)
     backends = list(store.engines)
 
     async def gradio_chat(payload: str):
@@ -168,21 +151,19 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
 
     def preset_values(name: str):
         p = presets[name]
-        missing = preset_missing(p, variants)
+        missing = preset_missing(p, info)
         if missing:  # leave the controls alone; the page's JS does not run it either
             return [gr.update() for _ in range(2 * len(FIELDS))] + [f"**{p['title']}.** {missing}"]
         updates = []
         for side in ("a", "b"):
-            chosen = {"temperature": 0.0, "max_new_tokens": 64, "kv_reuse": True, "speculative": "off",
-                      "quantization": DEFAULT_VARIANT, "chunked_prefill": False, "smoothing": "off",
-                      "smooth_unit": "word", **p[side]}
+            chosen = preset_settings(p, side, info)
             updates += [gr.update(value=chosen[f]) if f in chosen else gr.update() for f in FIELDS]
         return [*updates, f"**{p['title']}.** {p['explain']}"]
 
     with gr.Blocks(title="Latency Lab") as page:
         gr.HTML(f'<div class="lab-header"><div><h1>Latency Lab</h1><span class="lab-sub">where an LLM reply\'s time '
                 f'goes: measured by the server, perceived by your browser</span></div><div class="lab-engine">'
-                f'{html.escape(engine_info.headline(info))}<br><span id="lab-clock">clock offset: measuring…</span>'
+                f'{html.escape(info.headline())}<br><span id="lab-clock">clock offset: measuring…</span>'
                 f'</div></div>')
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
@@ -200,7 +181,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
                             regen = gr.Button("Regenerate", size="sm", elem_id="lab-regen")
                             clear = gr.Button("Clear", size="sm", elem_id="lab-clear")
                         with gr.Accordion("Settings", open=True):
-                            chat_settings = settings_controls("chat", variants, backends, temperature=0.2,
+                            chat_settings = settings_controls("chat", info, backends, temperature=0.2,
                                                               max_new_tokens=128)
                             with gr.Row():
                                 transport = gr.Radio(TRANSPORTS, value="sse", label="Token transport",
@@ -233,7 +214,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
                     for side in ("A", "B"):
                         with gr.Column(min_width=380):
                             with gr.Accordion(f"{side} settings", open=False):
-                                ab_settings[side] = settings_controls(side, variants, backends, temperature=0.0,
+                                ab_settings[side] = settings_controls(side, info, backends, temperature=0.0,
                                                                       max_new_tokens=64)
                             gr.HTML(_log(side), elem_id=f"lab-log-{side}")
                             gr.HTML(_overlay(side), elem_id=f"lab-ov-{side}")

@@ -76,11 +76,11 @@ TEACHING = {
         "a": {"kv_reuse": False, "chunked_prefill": False}, "b": {"kv_reuse": False, "chunked_prefill": True},
     },
     "nf4": {
-        "title": "bf16 vs nf4 weights",
-        "explain": "Same prompt, the unquantized weights against 4-bit nf4: fewer bytes per token, "
-                   "measured speed, and the weights' memory in the delta table.",
+        "title": "Unquantized vs nf4 weights",
+        "explain": "Same prompt, the weights as loaded against 4-bit nf4 (bitsandbytes): fewer bytes per token, "
+                   "the measured speed, and the weights' memory in the delta table.",
         "set": "open_questions", "item": 2,
-        "a": {"quantization": "default"}, "b": {"quantization": "nf4"},
+        "a": {"quantization": None}, "b": {"quantization": "nf4"},
         "needs_variant": "nf4",
     },
 }

@@ -15,10 +15,12 @@ import json
 import math
 import statistics
 
+from engine.config import TOGGLES
 from engine.errors import InvalidRequest
 
 from . import perceived
 from .glossary import METRICS, hover
+from .settings import PAGE_SETTINGS
 
 READING_PACE_TPS = 5.3  # silent reading ~238 words/min at ~0.75 words/token (DESIGN.md)
 MAX_CLIENT_CHUNKS = 100_000
@@ -148,18 +150,17 @@ def server_to_client_ms(timeline: dict, server_rel_ms: float | None, client: dic
 
 # --- rows --------------------------------------------------------------------------------------
 def config_label(settings: dict) -> str:
-    """A short human name for a config: 'greedy · kv reuse · lookup k=4 · nf4'."""
+    """A short human name for a config, from the toggles' declarations: 'greedy · prompt lookup · k=4 · nf4'."""
     s = settings or {}
     parts = ["greedy" if s.get("temperature") == 0 else f"T={s.get('temperature', '?')}"]
-    parts.append("kv reuse" if s.get("kv_reuse", True) else "no kv reuse")
-    if s.get("chunked_prefill"):
-        parts.append("chunked prefill")
-    if s.get("smoothing", "off") != "off":
-        parts.append(f"smooth {s['smoothing']}/{s.get('smooth_unit', 'word')}")
-    if s.get("speculative", "off") != "off":
-        parts.append(f"{s['speculative'].replace('_', ' ')} k={s.get('num_speculative_tokens', '?')}")
-    if s.get("quantization"):
-        parts.append(str(s["quantization"]))
+    declared = {t.name: t for t in (*TOGGLES, *PAGE_SETTINGS)}
+    for t in declared.values():
+        parent = declared.get(t.only_with)
+        if parent is not None and s.get(parent.name, parent.default) == parent.default:
+            continue  # k means nothing with speculation off
+        label = t.describe(s.get(t.name, t.default))
+        if label:
+            parts.append(label)
     return " · ".join(parts)
 
 

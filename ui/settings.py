@@ -1,30 +1,43 @@
 """A pane's settings as the page sends them → (system prompt, GenerationConfig).
 
-The page's controls produce plain JSON values (sliders may give 64.0 for 64, an empty seed
-field gives None). Everything the engine cannot honour becomes an `InvalidRequest` naming the
-field, shown in the page next to the reply that did not run.
+The page's controls are named by `FIELDS`, which derives from the declarations: the sampling
+fields below, every engine toggle (engine/config.py TOGGLES), the backend, and the page's own
+settings (`PAGE_SETTINGS`: how the browser paints text; the engine never sees them). The page's
+JS zips its controls' values with these names and sends an object keyed by name.
+
+The controls produce plain JSON values (sliders may give 64.0 for 64, an empty seed field gives
+None). Everything the engine cannot honour becomes an `InvalidRequest` naming the field, shown in
+the page next to the reply that did not run.
 """
 
 from __future__ import annotations
 
-from engine.config import GenerationConfig
+from engine.config import TOGGLES, GenerationConfig
 from engine.errors import InvalidRequest
+from engine.toggles import Toggle
 
 from .perceived import SMOOTHING_MODES, SMOOTHING_UNITS
 
-DEFAULT_VARIANT = "default"  # the page's name for GenerationConfig.quantization = None
 MAX_SYSTEM_CHARS = 20_000
-# The fields a pane's controls send, in the order the page lists its controls.
-FIELDS = ["system", "max_new_tokens", "temperature", "top_p", "seed", "kv_reuse", "speculative",
-          "num_speculative_tokens", "quantization", "backend",  # backend: read by ChatStore, not here
-          "chunked_prefill", "smoothing", "smooth_unit"]  # smoothing: the page's own, never the engine's
 SMOOTH_MAX_HOLD_MS = 150  # adaptive smoothing never holds text back longer than this after it arrived
+SAMPLING = ("system", "max_new_tokens", "temperature", "top_p", "seed")
+PAGE_SETTINGS = (
+    Toggle("smoothing", "choice", "off", "Smooth streaming",
+           f"how the page paints text that arrived: adaptive paces it by the arrivals and holds text at most "
+           f"{SMOOTH_MAX_HOLD_MS} ms; pace paints at reading pace", choices=SMOOTHING_MODES,
+           glossary="paint_gap_max_ms", backends=("page",), short="smooth"),
+    Toggle("smooth_unit", "choice", "word", "Smooth by", "paint whole words or single characters",
+           choices=SMOOTHING_UNITS, backends=("page",), only_with="smoothing", short="by"),
+)
+FIELDS = [*SAMPLING, *(t.name for t in TOGGLES), "backend", *(t.name for t in PAGE_SETTINGS)]
 
 
-def _int(name: str, value):
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value  # GenerationConfig.validate rejects anything else, naming the field
+def defaults() -> dict:
+    """Every field the page sends, at its default (what a pane sends before anyone touches it)."""
+    config = GenerationConfig()
+    return {"system": "", "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
+            "top_p": config.top_p, "seed": -1, **{t.name: t.default for t in (*TOGGLES, *PAGE_SETTINGS)},
+            "backend": ""}
 
 
 def parse(settings: dict | None) -> tuple[str | None, GenerationConfig]:
@@ -40,23 +53,14 @@ def parse(settings: dict | None) -> tuple[str | None, GenerationConfig]:
     seed = s.get("seed")
     if seed in ("", -1, -1.0):  # the page's "random seed"
         seed = None
-    smoothing(s)
-    quant = s.get("quantization")
-    if quant in ("", DEFAULT_VARIANT):
-        quant = None
-    defaults = GenerationConfig()
-    config = GenerationConfig(
-        max_new_tokens=_int("max_new_tokens", s.get("max_new_tokens", defaults.max_new_tokens)),
-        temperature=s.get("temperature", defaults.temperature),
-        top_p=s.get("top_p", defaults.top_p),
-        seed=_int("seed", seed),
-        kv_reuse=s.get("kv_reuse", defaults.kv_reuse),
-        speculative=s.get("speculative", defaults.speculative),
-        num_speculative_tokens=_int("num_speculative_tokens",
-                                    s.get("num_speculative_tokens", defaults.num_speculative_tokens)),
-        quantization=quant,
-        chunked_prefill=s.get("chunked_prefill", defaults.chunked_prefill),
-    )
+    page_settings(s)
+    changes = {name: s[name] for name in ("max_new_tokens", "temperature", "top_p") if s.get(name) is not None}
+    changes.update({t.name: t.coerce(s[t.name]) for t in TOGGLES if t.name in s})
+    if isinstance(changes.get("max_new_tokens"), float) and changes["max_new_tokens"].is_integer():
+        changes["max_new_tokens"] = int(changes["max_new_tokens"])
+    if isinstance(seed, float) and seed.is_integer():
+        seed = int(seed)
+    config = GenerationConfig(seed=seed, **changes)
     return (system.strip() or None) if system else None, config.validate()
 
 
@@ -64,18 +68,16 @@ def normalized(settings: dict | None) -> dict:
     """The settings as they were applied (for records and exports)."""
     system, config = parse(settings)
     return {"system": system, "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
-            "top_p": config.top_p, "seed": config.seed, "kv_reuse": config.kv_reuse,
-            "speculative": config.speculative, "num_speculative_tokens": config.num_speculative_tokens,
-            "quantization": config.quantization, "chunked_prefill": config.chunked_prefill,
-            **smoothing(settings)}
+            "top_p": config.top_p, "seed": config.seed, **{t.name: getattr(config, t.name) for t in TOGGLES},
+            **page_settings(settings)}
 
 
-def smoothing(settings: dict | None) -> dict:
-    """The pane's smoothing (how the page paints text that arrived; the engine never sees it)."""
+def page_settings(settings: dict | None) -> dict:
+    """The pane's own settings (smoothing...), checked against their declarations, defaults filled in."""
     s = settings or {}
-    mode, unit = s.get("smoothing") or "off", s.get("smooth_unit") or "word"
-    if mode not in SMOOTHING_MODES:
-        raise InvalidRequest(f"smoothing must be one of {', '.join(SMOOTHING_MODES)}", "smoothing")
-    if unit not in SMOOTHING_UNITS:
-        raise InvalidRequest(f"smooth_unit must be one of {', '.join(SMOOTHING_UNITS)}", "smooth_unit")
-    return {"smoothing": mode, "smooth_unit": unit}
+    out = {}
+    for t in PAGE_SETTINGS:
+        value = s.get(t.name) or t.default
+        t.check(value)
+        out[t.name] = value
+    return out

@@ -6,7 +6,6 @@ import gradio as gr
 from fastapi import APIRouter, FastAPI
 
 from .chat import ChatStore
-from . import engine_info
 from .page import build_page, css, head
 from .presets import load_prompt_sets, teaching_presets
 from .stream_api import lab_router
@@ -27,6 +26,5 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
         app.include_router(router)
     page = build_page(store, prompt_sets, presets)
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
-    variants = engine_info.variants(store.info)
-    return gr.mount_gradio_app(app, page, path="/", css=css(), head=head(presets, variants), theme=theme,
+    return gr.mount_gradio_app(app, page, path="/", css=css(), head=head(presets, store.info), theme=theme,
                                footer_links=["api", "settings"], run_history=False)

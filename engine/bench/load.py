@@ -97,13 +97,7 @@ def offered_toggles(engine, probe_tokens: int = 8, variants: str = "auto") -> di
     if "drafted" in probe.timeline.counters:
         offers["speculative"] = "prompt_lookup"
     if variants != "none":
-        info = engine.info().get("variants")
-        names, default = [], None
-        if isinstance(info, dict):
-            names, default = list(info.get("available") or []), info.get("default")
-        elif isinstance(info, list):
-            names = [v["name"] if isinstance(v, dict) else v for v in info]
-        names = [n for n in names if isinstance(n, str) and n not in (default, "default")]
+        names = [v.name for v in engine.info().variants if not v.default and v.available]
         offers["quantization"] = (names[0] if variants == "auto" else variants) if names else None
     return offers
 
@@ -447,7 +441,7 @@ def run(args, out):
             t0 = time.perf_counter()
             compute_references(engine, pool)
             refs = [t.ref_text for c in pool for t in c.turns]
-            out(f"{engine.info()['name']} ({engine.info()['dtype']}) on {url}: {len(pool)} conversations, "
+            out(f"{engine.info().name} ({engine.info().dtype}) on {url}: {len(pool)} conversations, "
                 f"references in {time.perf_counter() - t0:.1f} s ({len(set(refs))} distinct of {len(refs)}); "
                 f"offered: {offers}")
             result = run_load(engine, url, pool, levels, duration=args.duration, max_requests=args.max_requests,
@@ -466,7 +460,7 @@ def run(args, out):
         f"{result['kv_bytes_max'] / 2**20:.1f} of {result['kv_budget_bytes'] / 2**20:.0f} MiB")
     bad = (sum(t[k] for k in BAD) + t["4xx"] + result["stuck_workers"] + result["server_5xx"]
            + (t["429"] if args.max_queue is None else 0))
-    return {**result, "offers": offers, "levels": levels, "dtype": engine.info()["dtype"],
+    return {**result, "offers": offers, "levels": levels, "dtype": engine.info().dtype,
             "distinct_references": len(set(refs)), "references": len(refs),
             "ok": bad == 0 and result["kv_within_budget"] and result["memory_ok"],
             "ratio": None}

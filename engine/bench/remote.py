@@ -46,7 +46,7 @@ def run(args, out):
             local = Engine(load_model(args))
             stack.callback(local.close)
             server = BackgroundServer(create_api(local))
-            base_url, model = server.start() + "/v1", local.info()["name"]
+            base_url, model = server.start() + "/v1", local.info().name
             stack.callback(server.stop)
         elif not args.remote_model:
             raise InvalidRequest("--base-url needs --remote-model NAME", "remote_model")

@@ -204,8 +204,8 @@ def test_feedback_comes_before_the_first_token_and_a_long_prompt_shows_prefill_p
     page = browser_page
     open_page(page, page_server)
     set_number(page, "lab-chat-max", 4)
-    assert not page.locator("#lab-chat-chunked input").is_checked()  # off by default: it costs prefill time
-    page.check("#lab-chat-chunked input")
+    assert not page.locator("#lab-chat-chunked-prefill input").is_checked()  # off by default: it costs prefill time
+    page.check("#lab-chat-chunked-prefill input")
     page.fill("#lab-msg textarea", LONG_PROMPT)
     page.click("#lab-send")
     page.wait_for_selector("#lab-log-chat .lab-msg.user")  # the message is echoed at once
@@ -246,7 +246,7 @@ def test_adaptive_smoothing_paints_the_whole_reply_and_reports_its_hold(page_ser
                 perceived: r.view.el.querySelector('.lab-perceived').innerText}; }""")
     assert r["text"] == r["reply"] and r["reply"]  # nothing dropped, nothing reordered
     row, client = r["row"], r["client"]
-    assert row["smoothing"] == "adaptive/word" and "smooth adaptive/word" in row["config"]
+    assert row["smoothing"] == "adaptive/word" and "smooth adaptive · by word" in row["config"]
     assert row["smoothing_hold_ms"] is not None and row["smoothing_hold_ms"] >= 0
     assert client["shown_chars"][-1] == len(r["reply"]) and client["shown_chars"] == sorted(client["shown_chars"])
     assert all(p is not None and p >= t for t, p in zip(client["shown_ms"], client["shown_paint_ms"]))

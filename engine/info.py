@@ -1,0 +1,102 @@
+"""`EngineInfo`: the one typed description of an engine that the page, the API and the bench read.
+
+An engine (local, remote, or the paced test source) returns one from `info()`; it travels as JSON
+through `to_dict()` / `from_dict()` (a remote Latency Lab sends its own in its model card), so
+every reader sees the same fields. Values an engine cannot know are None, never 0.
+No torch here: the page and the API import this without the decode loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    """One weights variant the engine can serve (`GenerationConfig.quantization` names it)."""
+
+    name: str
+    method: str  # what it is: "unquantized fp32 (as loaded)", "bitsandbytes 4-bit NormalFloat …"
+    default: bool = False  # the variant the engine loaded; requests that name none get it
+    available: bool = True  # False: this machine or model cannot run it (see `reason`)
+    reason: str | None = None  # why it is unavailable, and what to pick instead
+    resident: bool = False  # built and held in memory now (others are built on first use)
+    weight_bytes: int | None = None  # known once built
+    decode_tps: float | None = None  # medians over recently served requests
+    prefill_tps: float | None = None
+    top1_agreement: float | None = None  # against the default variant (engine/quality.py)
+    mean_kl: float | None = None
+    build_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SpeculationInfo:
+    """One value of the `speculative` toggle and whether this engine can run it."""
+
+    name: str
+    available: bool = True
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    name: str
+    source: str  # bundled | gguf | folder | hub | remote | paced
+    path: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    threads: int | None = None
+    context_max: int | None = None  # the model's context window (tokens)
+    weight_bytes: int | None = None  # the default variant's
+    load_s: float | None = None
+    fast_path: bool | None = None
+    notes: tuple[str, ...] = ()
+    variants: tuple[VariantInfo, ...] = ()
+    speculation: tuple[SpeculationInfo, ...] = ()
+    toggles: tuple[str, ...] = ()  # the GenerationConfig toggles this engine honours
+    capabilities: dict | None = None  # engine.capabilities.Capabilities.to_dict(): what the machine can do
+    prefix_cache: dict | None = None  # engine.prefix_cache.PrefixCache.stats()
+    variant_budget_bytes: int | None = None
+    packed_weight_bytes: int | None = None  # oneDNN copies of bf16 weights for multi-row matmuls
+    draft: dict | None = None  # the speculative draft model, if one is loaded
+    extra: dict = field(default_factory=dict)  # facts of one backend only (e.g. a remote's base URL)
+
+    @property
+    def default_variant(self) -> VariantInfo | None:
+        return next((v for v in self.variants if v.default), None)
+
+    def variant(self, name: str | None) -> VariantInfo | None:
+        """The variant a request's `quantization` names (None: the default)."""
+        if name is None:
+            return self.default_variant
+        return next((v for v in self.variants if v.name == name), None)
+
+    def headline(self) -> str:
+        """One line for the page header: 'SmolLM2-135M-Instruct · fp32 · cpu · 2 threads · 538 MB weights'."""
+        parts = [self.name]
+        parts += [p for p in (self.dtype, self.device) if p]
+        if self.threads:
+            parts.append(f"{self.threads} threads")
+        if self.weight_bytes:
+            parts.append(f"{self.weight_bytes / 1e6:,.0f} MB weights")
+        return " · ".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EngineInfo:
+        """Read what `to_dict` wrote (e.g. a remote Latency Lab's model card); unknown keys go to `extra`."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["notes"] = tuple(kw.get("notes") or ())
+        kw["toggles"] = tuple(kw.get("toggles") or ())
+        kw["variants"] = tuple(VariantInfo(**_only(VariantInfo, v)) for v in kw.get("variants") or ())
+        kw["speculation"] = tuple(SpeculationInfo(**_only(SpeculationInfo, s)) for s in kw.get("speculation") or ())
+        kw["extra"] = {**(kw.get("extra") or {}), **{k: v for k, v in d.items() if k not in known}}
+        return cls(**kw)
+
+
+def _only(cls, d: dict) -> dict:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}

@@ -1,0 +1,132 @@
+"""Contracts between the engine and its readers, checked on the real engine (never on hand-made
+shapes): the typed EngineInfo, and every declared toggle reaching GenerationConfig from each door."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cli import build_parser, generation_config_from_args
+from engine.config import TOGGLES, GenerationConfig
+from engine.errors import InvalidRequest
+from engine.info import EngineInfo
+from engine.remote import FORWARDED, request_body
+from server.protocol import parse_chat_request
+from ui import controls, engine_info, glossary, records, settings
+from ui.page import preset_missing, preset_settings
+from ui.presets import load_prompt_sets, teaching_presets
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def non_default(t):
+    """A value of toggle `t` that differs from its default and that it accepts."""
+    if t.kind == "bool":
+        return not t.default
+    if t.kind == "int":
+        return t.default + 1 if t.hi is None or t.default < t.hi else t.default - 1
+    if t.kind == "choice":
+        return next(c for c in t.choices if c != t.default)
+    if t.kind == "variant":
+        return "int8wo"
+    raise AssertionError(f"no test value for kind {t.kind}")
+
+
+def test_every_toggle_is_declared_well():
+    assert {t.name for t in TOGGLES} >= {"kv_reuse", "speculative", "num_speculative_tokens",
+                                         "speculative_adaptive", "quantization", "chunked_prefill"}
+    for t in (*TOGGLES, *settings.PAGE_SETTINGS):
+        t.check(t.default) if t.kind != "variant" else t.check(None)
+        assert t.label and t.help, t.name
+        assert t.glossary is None or t.glossary in glossary.METRICS, f"{t.name}: no glossary entry {t.glossary}"
+        assert t.only_with is None or t.only_with in {u.name for u in (*TOGGLES, *settings.PAGE_SETTINGS)}
+        assert t.name in settings.FIELDS
+
+
+@pytest.mark.parametrize("t", TOGGLES, ids=lambda t: t.name)
+def test_each_toggle_reaches_the_config_from_every_door(t):
+    value = non_default(t)
+    # the API, as the openai SDK's extra_body sends it
+    api = parse_chat_request({"messages": HI, t.name: value}).config
+    # the page's endpoint
+    _, page = settings.parse({t.name: value})
+    # the CLI
+    if t.kind == "bool":
+        argv = ["hi", ("--no-" + t.cli_flag[2:]) if t.default else t.cli_flag]
+    else:
+        argv = ["hi", t.cli_flag, str(value)]
+    cli = generation_config_from_args(build_parser().parse_args(argv))
+    # a remote Latency Lab: what our remote engine sends is what our API reads back
+    sent = request_body("m", HI, GenerationConfig(**{t.name: value}), None, send_toggles=True)
+    remote = parse_chat_request(sent).config
+    for via, config in (("api", api), ("page", page), ("cli", cli), ("remote", remote)):
+        assert getattr(config, t.name) == value, f"{t.name} lost on the way through the {via}"
+    assert (t.name in FORWARDED) == ("remote-lab" in t.backends)
+
+
+def test_an_unknown_api_field_is_refused_by_name_and_documented_ones_are_ignored():
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat_request({"messages": HI, "kv_reuse_please": True})
+    assert err.value.param == "kv_reuse_please" and "kv_reuse_please" in str(err.value)
+    assert parse_chat_request({"messages": HI, "user": "someone", "metadata": {}}).config == GenerationConfig()
+
+
+def test_engine_info_is_typed_and_travels_as_json(bundled_engine):
+    info = bundled_engine.info()
+    assert isinstance(info, EngineInfo)
+    assert EngineInfo.from_dict(info.to_dict()) == info
+    assert info.default_variant.name == info.dtype and info.context_max > 0
+    assert set(info.toggles) == {t.name for t in TOGGLES}
+    assert info.capabilities["isa_level"] and info.capabilities["torch_cpu_capability"]
+
+
+def test_the_page_offers_exactly_the_variants_the_engine_runs(bundled_engine):
+    info = bundled_engine.info()
+    offered = [value for _, value in engine_info.variant_choices(info)]
+    assert offered[0] == info.default_variant.name  # the loaded weights come first
+    assert set(offered) == {v.name for v in info.variants if v.available}
+    assert set(offered) <= set(bundled_engine.variants.names())
+    for name in offered:  # each choice is one the engine accepts (none is a report's key)
+        _, config = settings.parse({"quantization": name})
+        assert bundled_engine.variants.check(config.quantization) == name
+    assert engine_info.speculation_choices(info) == [s.name for s in info.speculation if s.available]
+
+
+def test_an_unavailable_choice_is_shown_with_its_reason_not_offered(bundled_engine):
+    from dataclasses import replace
+
+    info = bundled_engine.info()
+    nf4 = replace(info.variant("nf4"), available=False, reason="needs a kernel this CPU lacks")
+    info = replace(info, variants=tuple(nf4 if v.name == "nf4" else v for v in info.variants))
+    assert "nf4" not in [value for _, value in engine_info.variant_choices(info)]
+    assert "nf4 — needs a kernel this CPU lacks" in engine_info.unavailable_note(info.variants)
+    presets = teaching_presets(load_prompt_sets())
+    assert "cannot run here: needs a kernel" in preset_missing(presets["nf4"], info)
+
+
+def test_every_preset_sets_only_declared_fields_with_values_the_page_offers(bundled_engine):
+    info = bundled_engine.info()
+    offered = {value for _, value in engine_info.variant_choices(info)}
+    for name, preset in teaching_presets(load_prompt_sets()).items():
+        for side in ("a", "b"):
+            chosen = preset_settings(preset, side, info)
+            assert set(chosen) <= set(settings.FIELDS), name
+            assert chosen["quantization"] in offered, name
+            settings.parse(chosen)  # valid as the page will send it
+        assert preset_missing(preset, info) is None, name
+
+
+def test_config_labels_derive_from_the_declarations():
+    label = records.config_label({"temperature": 0, "speculative": "prompt_lookup", "num_speculative_tokens": 8,
+                                  "quantization": "nf4", "kv_reuse": False})
+    assert label == "greedy · no kv reuse · prompt lookup · k=8 · nf4"
+    assert records.config_label({"temperature": 0, "num_speculative_tokens": 8}) == "greedy"  # k needs speculation
+
+
+def test_controls_cover_every_field(bundled_engine):
+    import gradio as gr
+
+    with gr.Blocks():
+        made = controls.settings_controls("t", bundled_engine.info(), ["local"], temperature=0.0)
+    assert len(made) == len(settings.FIELDS)
+    ids = [c.elem_id for c in made]
+    assert len(set(ids)) == len(ids) and all(i.startswith("lab-t-") for i in ids)
