@@ -130,3 +130,14 @@ def test_controls_cover_every_field(bundled_engine):
     assert len(made) == len(settings.FIELDS)
     ids = [c.elem_id for c in made]
     assert len(set(ids)) == len(ids) and all(i.startswith("lab-t-") for i in ids)
+
+
+def test_the_readme_toggles_table_names_every_toggle_and_its_flag():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for t in TOGGLES:
+        flag = ("--no-" + t.cli_flag[2:]) if t.kind == "bool" and t.default else t.cli_flag
+        row = next((line for line in readme.splitlines() if line.startswith(f"| `{t.name}`")), None)
+        assert row is not None, f"README's toggles table has no row for {t.name}"
+        assert flag in row and t.label in row, f"README row for {t.name} lacks {flag} or *{t.label}*"
