@@ -25,7 +25,7 @@ class Engine:
         """`variants`: quantization variants to build now (others are built on first use)."""
         self.loaded = loaded
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
-        self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes)
+        self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes, defer_quality=True)
         self.variants.preload(variants)
         self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache, variants=self.variants)
 

@@ -72,11 +72,17 @@ class Variant:
 
 
 class VariantSet:
-    def __init__(self, default: LoadedModel, budget_bytes: int | None = None, quality_texts: int | None = None):
+    def __init__(self, default: LoadedModel, budget_bytes: int | None = None, quality_texts: int | None = None,
+                 defer_quality: bool = False):
         """`budget_bytes`: weights of all resident variants together (default: 3x the default's).
-        `quality_texts`: how many of quality.QUALITY_SET to measure each variant on (0: none)."""
+        `quality_texts`: how many of quality.QUALITY_SET to measure each variant on (0: none).
+        `defer_quality`: measure a new variant's quality later (`measure_pending`, which the engine's
+        worker calls when it is idle), not inside the request that asked for the variant: on a
+        2-core AVX2 CPU the quality forward took minutes, and it is no part of that request's latency."""
         self.default_name = default.dtype_name
         self.quality_texts = quality_texts
+        self.defer_quality = defer_quality
+        self._pending_quality: list[str] = []
         self._lock = threading.RLock()  # report() reads what the worker thread writes
         self._failed: dict[str, str] = {}
         self._reference = None  # the default variant's logits on the quality set
@@ -182,11 +188,26 @@ class VariantSet:
             self._failed[name] = str(exc)
             raise
         variant = Variant(name, METHODS[name], loaded, loaded.load_s, weight_bytes(loaded.model), *_memory())
-        variant.quality = self._quality(loaded.model)
+        if self.defer_quality:
+            self._pending_quality.append(name)
+        else:
+            variant.quality = self._quality(loaded.model)
         with self._lock:
             self._built[name] = variant
         self._fit_budget(variant)
         return variant
+
+    def measure_pending(self) -> bool:
+        """Measure the quality of one variant built with its measurement deferred (worker thread).
+        Returns whether one was measured (False: none pending)."""
+        while self._pending_quality:
+            name = self._pending_quality.pop(0)
+            with self._lock:
+                variant = self._built.get(name)
+            if variant is not None:  # an evicted variant is measured again when it is rebuilt
+                variant.quality = self._quality(variant.loaded.model)
+                return True
+        return False
 
     def _quality(self, model) -> dict | None:
         if self.quality_texts == 0:

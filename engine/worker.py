@@ -179,6 +179,8 @@ class Worker:
         while True:
             with self._cv:
                 while not self._queue and not self._stopping:
+                    if self.variants.defer_quality and self._measure_quality_while_idle():
+                        continue
                     self._cv.wait()
                 if self._stopping:
                     return
@@ -192,6 +194,18 @@ class Worker:
             finally:
                 with self._cv:
                     self._running = None
+
+    def _measure_quality_while_idle(self) -> bool:
+        """With no request waiting, measure one variant's deferred quality (lock released meanwhile:
+        requests can queue, and wait at most one measurement)."""
+        self._cv.release()
+        try:
+            return self.variants.measure_pending()
+        except Exception:  # a failed measurement leaves the quality unknown (None), never the worker down
+            log.exception("quality measurement failed")
+            return True
+        finally:
+            self._cv.acquire()
 
     def _run(self, handle: RequestHandle) -> None:
         tl = handle.timeline

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -202,4 +203,21 @@ def test_cli_quantization_flag(tiny_model_dir):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["timeline"]["quantization"] == "int8wo" and out["timeline"]["variant_build_ms"] > 0
-    assert {v["name"] for v in out["model"]["variants"]["variants"]} == {"fp32", "int8wo"}
+    assert {v["name"] for v in out["model"]["variants"] if v["resident"]} == {"fp32", "int8wo"}
+
+
+def test_an_engine_measures_a_new_variants_quality_after_the_request_not_inside_it(tiny):
+    from engine.service import Engine
+
+    engine = Engine(tiny)
+    try:
+        done = engine.complete([{"role": "user", "content": "hi"}],
+                               GenerationConfig(max_new_tokens=2, temperature=0.0, quantization="int8wo"))
+        assert done.timeline.counters["quantization"] == "int8wo"
+        deadline = time.time() + 120
+        while engine.info().variant("int8wo").top1_agreement is None and time.time() < deadline:
+            time.sleep(0.1)  # the idle worker measures it
+        v = engine.info().variant("int8wo")
+        assert v.resident and 0 <= v.top1_agreement <= 1 and v.mean_kl >= 0
+    finally:
+        engine.close()
