@@ -38,8 +38,8 @@ from engine.timeline import Timeline
 
 from .limits import BodySizeLimit
 from .metrics import Metrics
-from .protocol import (APIError, api_error_from, chunk_body, completion_body, in_api_terms, new_completion_id,
-                       now_s, parse_chat_request, sse, timings_of, usage_of)
+from .protocol import (APIError, api_error_from, chunk_body, completion_body, in_api_terms, metrics_of,
+                       new_completion_id, now_s, parse_chat_request, sse, timings_of, usage_of)
 from .sessions import SessionIds
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # far beyond any prompt that fits the context; refuses memory abuse
@@ -51,7 +51,8 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     """The API app over one engine or a {model name: engine} dict (local `Engine` or `RemoteEngine`)."""
     metrics = metrics or Metrics()
     session_ids = session_ids or SessionIds()
-    backends = {name: metrics.instrument(b, name) for name, b in named_backends(engine_or_backends).items()}
+    backends = {name: metrics.instrument(b, name, engine=str(i))
+                for i, (name, b) in enumerate(named_backends(engine_or_backends).items())}
     default_model = next(iter(backends))
     started = now_s()
 
@@ -289,10 +290,11 @@ async def _sse_stream(handle, events, chat, model: str, cid: str, created: int):
             yield chunk({"content": event.text})
         elif event.kind == "done":
             tl = event.timeline or handle.timeline
-            # like llama.cpp's server: `timings` ride on the chunk that carries finish_reason
-            yield chunk({}, _finish_reason(event), timings=timings_of(tl))
+            # like llama.cpp's server: `timings` ride on the chunk that carries finish_reason;
+            # like vLLM's: `metrics` ride on the usage chunk (and here on the finish chunk too)
+            yield chunk({}, _finish_reason(event), timings=timings_of(tl), metrics=metrics_of(tl))
             if chat.include_usage:
-                yield sse(chunk_body(cid, created, model, None, usage=usage_of(tl)))
+                yield sse(chunk_body(cid, created, model, None, usage=usage_of(tl), metrics=metrics_of(tl)))
         elif event.kind == "error":  # headers are sent: the error goes in the stream, as OpenAI's does
             yield sse(api_error_from(_exception_of(event)).body())
     yield sse("[DONE]")
