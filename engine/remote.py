@@ -137,7 +137,8 @@ class RemoteEngine:
         return self.submit(messages, config, **kw).result()
 
     def info(self) -> dict:
-        return {"name": self.model, "source": "remote", "backend": self.dialect, "path": self.base_url,
+        return {"name": self.model, "source": "remote", "backend": "ollama" if self.dialect == "ollama" else "openai",
+                "path": self.base_url,
                 "dtype": None, "device": "remote", "load_s": 0.0, "fast_path": None, "weight_bytes": None,
                 "max_context": None, "threads": None,
                 "notes": [f"a remote server at {self.base_url}, measured from this machine"]}
