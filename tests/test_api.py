@@ -266,7 +266,7 @@ def test_api_key_is_required_when_set(bundled_engine):
         good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
         assert good.chat.completions.create(model=bundled_engine.info()["name"], messages=HI, max_tokens=2,
                                             temperature=0).usage.completion_tokens > 0
-        assert httpx.get(url + "/metrics").status_code == 200  # like vLLM: the key guards /v1 only
+        assert httpx.get(url + "/metrics").status_code == 200  # like vLLM: /metrics and /health stay open
 
 
 def test_a_full_queue_is_429(bundled):
