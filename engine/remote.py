@@ -19,9 +19,10 @@ clock (`counters["server_queue_ms"]`, `["server_ttft_ms"]`, `["server_prefill_ms
 receipt is known, `counters["transport_overhead_ms"]` is client ttft − server ttft (network +
 HTTP + streaming; vLLM's queue counts on the server's side, not in the overhead).
 
-Ollama: when the base URL is an Ollama server (`GET /api/version` answers), requests go to its
-native `POST /api/chat` (NDJSON), which reports `prompt_eval_count`, `*_duration`; its OpenAI
-endpoint reports no timings at all. `dialect="openai"` skips the probe.
+Ollama: when the base URL is an Ollama server (`GET /api/version` answers when the engine is
+made), requests go to its native `POST /api/chat` (NDJSON), which reports `prompt_eval_count` and
+`*_duration`; its OpenAI endpoint reports no timings at all. `dialect="openai"` skips the probe
+(`--remote-dialect`).
 
 HTTP goes through httpx (async, one connection pool, one event-loop thread per engine) and the
 stream through httpx-sse, not the openai SDK: we need the arrival time of each SSE event as the
@@ -55,9 +56,7 @@ from .worker import RequestHandle
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 TOGGLES = ("kv_reuse", "speculative", "num_speculative_tokens", "quantization")
-# Where servers report their own time to first token, most faithful first. llama.cpp's prompt_ms
-# is prompt processing only (no queue), so it is a lower bound of its TTFT.
-DIALECTS = ("auto", "openai", "ollama")
+DIALECTS = ("auto", "openai", "ollama")  # auto: ask the server once, when the engine is made
 MAX_REMOTE_SESSIONS = 1024  # our session → the server's id, least recently used forgotten first
 
 
@@ -103,6 +102,8 @@ class RemoteEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"remote-{model}", daemon=True)
         self._thread.start()
         self._client = self._call(self._new_client())
+        if self.dialect == "auto":  # probed here, so no request's measured time holds the probe
+            self.dialect = self._call(self._probe(), timeout=15.0)
 
     async def _new_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
@@ -170,7 +171,7 @@ class RemoteEngine:
         try:
             if handle.cancelled:
                 raise asyncio.CancelledError
-            ollama = await self._is_ollama()
+            ollama = self.dialect == "ollama"
             messages = validate_messages(req.messages)
             if ollama:
                 url, body = f"{_root(self.base_url)}/api/chat", ollama_body(self.model, messages, req.config)
@@ -222,16 +223,14 @@ class RemoteEngine:
         finally:
             self._active.discard(handle)
 
-    async def _is_ollama(self) -> bool:
-        """Probe once (`GET /api/version`, Ollama's own route) unless the dialect was given."""
-        if self.dialect == "auto":
-            try:
-                resp = await self._client.get(f"{_root(self.base_url)}/api/version", timeout=5.0)
-                found = resp.status_code == 200 and isinstance(resp.json().get("version"), str)
-            except (httpx.HTTPError, ValueError, AttributeError):
-                found = False
-            self.dialect = "ollama" if found else "openai"
-        return self.dialect == "ollama"
+    async def _probe(self) -> str:
+        """"ollama" when the server answers Ollama's own `GET /api/version`, else "openai"."""
+        try:
+            resp = await self._client.get(f"{_root(self.base_url)}/api/version", timeout=5.0)
+            found = resp.status_code == 200 and isinstance(resp.json().get("version"), str)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            found = False
+        return "ollama" if found else "openai"
 
     async def _read_sse(self, tl: Timeline, resp):
         async for sse in EventSource(resp).aiter_sse():

@@ -34,6 +34,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--remote-model", default=None, help="the model name the remote server serves")
     g.add_argument("--remote-api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="bearer key for the remote server (default: $OPENAI_API_KEY)")
+    g.add_argument("--remote-dialect", default="auto", choices=("auto", "openai", "ollama"),
+                   help="auto: use Ollama's native API when the server is Ollama (asked once at start), "
+                        "else its OpenAI API (default: auto)")
 
 
 def _non_negative(text: str) -> int:
@@ -54,7 +57,8 @@ def build_backends(args, load_local) -> dict:
             raise InvalidRequest("--backend openai needs --base-url URL and --remote-model NAME", "base_url")
         from engine.remote import RemoteEngine
 
-        remote = RemoteEngine(args.base_url, args.remote_model, api_key=args.remote_api_key)
+        remote = RemoteEngine(args.base_url, args.remote_model, api_key=args.remote_api_key,
+                              dialect=getattr(args, "remote_dialect", "auto"))
         name = args.remote_model if args.remote_model not in backends else f"remote/{args.remote_model}"
         backends[name] = remote
     return backends
