@@ -2,7 +2,8 @@
 
 One FastAPI app on one port: the OpenAI-compatible API (/v1, /metrics), the page's own endpoints
 (/lab) and the Gradio page (/). Binds 127.0.0.1 unless --host says otherwise; no public share link
-unless --share.
+unless --share. Also installed as the `latency-lab` command (`pip install -e .`).
+Exit codes: 0 ok, 1 runtime failure (the model does not load, the port is taken...), 2 usage.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli import add_load_args
     from server.cli import add_server_args
 
-    p = argparse.ArgumentParser(prog="python app.py", description=__doc__.splitlines()[0])
+    prog = "latency-lab" if os.path.basename(sys.argv[0]) == "latency-lab" else "python app.py"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link (needs internet)")
     p.add_argument("--paced-source", type=float, default=None, metavar="TOK_PER_S",
                    help="no model: a test source emitting tokens at this rate (to measure the page itself)")
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from engine.cli import load_config_from_args
-    from engine.errors import LatencyLabError
+    from engine.errors import EXIT_FAILURE, LatencyLabError, exit_code
     from server import build_backends, create_api
     from ui.webapp import create_app
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                 args, lambda: Engine.load(load_config_from_args(args), max_queue=args.max_queue))
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     api = create_api(backends, api_key=args.api_key)
     # The page drives the API's instrumented backends, so its requests show in /metrics too.
     app = create_app(api.state.backends, app=api)
@@ -58,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Latency Lab on http://{args.host}:{args.port}", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot start (the port is taken...)
+        if exc.code:
+            print(f"error: the server could not start on {args.host}:{args.port}", file=sys.stderr)
+            return EXIT_FAILURE
     finally:
         for backend in backends.values():
             backend.close()

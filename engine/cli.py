@@ -11,7 +11,7 @@ import json
 import sys
 
 from .config import DEVICES, DTYPES, TOGGLES, GenerationConfig, LoadConfig
-from .errors import LatencyLabError
+from .errors import EXIT_OK, InvalidRequest, LatencyLabError, exit_code
 from .sessions import Conversation
 
 
@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gen = generation_config_from_args(args)
         if args.prompt is not None and not args.prompt.strip():
-            raise LatencyLabError("the prompt is empty: pass a message, or no argument for a chat")
+            raise InvalidRequest("the prompt is empty: pass a message, or no argument for a chat", "prompt")
         engine = Engine.load(load_config_from_args(args, progress=not args.json))
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     try:
         if args.prompt is None:
             return _chat(engine, args, gen)
@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"text": done.text, "model": engine.info().to_dict(), "timeline": done.timeline.to_dict()}))
         else:
             print(f"\n[{done.timeline.summary()}]", file=sys.stderr)
-        return 0
+        return EXIT_OK
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     finally:
         engine.close()
 

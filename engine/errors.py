@@ -26,3 +26,14 @@ class LoadError(LatencyLabError):
 
 class Cancelled(LatencyLabError):
     """The request was cancelled before it finished."""
+
+
+# Exit codes of every command (app.py / latency-lab, python -m engine, -m engine.bench, -m server).
+EXIT_OK = 0  # done; a bench's own verdict passed
+EXIT_FAILURE = 1  # it ran and failed: a model that does not load, a failed request, a bench verdict "ok": false
+EXIT_USAGE = 2  # the command line was wrong: a bad flag value (argparse's own errors exit 2 too)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an error that ended a command."""
+    return EXIT_USAGE if isinstance(exc, InvalidRequest) else EXIT_FAILURE

@@ -21,6 +21,16 @@ def _ms(start_ns: int | None, end_ns: int | None) -> float | None:
     return (end_ns - start_ns) / 1e6
 
 
+def _ratio(num, den, scale: float = 1.0):
+    if num is None or not den:
+        return None
+    return num / den * scale
+
+
+def _int_or_none(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 @dataclass
 class Timeline:
     request_id: str = ""
@@ -33,9 +43,10 @@ class Timeline:
     chunk_out_ns: list[int] = field(default_factory=list)  # when each chunk was handed to the transport
     chunk_tokens: list[int] = field(default_factory=list)  # output tokens emitted so far, per chunk
     done_ns: int | None = None  # the engine finished (last token, stop, error or cancel)
-    prompt_tokens: int = 0
-    prefill_tokens: int = 0  # prompt tokens actually computed (prompt_tokens - cached_tokens)
-    cached_tokens: int = 0
+    # Token counts: None where unknown (a remote server that does not report them), never a guessed 0.
+    prompt_tokens: int | None = 0
+    prefill_tokens: int | None = 0  # prompt tokens actually computed (prompt_tokens - cached_tokens)
+    cached_tokens: int | None = 0
     finish_reason: str | None = None  # stop | length | cancelled | error
     queue_position: int | None = None  # position in the queue when enqueued (0: ran at once)
     counters: dict = field(default_factory=dict)  # feature figures: speculation, quantization...
@@ -136,6 +147,44 @@ class Timeline:
             "queue_position": self.queue_position,
         }
 
+    # --- other tools' names for ours (DESIGN.md: "Other tools' names") ------------------------
+    def llama_cpp_timings(self) -> dict:
+        """llama.cpp server's `timings` fields, derived from this Timeline (None where unknown).
+
+        `prompt_*` is prefill (the uncached prompt tokens, up to the first token sampled),
+        `predicted_*` is every output token over the decode span (first → last token sampled);
+        llama.cpp divides that span by all predicted tokens, so its per-token figure is a little
+        below `tpot_ms`, which divides by the gaps (output_tokens − 1)."""
+        prompt_n, prompt_ms = self.prefill_tokens, self.prefill_ms
+        predicted_n, predicted_ms = (self.output_tokens or None), self.decode_ms
+        c = self.counters
+        return {
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": _ratio(prompt_ms, prompt_n),
+            "prompt_per_second": _ratio(prompt_n, prompt_ms, 1e3),
+            "predicted_n": predicted_n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": _ratio(predicted_ms, predicted_n),
+            "predicted_per_second": _ratio(predicted_n, predicted_ms, 1e3),
+            "cache_n": self.cached_tokens,
+            "draft_n": _int_or_none(c.get("drafted")),  # None: no speculation ran (llama.cpp omits them)
+            "draft_n_accepted": _int_or_none(c.get("accepted")),
+        }
+
+    def vllm_metrics(self) -> dict:
+        """vLLM's per-request `metrics` object (docs/features/per_request_metrics.md in vLLM):
+        its TTFT starts when the request is scheduled (our `started`), its queue time apart."""
+        itl = self.itl_ms
+        scheduled_to_last = _ms(self.started_ns, self.last_token_ns)
+        return {
+            "time_to_first_token_ms": _ms(self.started_ns, self.first_token_ns),
+            "generation_time_ms": self.decode_ms,
+            "queue_time_ms": self.queue_ms,
+            "mean_itl_ms": statistics.fmean(itl) if itl else None,
+            "tokens_per_second": _ratio(self.output_tokens or None, scheduled_to_last, 1e3),
+        }
+
     def to_dict(self) -> dict:
         """JSON-ready: metrics, counters, and the raw events as ms offsets from `received_ns`."""
         origin = self.received_ns
@@ -167,6 +216,9 @@ class Timeline:
         """One line for a terminal: the numbers a person looks at first."""
         m = self.metrics()
 
+        def n(v):
+            return "?" if v is None else v
+
         def f(v, unit="ms", nd=0):
             return "n/a" if v is None else f"{v:,.{nd}f}{unit}"
 
@@ -176,7 +228,7 @@ class Timeline:
             f"tpot {f(m['tpot_ms'], nd=1)}",
             f"{f(m['decode_tps'], ' tok/s', 1)}",
             f"e2e {f(m['e2e_ms'])}",
-            f"prompt {m['prompt_tokens']} tok ({m['cached_tokens']} cached)",
+            f"prompt {n(m['prompt_tokens'])} tok ({n(m['cached_tokens'])} cached)",
             f"output {m['output_tokens']} tok",
             f"finish {m['finish_reason']}",
         ]

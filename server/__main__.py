@@ -8,7 +8,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from engine.cli import add_load_args, load_config_from_args
-    from engine.errors import LatencyLabError
+    from engine.errors import EXIT_FAILURE, LatencyLabError, exit_code
 
     from . import add_server_args, build_backends, create_api
 
@@ -22,12 +22,17 @@ def main(argv: list[str] | None = None) -> int:
         backends = build_backends(args, lambda: Engine.load(load_config_from_args(args), max_queue=args.max_queue))
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     import uvicorn
 
     print(f"serving {', '.join(backends)} on http://{args.host}:{args.port}/v1 "
           f"(auth {'on' if args.api_key else 'off'}); metrics at /metrics", file=sys.stderr)
-    uvicorn.run(create_api(backends, api_key=args.api_key), host=args.host, port=args.port, log_level="warning")
+    try:
+        uvicorn.run(create_api(backends, api_key=args.api_key), host=args.host, port=args.port, log_level="warning")
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot start (the port is taken...)
+        if exc.code:
+            print(f"error: the server could not start on {args.host}:{args.port}", file=sys.stderr)
+            return EXIT_FAILURE
     return 0
 
 

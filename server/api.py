@@ -4,6 +4,8 @@
 same app, so page and API share one port: `gr.mount_gradio_app(app, blocks, path="/")` (our routes
 are added first, so they win over the page's catch-all mount). `app.state.backends` holds the
 engines wrapped for /metrics: hand those to the page and its requests are counted too.
+With `api_key`, every route of the app (the page and /lab included) asks for it, except `/health`
+and `/metrics` (server/auth.py: a bearer header, or the cookie of the /login form).
 
 Timing: a request's Timeline starts (`received`) when the handler runs, before the body is read.
 A streamed reply is answered with status 200 only once the engine has accepted the request (the
@@ -25,9 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
@@ -36,10 +37,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from engine.errors import LatencyLabError
 from engine.timeline import Timeline
 
+from .auth import APIKeyAuth
 from .limits import BodySizeLimit
 from .metrics import Metrics
-from .protocol import (APIError, api_error_from, chunk_body, completion_body, in_api_terms, new_completion_id,
-                       now_s, parse_chat_request, sse, timings_of, usage_of)
+from .protocol import (APIError, api_error_from, chunk_body, completion_body, in_api_terms, metrics_of,
+                       new_completion_id, now_s, parse_chat_request, sse, timings_of, usage_of)
 from .sessions import SessionIds
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # far beyond any prompt that fits the context; refuses memory abuse
@@ -51,7 +53,8 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     """The API app over one engine or a {model name: engine} dict (local `Engine` or `RemoteEngine`)."""
     metrics = metrics or Metrics()
     session_ids = session_ids or SessionIds()
-    backends = {name: metrics.instrument(b, name) for name, b in named_backends(engine_or_backends).items()}
+    backends = {name: metrics.instrument(b, name, engine=str(i))
+                for i, (name, b) in enumerate(named_backends(engine_or_backends).items())}
     default_model = next(iter(backends))
     started = now_s()
 
@@ -59,9 +62,11 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     app.state.backends = backends
     app.state.metrics = metrics
     app.state.session_ids = session_ids
-    # Every route of the app, the page's included (it mounts here), refuses oversized bodies.
+    # Every route of the app, the page's included (it mounts here), refuses oversized bodies...
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
-    authorized = [Depends(_bearer_auth(api_key))]
+    # ...and, with a key, every request without it but /health, /metrics and /login (server/auth.py).
+    if api_key is not None:
+        app.add_middleware(APIKeyAuth, api_key=api_key, on_refuse=lambda: metrics.api_errors.labels("401").inc())
 
     def error_response(err: APIError) -> Response:
         metrics.api_errors.labels(str(err.status)).inc()
@@ -100,32 +105,41 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
                 "max_model_len": info.context_max, "backend": info.source,
                 "latency_lab": info.to_dict()}  # the typed EngineInfo: a remote Latency Lab reads it back
 
-    @app.get("/v1/models", dependencies=authorized)
+    @app.get("/v1/models")
     async def list_models():
         return {"object": "list", "data": [model_card(name) for name in backends]}
 
-    @app.get("/v1/models/{model_id:path}", dependencies=authorized)
+    @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str):
         if model_id not in backends:
             raise _unknown_model(model_id, backends)
         return model_card(model_id)
 
-    @app.post("/v1/sessions", dependencies=authorized)
+    @app.post("/v1/sessions")
     async def new_session():
         """A session id for `session` in chat requests: its requests share a prefix-cache scope."""
         return {"id": session_ids.issue(), "object": "session"}
 
-    @app.get("/v1/queue", dependencies=authorized)
+    @app.get("/v1/queue")
     async def queue():
         """Each local engine's queue now: requests waiting, running, and the bound (--max-queue)."""
         return {"object": "list", "data": [queue_state(name, b) for name, b in backends.items()]}
+
+    @app.get("/health")
+    async def health():
+        """For load balancers: 200 while every engine can serve, 503 (naming the ones down) otherwise.
+        Open without the key, like /metrics (vLLM leaves both open too)."""
+        down = [name for name, b in backends.items() if not serving(b)]
+        if down:
+            return JSONResponse({"status": "unavailable", "down": down}, status_code=503)
+        return {"status": "ok", "models": list(backends)}
 
     @app.get("/metrics")
     async def prometheus_metrics():
         data, content_type = metrics.render()
         return Response(data, media_type=content_type)
 
-    @app.post("/v1/chat/completions", dependencies=authorized)
+    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         timeline = Timeline()  # glossary: "request received by the server" — before the body is read
         chat = parse_chat_request(await _read_json(request))
@@ -149,6 +163,15 @@ def named_backends(engine_or_backends) -> dict:
     return backends
 
 
+def serving(backend) -> bool:
+    """Whether an engine can take requests: a local worker's thread alive, a remote engine open."""
+    worker = getattr(backend, "worker", None)
+    thread = getattr(worker, "_thread", None)
+    if getattr(worker, "_stopping", False) or thread is not None and not thread.is_alive():
+        return False
+    return not getattr(backend, "_closed", False)
+
+
 def queue_state(name: str, backend) -> dict:
     worker = getattr(backend, "worker", None)
     if worker is None:  # a remote engine: its requests in flight from here
@@ -161,18 +184,6 @@ def queue_state(name: str, backend) -> dict:
 def _unknown_model(name: str, backends: dict) -> APIError:
     return APIError(404, f"the model {name!r} does not exist here; available: {', '.join(backends)}",
                     param="model", code="model_not_found")
-
-
-def _bearer_auth(api_key: str | None):
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
-            raise APIError(401, "missing or incorrect API key: send the header 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
-
-    return check
 
 
 async def _read_json(request: Request):
@@ -290,10 +301,11 @@ async def _sse_stream(handle, events, chat, model: str, cid: str, created: int):
             yield chunk({"content": event.text})
         elif event.kind == "done":
             tl = event.timeline or handle.timeline
-            # like llama.cpp's server: `timings` ride on the chunk that carries finish_reason
-            yield chunk({}, _finish_reason(event), timings=timings_of(tl))
+            # like llama.cpp's server: `timings` ride on the chunk that carries finish_reason;
+            # like vLLM's: `metrics` ride on the usage chunk (and here on the finish chunk too)
+            yield chunk({}, _finish_reason(event), timings=timings_of(tl), metrics=metrics_of(tl))
             if chat.include_usage:
-                yield sse(chunk_body(cid, created, model, None, usage=usage_of(tl)))
+                yield sse(chunk_body(cid, created, model, None, usage=usage_of(tl), metrics=metrics_of(tl)))
         elif event.kind == "error":  # headers are sent: the error goes in the stream, as OpenAI's does
             yield sse(api_error_from(_exception_of(event)).body())
     yield sse("[DONE]")

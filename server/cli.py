@@ -1,6 +1,6 @@
 """Server flags (`add_server_args`) and the engines they name (`build_backends`).
 
-app.py and `python -m server` share these. `--api-key` protects this server's API; the key sent
+app.py and `python -m server` share these. `--api-key` protects this server (API, page, /lab); the key sent
 to a remote server is a separate flag (`--remote-api-key`), so our own key never leaves the machine.
 """
 
@@ -24,7 +24,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="requests allowed to wait for the model; past it the API answers 429 and the page says the "
                         "server is busy (default %(default)s; a queue that grows without limit only grows the wait)")
     g.add_argument("--api-key", default=os.environ.get("LATENCY_LAB_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $LATENCY_LAB_API_KEY, else none)")
+                   help="require the key on every route but /health and /metrics: 'Authorization: Bearer KEY', "
+                        "or a login form for the page (default: $LATENCY_LAB_API_KEY, else none)")
     g = p.add_argument_group("remote engine")
     g.add_argument("--backend", default="local", choices=BACKENDS,
                    help="local: the engine in this process; openai: a remote OpenAI-compatible server "
@@ -33,6 +34,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--remote-model", default=None, help="the model name the remote server serves")
     g.add_argument("--remote-api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="bearer key for the remote server (default: $OPENAI_API_KEY)")
+    g.add_argument("--remote-dialect", default="auto", choices=("auto", "openai", "ollama"),
+                   help="auto: use Ollama's native API when the server is Ollama (asked once at start), "
+                        "else its OpenAI API (default: auto)")
 
 
 def _non_negative(text: str) -> int:
@@ -53,7 +57,8 @@ def build_backends(args, load_local) -> dict:
             raise InvalidRequest("--backend openai needs --base-url URL and --remote-model NAME", "base_url")
         from engine.remote import RemoteEngine
 
-        remote = RemoteEngine(args.base_url, args.remote_model, api_key=args.remote_api_key)
+        remote = RemoteEngine(args.base_url, args.remote_model, api_key=args.remote_api_key,
+                              dialect=getattr(args, "remote_dialect", "auto"))
         name = args.remote_model if args.remote_model not in backends else f"remote/{args.remote_model}"
         backends[name] = remote
     return backends

@@ -155,18 +155,27 @@ def new_completion_id() -> str:
 
 
 def timings_of(timeline: Timeline) -> dict:
-    """The glossary's metrics and raw events of one request (ms from the server's receipt)."""
+    """The glossary's metrics and raw events of one request (ms from the server's receipt), and
+    the same figures under llama.cpp's `timings` names (prompt_n, predicted_ms...), so a client
+    written for llama.cpp's server reads them too. Unknown is null, never 0."""
     d = timeline.to_dict()
     d.pop("received_ns", None)  # a perf_counter reading means nothing outside this process
     d.pop("client", None)  # browser timestamps join later, on the page
+    d.update(timeline.llama_cpp_timings())
     return jsonable(d)
 
 
+def metrics_of(timeline: Timeline) -> dict:
+    """vLLM's per-request `metrics` object (its TTFT from scheduling, queue time apart)."""
+    return jsonable(timeline.vllm_metrics())
+
+
 def usage_of(timeline: Timeline) -> dict:
+    prompt, out = timeline.prompt_tokens, timeline.output_tokens
     return {
-        "prompt_tokens": timeline.prompt_tokens,
-        "completion_tokens": timeline.output_tokens,
-        "total_tokens": timeline.prompt_tokens + timeline.output_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": out,
+        "total_tokens": None if prompt is None else prompt + out,
         "prompt_tokens_details": {"cached_tokens": timeline.cached_tokens},
     }
 
@@ -180,6 +189,7 @@ def completion_body(cid: str, created: int, model: str, text: str, finish_reason
                      "logprobs": None, "finish_reason": finish_reason}],
         "usage": usage_of(timeline),
         "timings": timings_of(timeline),
+        "metrics": metrics_of(timeline),
     }
 
 

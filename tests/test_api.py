@@ -233,7 +233,7 @@ def test_metrics_parse_and_move_with_a_request(client, api):
     reply = client.chat.completions.create(model=api.model, messages=ask("Name a fruit."), max_tokens=6,
                                            temperature=0)
     after = scrape(api)
-    m = (("model_name", api.model),)
+    m = (("engine", "0"), ("model_name", api.model))
 
     def delta(name, labels=m):
         return after.get((name, labels), 0) - before.get((name, labels), 0)
@@ -247,7 +247,7 @@ def test_metrics_parse_and_move_with_a_request(client, api):
     assert delta("latency_lab:prompt_tokens_total") == reply.usage.prompt_tokens
     assert delta("latency_lab:prefix_cache_queries_total") == reply.usage.prompt_tokens
     assert delta("latency_lab:prefix_cache_hits_total") == reply.usage.prompt_tokens_details.cached_tokens
-    finished = (("finished_reason", reply.choices[0].finish_reason), ("model_name", api.model))
+    finished = (("engine", "0"), ("finished_reason", reply.choices[0].finish_reason), ("model_name", api.model))
     assert delta("latency_lab:request_success_total", finished) == 1
     ttft_s = reply.model_extra["timings"]["ttft_ms"] / 1e3
     assert delta("latency_lab:time_to_first_token_seconds_sum") == pytest.approx(ttft_s)
@@ -266,7 +266,7 @@ def test_api_key_is_required_when_set(bundled_engine):
         good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
         assert good.chat.completions.create(model=bundled_engine.info().name, messages=HI, max_tokens=2,
                                             temperature=0).usage.completion_tokens > 0
-        assert httpx.get(url + "/metrics").status_code == 200  # like vLLM: the key guards /v1 only
+        assert httpx.get(url + "/metrics").status_code == 200  # like vLLM: /metrics and /health stay open
 
 
 def test_a_full_queue_is_429(bundled):
@@ -298,3 +298,44 @@ def test_an_engine_failure_mid_stream_is_reported_in_the_stream(bundled):
             assert resp.status_code == 500 and resp.json()["error"]["type"] == "server_error"
     finally:
         broken.close()
+
+
+LLAMA_CPP_TIMINGS = ("prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
+                     "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "cache_n", "draft_n",
+                     "draft_n_accepted")
+VLLM_METRICS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second")
+
+
+def test_llama_cpp_and_vllm_clients_read_our_timings(client, api):
+    """A plain llama.cpp-style client (raw SSE, `timings` on the finish chunk, as llama.cpp's own web UI
+    reads it) and the openai SDK (`model_extra`) both find llama.cpp's names and vLLM's `metrics`."""
+    body = {"model": api.model, "messages": ask("Name a planet."), "max_tokens": 6, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    timings = usage_metrics = None
+    with httpx.stream("POST", api.url + "/v1/chat/completions", json=body, timeout=120) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[6:])
+            timings = payload.get("timings") or timings
+            if payload.get("usage"):
+                usage, usage_metrics = payload["usage"], payload["metrics"]
+    assert set(LLAMA_CPP_TIMINGS) <= set(timings)
+    assert timings["prompt_n"] == timings["prefill_tokens"] and timings["cache_n"] == timings["cached_tokens"]
+    assert timings["prompt_n"] + timings["cache_n"] == usage["prompt_tokens"]
+    assert timings["predicted_n"] == timings["output_tokens"] == usage["completion_tokens"]
+    assert timings["prompt_ms"] == pytest.approx(timings["prefill_ms"])
+    assert timings["predicted_ms"] == pytest.approx(timings["decode_ms"])
+    assert timings["predicted_per_second"] == pytest.approx(timings["predicted_n"] / timings["predicted_ms"] * 1e3)
+    assert timings["draft_n"] is None and timings["draft_n_accepted"] is None  # no speculation ran: unknown, not 0
+    # vLLM's TTFT starts at scheduling: ours minus the queue and setup before the worker took it
+    assert set(VLLM_METRICS) <= set(usage_metrics)
+    assert usage_metrics["queue_time_ms"] == pytest.approx(timings["queue_ms"])
+    assert 0 < usage_metrics["time_to_first_token_ms"] <= timings["ttft_ms"]
+
+    reply = client.chat.completions.create(model=api.model, messages=ask("Name a planet."), max_tokens=6,
+                                           temperature=0)
+    sdk_timings, sdk_metrics = reply.model_extra["timings"], reply.model_extra["metrics"]
+    assert set(LLAMA_CPP_TIMINGS) <= set(sdk_timings) and set(VLLM_METRICS) <= set(sdk_metrics)
+    assert sdk_timings["predicted_n"] == reply.usage.completion_tokens
+    assert sdk_metrics["generation_time_ms"] == pytest.approx(sdk_timings["decode_ms"])

@@ -259,10 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             if args.scenario == "transport":
                 out = bench_transport(url, browser, args.replies, args.max_tokens)
-                out["engine"] = engine.info().get("name")
+                out["engine"] = engine.info().name
             elif args.scenario == "smooth":
                 out = bench_smooth(url, browser, prompt, 96, args.rounds, smooth_settings)
-                out["source"] = engine.info().get("name") + ("" if args.engine else f", trace {args.trace}")
+                out["source"] = engine.info().name + ("" if args.engine else f", trace {args.trace}")
             else:
                 rates = [float(r) for r in args.rates.split(",")]
                 out = bench_rate(url, browser, engine, rates, args.seconds, args.keep_up_ms)

@@ -81,6 +81,21 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
 ]}
 
 
+# Other tools' names for ours (docs/api.md): what the API also answers under their names
+# (Timeline.llama_cpp_timings / vllm_metrics) and what engine/remote.py reads from their servers.
+FOREIGN: dict[str, dict[str, str]] = {
+    "llama.cpp timings": {"prompt_n": "prefill_tokens", "prompt_ms": "prefill_ms", "predicted_n": "output_tokens",
+                          "predicted_ms": "decode_ms", "cache_n": "cached_tokens", "draft_n": "drafted",
+                          "draft_n_accepted": "accepted"},
+    "vLLM metrics": {"queue_time_ms": "queue_ms", "time_to_first_token_ms": "worker starts it → first token (ttft_ms minus the wait)",
+                     "generation_time_ms": "decode_ms", "mean_itl_ms": "mean of itl_ms"},
+    "Ollama": {"prompt_eval_count": "prefill_tokens", "prompt_eval_duration": "prefill_ms",
+               "eval_count": "output_tokens", "eval_duration": "decode_ms", "total_duration": "e2e_ms"},
+    "TGI headers": {"x-queue-time": "queue_ms", "x-prompt-tokens": "prompt_tokens",
+                    "x-generated-tokens": "output_tokens"},
+}
+
+
 def hover(name: str) -> str:
     m = METRICS.get(name)
     return m.hover if m else name

@@ -3,6 +3,7 @@
 Each scenario is a module in this package with `add_args(parser)` (optional) and
 `run(args, out) -> dict`. Human-readable lines go through `out(...)` as the scenario runs;
 with --json the last line printed is one JSON object holding the raw figures and a `ratio`.
+A scenario that judges its own run sets `"ok"`; `"ok": false` exits 1 (engine/errors.py: exit codes).
 Runs alternate between the variants compared, in one process, and report medians: these
 machines are shared and noisy, so a lone absolute time means little.
 """
@@ -67,15 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     def out(*parts):
         print(*parts, flush=True)
 
+    from ..errors import EXIT_FAILURE, EXIT_OK, LatencyLabError, exit_code
+
     t0 = time.perf_counter()
-    result = module.run(args, out)
+    try:
+        result = module.run(args, out)
+    except LatencyLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_code(exc)
     result.setdefault("scenario", args.scenario)
     result["bench_s"] = round(time.perf_counter() - t0, 1)
     if args.json:
         print(json.dumps(result))
     else:
         out(f"ratio: {result.get('ratio')}")
-    return 0
+        if "ok" in result:
+            out(f"ok: {result['ok']}")
+    if result.get("ok") is False:
+        print(f"{args.scenario}: the run failed its own checks (\"ok\": false)", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 def load_model(args, **overrides):
