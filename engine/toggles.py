@@ -38,6 +38,16 @@ class Toggle:
         """`--kv-reuse` style; a bool that defaults to on is switched with `--no-…` (see cli_names)."""
         return "--" + self.name.replace("_", "-")
 
+    def applies(self, settings: dict) -> bool:
+        """Whether this toggle matters under `settings`: `only_with` 'speculative' means 'speculative
+        is not at its default'; 'network=custom' means 'network is custom'."""
+        if not self.only_with:
+            return True
+        name, _, wanted = self.only_with.partition("=")
+        if wanted:
+            return str(settings.get(name)) == wanted
+        return name in settings and settings[name] not in (None, False, "off", "")
+
     def check(self, value) -> None:
         """Raise InvalidRequest, naming the field, for a value this toggle cannot take."""
         if self.kind == "bool":

@@ -154,11 +154,13 @@ def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
-def timings_of(timeline: Timeline) -> dict:
+def timings_of(timeline: Timeline, streamed: bool = True) -> dict:
     """The glossary's metrics and raw events of one request (ms from the server's receipt), and
     the same figures under llama.cpp's `timings` names (prompt_n, predicted_ms...), so a client
-    written for llama.cpp's server reads them too. Unknown is null, never 0."""
+    written for llama.cpp's server reads them too. Unknown is null, never 0. `streamed`: false for
+    a `stream: false` reply, whose client saw no token before `e2e_ms` whatever `ttft_ms` says."""
     d = timeline.to_dict()
+    d["streamed"] = streamed
     d.pop("received_ns", None)  # a perf_counter reading means nothing outside this process
     d.pop("client", None)  # browser timestamps join later, on the page
     d.update(timeline.llama_cpp_timings())
@@ -188,7 +190,7 @@ def completion_body(cid: str, created: int, model: str, text: str, finish_reason
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "logprobs": None, "finish_reason": finish_reason}],
         "usage": usage_of(timeline),
-        "timings": timings_of(timeline),
+        "timings": timings_of(timeline, streamed=False),
         "metrics": metrics_of(timeline),
     }
 

@@ -11,10 +11,14 @@ from engine.info import EngineInfo
 from engine.toggles import Toggle
 
 from . import engine_info
+from .network import PRESETS
 from .settings import FIELDS, PAGE_SETTINGS
 
 SLIDER_MAX_STEPS = 64  # an int toggle with a wider range gets a number box, not a slider
-CHOICE_LABELS = {"smoothing": {"off": "off: paint text as it arrives", "adaptive": "adaptive", "pace": "reading pace"}}
+CHOICE_LABELS = {
+    "smoothing": {"off": "off: paint text as it arrives", "adaptive": "adaptive", "pace": "reading pace"},
+    "network": {**{name: link.describe() for name, link in PRESETS.items()}, "custom": "custom (the fields below)"},
+}
 
 
 def elem_id(pane: str, name: str) -> str:

@@ -49,8 +49,11 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("client_e2e_ms", "total (browser)", "ms", "user pressed send", "last text painted", "browser"),
     _M("transport_overhead_ms", "transport overhead", "ms", "",
        "TTFT (browser) − TTFT (server): network in + out + render for the first token", "both"),
-    _M("network_in_ms", "network in", "ms", "user pressed send", "request received by the server", "estimated"),
-    _M("network_out_ms", "network out + paint", "ms", "first token id sampled", "first text painted", "estimated"),
+    _M("network_in_ms", "network in", "ms", "user pressed send",
+       "request received by the server (with a simulated Network, its one-way delay is in here)", "estimated"),
+    _M("network_out_ms", "network out + paint", "ms", "first token id sampled",
+       "first text painted (with a simulated Network, its one-way delay is in here; with streaming off, the "
+       "whole reply's generation too)", "estimated"),
     _M("paint_lag_ms", "paint lag (last)", "ms", "last token sampled", "last text painted", "estimated"),
     _M("prompt_tokens", "prompt", "tok", "", "tokens in the prompt", better=""),
     _M("prefill_tokens", "prefilled", "tok", "", "prompt tokens computed by prefill (not cached)"),

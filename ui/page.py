@@ -101,6 +101,18 @@ def glossary_html() -> str:
             f"<th>start event</th><th>end event</th><th>clock</th></tr></thead><tbody>{rows}</tbody></table>")
 
 
+def settings_glossary_html() -> str:
+    """Every setting of a pane, from its declaration: what it does and the metric it moves."""
+    rows = "".join(
+        f"<tr><td><code>{html.escape(t.name)}</code></td><td>{html.escape(t.label)}</td>"
+        f"<td>{html.escape(str(t.default))}</td><td>{html.escape(t.help)}</td>"
+        f"<td>{'<code>' + html.escape(t.glossary) + '</code>' if t.glossary else '—'}</td>"
+        f"<td>{html.escape(', '.join(t.backends))}</td></tr>"
+        for t in (*TOGGLES, *PAGE_SETTINGS))
+    return ('<table class="lab-table lab-glossary"><thead><tr><th>setting</th><th>control</th><th>default</th>'
+            f"<th>what it does</th><th>moves</th><th>honoured by</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
 def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
     info = store.info
     backends = list(store.engines)
@@ -243,6 +255,10 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
                 gr.Markdown("Every number on the page, with the events it starts and ends at. Hover a number "
                             "anywhere to see its definition.")
                 gr.HTML(glossary_html())
+                gr.Markdown("### Settings\nEach pane's settings, as declared once in the code (`engine/config.py`, "
+                            "`ui/settings.py`). *Network* is simulated on the page's own transport; the server's "
+                            "figures stay the engine's.")
+                gr.HTML(settings_glossary_html())
 
         # The Gradio transport: hidden, driven by page.js (see lab.takeGradioPayload / onGradioUpdate).
         gr_payload = gr.Textbox(visible="hidden", elem_id="lab-gradio-payload")

@@ -75,6 +75,20 @@ TEACHING = {
         "set": "long_history", "item": 0,
         "a": {"kv_reuse": False, "chunked_prefill": False}, "b": {"kv_reuse": False, "chunked_prefill": True},
     },
+    "streaming": {
+        "title": "Streaming on vs off",
+        "explain": "The same reply, streamed (A) and delivered in one piece when complete (B). The server's TTFT "
+                   "is the same; B's reader sees the first word only at the total time.",
+        "set": "open_questions", "item": 0,
+        "a": {"streaming": True, "max_new_tokens": 64}, "b": {"streaming": False, "max_new_tokens": 64},
+    },
+    "network": {
+        "title": "Loopback vs 4G",
+        "explain": "The same config over loopback (A) and a simulated 4G link (B: 50 ms one way ± 15 ms, 10 Mbit/s). "
+                   "The server's figures match; B's browser figures are later by about one round trip.",
+        "set": "open_questions", "item": 1,
+        "a": {"network": "loopback"}, "b": {"network": "4g"},
+    },
     "nf4": {
         "title": "Unquantized vs nf4 weights",
         "explain": "Same prompt, the weights as loaded against 4-bit nf4 (bitsandbytes): fewer bytes per token, "

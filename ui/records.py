@@ -18,7 +18,7 @@ import statistics
 from engine.config import TOGGLES
 from engine.errors import InvalidRequest
 
-from . import perceived
+from . import network, perceived
 from .glossary import METRICS, hover
 from .settings import PAGE_SETTINGS
 
@@ -155,8 +155,7 @@ def config_label(settings: dict) -> str:
     parts = ["greedy" if s.get("temperature") == 0 else f"T={s.get('temperature', '?')}"]
     declared = {t.name: t for t in (*TOGGLES, *PAGE_SETTINGS)}
     for t in declared.values():
-        parent = declared.get(t.only_with)
-        if parent is not None and s.get(parent.name, parent.default) == parent.default:
+        if not t.applies(s):
             continue  # k means nothing with speculation off
         label = t.describe(s.get(t.name, t.default))
         if label:
@@ -387,6 +386,32 @@ def replies_note(a: dict, b: dict) -> str:
     else:
         why = "the configs differ in more than sampling, or the conversations differ"
     return f"The replies part after {at:,} characters: {why}."
+
+
+def transport_lesson(a: dict, b: dict) -> str:
+    """A sentence under the A/B table, in the measured numbers, when the panes differ in what the
+    network or streaming does (the server's figures should match; the browser's should not)."""
+    sa, sb = a.get("settings") or {}, b.get("settings") or {}
+    ra, rb = row(a), row(b)
+
+    def ms(r, key):
+        v = r.get(key)
+        return "—" if v is None else f"{v:,.0f} ms"
+
+    server = f"Server TTFT A {ms(ra, 'ttft_ms')}, B {ms(rb, 'ttft_ms')}"
+    if sa.get("streaming", True) != sb.get("streaming", True):
+        off, r = ("B", rb) if not sb.get("streaming", True) else ("A", ra)
+        return (f"{server}: the engine's work is the same. With streaming off, {off}'s first word was painted at "
+                f"{ms(r, 'client_first_word_ms')}, against a total of {ms(r, 'client_e2e_ms')}: its reader waited "
+                "for the whole reply.")
+    if (sa.get("network") or "loopback") != (sb.get("network") or "loopback"):
+        ga = None if ra.get("transport_overhead_ms") is None else ra["transport_overhead_ms"]
+        gb = None if rb.get("transport_overhead_ms") is None else rb["transport_overhead_ms"]
+        added = "—" if ga is None or gb is None else f"{gb - ga:+,.0f} ms"
+        return (f"{server}: the engine's work is the same. Browser TTFT A {ms(ra, 'client_ttft_ms')}, "
+                f"B {ms(rb, 'client_ttft_ms')}: B's network adds {added} to the first token (simulated: "
+                f"{network.link_for(sb).describe()}; one round trip is twice the one-way delay).")
+    return ""
 
 
 def percentile(values: list[float], q: float) -> float | None:

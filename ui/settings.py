@@ -16,6 +16,7 @@ from engine.config import TOGGLES, GenerationConfig
 from engine.errors import InvalidRequest
 from engine.toggles import Toggle
 
+from .network import NETWORKS
 from .perceived import SMOOTHING_MODES, SMOOTHING_UNITS
 
 MAX_SYSTEM_CHARS = 20_000
@@ -28,6 +29,20 @@ PAGE_SETTINGS = (
            glossary="paint_gap_max_ms", backends=("page",), short="smooth"),
     Toggle("smooth_unit", "choice", "word", "Smooth by", "paint whole words or single characters",
            choices=SMOOTHING_UNITS, backends=("page",), only_with="smoothing", short="by"),
+    Toggle("streaming", "bool", True, "Streaming",
+           "show text as it arrives; off: the server still streams and measures, but the page gets the reply "
+           "only when it is complete (as a non-streaming response)", glossary="client_first_word_ms",
+           backends=("page",), off_label="not streamed"),
+    Toggle("network", "choice", "loopback", "Network (simulated)",
+           "delays the page's own request and reply stream as this link would (one-way delay ± jitter, "
+           "bandwidth); the server's figures stay the engine's", choices=NETWORKS, glossary="network_in_ms",
+           backends=("page",), short="network"),
+    Toggle("net_delay_ms", "int", 50, "One-way delay (ms)", "custom network: one-way propagation delay",
+           lo=0, hi=5000, backends=("page",), only_with="network=custom", short="delay"),
+    Toggle("net_jitter_ms", "int", 10, "Jitter (± ms)", "custom network: each trip's delay varies by up to this",
+           lo=0, hi=1000, backends=("page",), only_with="network=custom", short="jitter"),
+    Toggle("net_kbps", "int", 10_000, "Bandwidth (kbit/s)", "custom network: link bandwidth, 0 = unlimited",
+           lo=0, hi=10_000_000, backends=("page",), only_with="network=custom", short="kbit/s"),
 )
 FIELDS = [*SAMPLING, *(t.name for t in TOGGLES), "backend", *(t.name for t in PAGE_SETTINGS)]
 
@@ -77,7 +92,8 @@ def page_settings(settings: dict | None) -> dict:
     s = settings or {}
     out = {}
     for t in PAGE_SETTINGS:
-        value = s.get(t.name) or t.default
+        value = s.get(t.name)
+        value = t.default if value is None or value == "" else t.coerce(value)
         t.check(value)
         out[t.name] = value
     return out

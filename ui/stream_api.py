@@ -10,8 +10,10 @@ stays available (`transport: gradio` in the page) to measure what it adds.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
+import random
 import time
 
 from fastapi import APIRouter, HTTPException
@@ -23,8 +25,9 @@ from engine.errors import LatencyLabError
 from engine.timeline import Timeline
 from engine.worker import QueueFull
 
-from . import records
+from . import network, records
 from .chat import ChatStore, check_id
+from .settings import page_settings
 
 
 class ChatIn(BaseModel):
@@ -59,6 +62,13 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
 
     @router.post("/chat")
     async def chat(body: ChatIn):
+        try:
+            pane = page_settings(body.settings)
+        except LatencyLabError as exc:
+            raise HTTPException(400, _error(exc)) from exc
+        link = network.link_for(pane)
+        if link.simulated:  # network in: the request travels before the server can stamp it
+            await asyncio.sleep(link.one_way_s(random.Random(), len(body.model_dump_json())))
         timeline = Timeline()  # "request received by the server": stamped before anything else
         try:
             stream = store.run_turn(body.session, body.pane, body.message, body.settings,
@@ -69,10 +79,13 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
         except LatencyLabError as exc:
             raise HTTPException(400, _error(exc)) from exc
 
-        async def events():
-            kind, data = first
-            yield {"event": kind, "data": json.dumps(data)}
-            async for kind, data in stream:
+        async def produced():
+            yield first
+            async for item in stream:
+                yield item
+
+        async def events():  # network out (simulated, if set) and streaming on/off happen here
+            async for kind, data in network.deliver(produced(), link, pane["streaming"], size=_wire_bytes):
                 yield {"event": kind, "data": json.dumps(data)}
 
         # No pings: a ping would interleave with chunks and the page has its own stop.
@@ -123,9 +136,9 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
     async def delta(session: str, a: str, b: str):
         ra, rb = _call(store.reply, session, a), _call(store.reply, session, b)
         row_a, row_b = ra.row(), rb.row()
-        note = records.replies_note(ra.record(), rb.record())
+        notes = [records.transport_lesson(ra.record(), rb.record()), records.replies_note(ra.record(), rb.record())]
         return {"html": records.delta_html(records.delta_rows(row_a, row_b), row_a["config"], row_b["config"])
-                + (f'<p class="lab-muted lab-replies-note">{html.escape(note)}</p>' if note else "")}
+                + "".join(f'<p class="lab-muted lab-replies-note">{html.escape(n)}</p>' for n in notes if n)}
 
     @router.get("/export/{session}.{fmt}")
     async def export(session: str, fmt: str, pane: str | None = None):
@@ -147,6 +160,12 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
 TABLE_COLUMNS = ["turn", "pane", "config", "ttft_ms", "client_ttft_ms", "transport_overhead_ms", "tpot_ms",
                  "decode_tps", "e2e_ms", "client_e2e_ms", "queue_ms", "prefill_ms", "prompt_tokens",
                  "cached_tokens", "output_tokens", "acceptance_rate", "finish_reason"]
+
+
+def _wire_bytes(item) -> int:
+    """An event's size on the wire (its SSE frame), for the simulated link's bandwidth."""
+    kind, data = item
+    return len(kind) + len(json.dumps(data)) + 16
 
 
 def _call(fn, *args):
