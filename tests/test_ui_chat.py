@@ -83,7 +83,7 @@ def test_stop_ends_with_a_cancelled_reply_that_stays_in_the_history():
     assert events[-1][0] == "done" and done["row"]["finish_reason"] == "cancelled"
     assert 3 <= done["row"]["output_tokens"] < 500
     assert store.messages(s, "chat")[-1]["content"] == done["record"]["reply"]
-    assert store.conversation(s, "chat").inflight is None
+    assert store.pane(s, "chat").inflight is None
 
 
 def test_bad_input_fails_before_streaming_and_loses_nothing(paced):
@@ -111,7 +111,7 @@ def test_sessions_are_issued_by_the_server_and_isolated(paced):
     with pytest.raises(InvalidRequest):
         store.messages("../etc", "chat")
     with pytest.raises(InvalidRequest):
-        store.conversation(a, "Z")
+        store.pane(a, "Z")
     for _ in range(3):  # the least recently used session is dropped past the bound
         store.new_session()
     with pytest.raises(InvalidRequest):

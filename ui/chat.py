@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequest
 from engine.info import EngineInfo
+from engine.sessions import Conversation, Message
 from engine.timeline import Timeline
 
 from . import engine_info, records
@@ -54,14 +55,17 @@ class Reply:
 
 
 @dataclass
-class Conversation:
-    messages: list[dict] = field(default_factory=list)  # user/assistant turns as the engine saw them
+class Pane:
+    """One tab pane: its conversation (engine.sessions.Conversation, replies kept exactly as
+    generated) and the request streaming into it now."""
+
+    conversation: Conversation
     inflight: object | None = None  # the RequestHandle streaming now
 
 
 @dataclass
 class Session:
-    panes: dict[str, Conversation] = field(default_factory=dict)
+    panes: dict[str, Pane] = field(default_factory=dict)
     replies: list[Reply] = field(default_factory=list)
 
 
@@ -116,27 +120,30 @@ class ChatStore:
             self._sessions.move_to_end(session_id)
             return s
 
-    def conversation(self, session_id: str, pane: str) -> Conversation:
+    def pane(self, session_id: str, pane: str) -> Pane:
         if pane not in PANES:
             raise InvalidRequest(f"pane must be one of {', '.join(PANES)}", "pane")
-        return self.session(session_id).panes.setdefault(pane, Conversation())
+        panes = self.session(session_id).panes
+        if pane not in panes:  # the conversation's session is its prefix-cache scope
+            panes[pane] = Pane(Conversation(session=f"{session_id}/{pane}"))
+        return panes[pane]
 
     def messages(self, session_id: str, pane: str) -> list[dict]:
-        return list(self.conversation(session_id, pane).messages)
+        return [m.to_dict() for m in self.pane(session_id, pane).conversation.messages]
 
     def seed(self, session_id: str, pane: str, messages: list[dict]) -> None:
         """Start a pane's conversation from a preset history (text chosen by the server)."""
-        conv = self.conversation(session_id, pane)
-        if conv.inflight is not None:
+        p = self.pane(session_id, pane)
+        if p.inflight is not None:
             raise InvalidRequest("a reply is still streaming in this pane; stop it first", "pane")
-        conv.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        p.conversation.messages = [Message(m["role"], m["content"]) for m in messages]
 
     def clear(self, session_id: str, pane: str) -> None:
         self.cancel(session_id, pane)
-        self.conversation(session_id, pane).messages = []
+        self.pane(session_id, pane).conversation.clear()
 
     def cancel(self, session_id: str, pane: str) -> bool:
-        handle = self.conversation(session_id, pane).inflight
+        handle = self.pane(session_id, pane).inflight
         if handle is None:
             return False
         handle.cancel()
@@ -168,28 +175,29 @@ class ChatStore:
         in the conversation. A consumer that goes away cancels the request.
         """
         timeline = timeline or Timeline()  # "received": as early as the caller could stamp it
-        conv = self.conversation(session_id, pane)
-        if conv.inflight is not None:
+        state = self.pane(session_id, pane)
+        if state.inflight is not None:
             raise InvalidRequest("a reply is still streaming in this pane; stop it or wait", "message")
         system, config = parse(settings)
         backend, engine = self.engine((settings or {}).get("backend"))
-        history = list(conv.messages)
+        # The conversation changes only when a reply is done: a failed or abandoned turn loses nothing.
+        history = list(state.conversation.messages)
         if regenerate:
-            if history and history[-1]["role"] == "assistant":
+            if history and history[-1].role == "assistant":
                 history.pop()
-            if not history or history[-1]["role"] != "user":
+            if not history or history[-1].role != "user":
                 raise InvalidRequest("nothing to regenerate yet: send a message first", "message")
-            message = history.pop()["content"]
+            message = history.pop().content
         elif not isinstance(message, str) or not message.strip():
             raise InvalidRequest("write a message first", "message")
-        prompt = ([{"role": "system", "content": system}] if system else []) + history + [
+        prompt = ([{"role": "system", "content": system}] if system else []) + [m.to_dict() for m in history] + [
             {"role": "user", "content": message}]
-        handle = engine.submit(prompt, config, session=f"{session_id}/{pane}", timeline=timeline)
-        conv.inflight = handle
+        handle = engine.submit(prompt, config, session=state.conversation.session, timeline=timeline)
+        state.inflight = handle
         applied = normalized(settings)
         applied["backend"] = backend
         reply = Reply(request_id=handle.id, session=session_id, pane=pane,
-                      turn=sum(m["role"] == "user" for m in history) + 1, settings=applied, prompt=message,
+                      turn=sum(m.role == "user" for m in history) + 1, settings=applied, prompt=message,
                       timeline=handle.timeline)
         seen, parts = 0, []
         try:
@@ -206,22 +214,22 @@ class ChatStore:
                     yield "chunk", {"text": event.text, "n": event.output_tokens,
                                     "token_ms": [(t - timeline.received_ns) / 1e6 for t in new]}
                 elif event.kind == "done":
-                    conv.inflight = None  # before the last yield: the consumer may stop reading here
+                    state.inflight = None  # before the last yield: the consumer may stop reading here
                     reply.text = event.text
                     # asked now, not at start: a variant built for this request knows its bytes only now
                     reply.weight_bytes = engine_info.weight_bytes(engine_info.describe(engine), config.quantization)
-                    conv.messages = history + [{"role": "user", "content": message},
-                                               {"role": "assistant", "content": event.text}]
+                    state.conversation.messages = history + [Message("user", message)]
+                    state.conversation.add_reply(event)  # exactly as generated, token ids included
                     self._keep(session_id, reply)
                     record = reply.record()
                     yield "done", {"record": record, "row": records.row(record)}
                 else:  # error: the conversation is unchanged, so nothing is lost
-                    conv.inflight = None
+                    state.inflight = None
                     yield "error", {"message": event.detail.get("message", "the request failed"),
                                     "param": event.detail.get("param"), "request_id": handle.id}
         finally:
-            if conv.inflight is handle:
-                conv.inflight = None
+            if state.inflight is handle:
+                state.inflight = None
             if handle.final is None:  # the consumer left mid-stream: free the worker
                 handle.cancel()
 
