@@ -238,7 +238,8 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
             with gr.Tab("Sweep", id="sweep"):
                 gr.Markdown("Runs a prompt set through the **A and B settings of the A/B tab**, alternating A and B "
                             "item by item, then shows p50/p90 of each metric and their distributions. Figures are "
-                            "the server's (browser-perceived ones need a page streaming each reply: Chat, A/B).")
+                            "the server's (browser-perceived ones need a page streaming each reply: Chat, A/B), so the "
+                            "panes' *Network*, *Streaming* and smoothing settings do not apply here.")
                 with gr.Row():
                     set_choice = gr.Radio([(s["title"], k) for k, s in prompt_sets.items()] + [("My own prompts", "custom")],
                                           value=next(iter(prompt_sets)), label="Prompt set", scale=3)

@@ -34,8 +34,8 @@ PAGE_SETTINGS = (
            "only when it is complete (as a non-streaming response)", glossary="client_first_word_ms",
            backends=("page",), off_label="not streamed"),
     Toggle("network", "choice", "loopback", "Network (simulated)",
-           "delays the page's own request and reply stream as this link would (one-way delay ± jitter, "
-           "bandwidth); the server's figures stay the engine's", choices=NETWORKS, glossary="network_in_ms",
+           "delays the page's own request and reply stream (our SSE transport) as this link would "
+           "(one-way delay ± jitter, bandwidth); the server's figures stay the engine's", choices=NETWORKS, glossary="network_in_ms",
            backends=("page",), short="network"),
     Toggle("net_delay_ms", "int", 50, "One-way delay (ms)", "custom network: one-way propagation delay",
            lo=0, hi=5000, backends=("page",), only_with="network=custom", short="delay"),
