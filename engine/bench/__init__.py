@@ -29,6 +29,7 @@ SCENARIOS = {
     "draft": "draft-model speculation on ordinary chat prompts: decode tok/s with vs without, acceptance",
     "verify": "a forward over T tokens in one-token steps, packed oneDNN weights vs plain (speculation's verify cost)",
     "prefill_chunks": "what chunked prefill costs on a long prompt, per chunk size (why the default chunk)",
+    "peer": "ours vs llama.cpp (llama-cpp-python in its own venv) on the same GGUF and token ids: decode, TTFT",
 }
 
 CHAT_PROMPTS = [

@@ -1,0 +1,162 @@
+"""Latency Lab against llama.cpp on the same weights and the same token ids, side by side.
+
+llama.cpp runs through llama-cpp-python in a venv of its own (it builds from source in ~5 minutes;
+never a dependency of this project): `python3 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip
+install llama-cpp-python`, then `--peer-python /tmp/llama-venv/bin/python`. It loads the bundled
+GGUF (Q4_1) itself; we load the same file dequantized. Both get the prompts as the same token ids
+(our tokenizer, the model's chat template) and decode greedily.
+
+Figures per engine, medians over alternating rounds (ours, then the peer, in each round):
+- decode tok/s after a short prompt, and after a ~1,500-token prompt;
+- cold TTFT of the ~1,500-token prompt (nothing cached);
+- warm TTFT: the same conversation plus one new turn, its history's KV already cached (llama.cpp
+  keeps the previous prompt's KV and reuses the longest common prefix; we use the prefix cache).
+`ratio` = our best decode tok/s (short prompt) / llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+
+from . import CHAT_PROMPTS, load_model, median, run_request
+from .kv import ARTICLE
+
+# The peer side, run by the peer venv's python: token ids in, per-token timestamps out.
+PEER_SCRIPT = r"""
+import json, sys, time
+from llama_cpp import Llama
+job = json.load(sys.stdin)
+llm = Llama(model_path=job["gguf"], n_ctx=4096, n_threads=job["threads"], n_batch=512, verbose=False)
+
+def run(ids, n, cold=True):
+    if cold:
+        llm.reset()  # forget the previous prompt's KV; otherwise generate() reuses the longest common prefix
+    t0, times = time.perf_counter(), []
+    for token in llm.generate(ids, temp=0.0, top_k=1):
+        times.append(time.perf_counter())
+        if len(times) >= n or token == llm.token_eos():
+            break
+    decode = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None
+    return {"ttft_ms": (times[0] - t0) * 1e3, "decode_tps": decode, "tokens": len(times)}
+
+out = {"version": __import__("llama_cpp").__version__}
+out["short"] = run(job["short"], job["max_tokens"])
+out["long"] = run(job["long"], job["max_tokens"])
+run(job["history"], 1)  # the conversation so far is now in llama.cpp's KV
+out["warm"] = run(job["warm"], job["warm_tokens"], cold=False)
+print(json.dumps(out))
+"""
+
+
+def add_args(p):
+    p.add_argument("--peer-python", default=os.environ.get("LLAMA_CPP_PYTHON", "/tmp/llama-venv/bin/python"),
+                   help="the python of a venv with llama-cpp-python installed")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, then llama.cpp)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens decoded per measured reply")
+    p.add_argument("--warm-tokens", type=int, default=8, help="tokens generated in the warm-TTFT turn")
+    p.add_argument("--compare-variants", default="",
+                   help="also measure these weight variants of ours (comma-separated, e.g. int8wo)")
+
+
+def conversation() -> tuple[list[dict], list[dict]]:
+    """A ~1,500-token chat history and the same history plus one new user turn."""
+    history = []
+    for i, ask in enumerate(("Summarize the main problems.", "Which change would you try first?",
+                             "How could we waste less bread?", "What are the risks of Sunday opening?")):
+        history += [{"role": "user", "content": f"Notes, part {i + 1}:\n\n{ARTICLE}\n\n{ask}"},
+                    {"role": "assistant", "content": "Here is a short answer based on the notes above."}]
+    return history, history + [{"role": "user", "content": "Give us a plan for next year in three bullets."}]
+
+
+def token_ids(tokenizer, messages, reply_open: bool = True) -> list[int]:
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=reply_open, tokenize=True,
+                                         return_dict=False)
+
+
+def ours(lm, ids: dict, args, variant: str | None) -> dict:
+    from ..config import GenerationConfig
+    from ..prefix_cache import PrefixCache
+    from ..variants import VariantSet
+
+    model = VariantSet(lm, quality_texts=0).get(variant).loaded if variant else lm
+    greedy = GenerationConfig(temperature=0.0, max_new_tokens=args.max_tokens, quantization=None)
+    short = run_request(model, None, greedy, prompt_ids=ids["short"]).timeline
+    long = run_request(model, None, greedy.replace(kv_reuse=False), prompt_ids=ids["long"]).timeline
+    cache = PrefixCache()
+    run_request(model, None, greedy.replace(max_new_tokens=1), prompt_ids=ids["history"], prefix_cache=cache,
+                session="peer")
+    warm = run_request(model, None, greedy.replace(max_new_tokens=args.warm_tokens), prompt_ids=ids["warm"],
+                       prefix_cache=cache, session="peer").timeline
+    return {"short": {"ttft_ms": short.ttft_ms, "decode_tps": short.decode_tps, "tokens": short.output_tokens},
+            "long": {"ttft_ms": long.ttft_ms, "decode_tps": long.decode_tps, "tokens": long.output_tokens},
+            "warm": {"ttft_ms": warm.ttft_ms, "cached_tokens": warm.cached_tokens, "tokens": warm.output_tokens}}
+
+
+def peer(args, job: dict) -> dict:
+    r = subprocess.run([args.peer_python, "-c", PEER_SCRIPT], input=json.dumps(job), capture_output=True,
+                       text=True, timeout=1200)
+    if r.returncode != 0:
+        from ..errors import LatencyLabError
+
+        raise LatencyLabError(f"llama-cpp-python failed ({args.peer_python}): {r.stderr.strip()[-400:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run(args, out):
+    import torch
+
+    from ..capabilities import detect
+    from ..errors import LatencyLabError
+    from ..loader import bundled_gguf_path
+
+    if not os.path.exists(args.peer_python):
+        raise LatencyLabError(f"no llama-cpp-python venv at {args.peer_python}: build one (see "
+                              "`python -m engine.bench peer --help`) or pass --peer-python")
+    lm = load_model(args)
+    history, warm = conversation()
+    tok = lm.tokenizer
+    ids = {"short": token_ids(tok, [{"role": "user", "content": CHAT_PROMPTS[0]}]),
+           "long": token_ids(tok, warm), "history": token_ids(tok, history, reply_open=False),
+           "warm": token_ids(tok, warm)}
+    threads = torch.get_num_threads()
+    job = {"gguf": str(bundled_gguf_path()), "threads": threads, "max_tokens": args.max_tokens,
+           "warm_tokens": args.warm_tokens, **ids}
+    caps = detect()
+    out(f"{caps.cpu_model} · {caps.isa_level} · {threads} threads; ours {lm.dtype_name} vs llama.cpp Q4_1; "
+        f"prompts: short {len(ids['short'])}, long {len(ids['long'])}, warm {len(ids['warm'])} tokens "
+        f"({len(ids['history'])} cached)")
+    variants = [None, *(v.strip() for v in args.compare_variants.split(",") if v.strip())]
+    runs = {"llama.cpp": [], **{v or lm.dtype_name: [] for v in variants}}
+    for r in range(args.rounds):
+        for v in variants:
+            runs[v or lm.dtype_name].append(ours(lm, ids, args, v))
+        runs["llama.cpp"].append(peer(args, job))
+        out(f"  round {r + 1}: " + "; ".join(
+            f"{name} decode {x[-1]['short']['decode_tps']:.1f} tok/s, warm TTFT {x[-1]['warm']['ttft_ms']:.0f} ms"
+            for name, x in runs.items()))
+    table = {name: {
+        "decode_tps_short": median([x["short"]["decode_tps"] for x in xs]),
+        "decode_tps_long": median([x["long"]["decode_tps"] for x in xs]),
+        "cold_ttft_ms": median([x["long"]["ttft_ms"] for x in xs]),
+        "warm_ttft_ms": median([x["warm"]["ttft_ms"] for x in xs]),
+    } for name, xs in runs.items()}
+    theirs = table["llama.cpp"]
+    for name, row in table.items():
+        out(f"{name:>10}: decode {row['decode_tps_short']:.1f} tok/s short, {row['decode_tps_long']:.1f} after "
+            f"{len(ids['long'])} tokens; cold TTFT {row['cold_ttft_ms']:.0f} ms; warm TTFT {row['warm_ttft_ms']:.0f} ms")
+    best = max((n for n in table if n != "llama.cpp"), key=lambda n: table[n]["decode_tps_short"])
+    ratios = {
+        "decode_short": table[best]["decode_tps_short"] / theirs["decode_tps_short"],
+        "decode_long": table[best]["decode_tps_long"] / theirs["decode_tps_long"],
+        "cold_ttft_speedup": theirs["cold_ttft_ms"] / table[best]["cold_ttft_ms"],
+        "warm_ttft_ratio": table[best]["warm_ttft_ms"] / theirs["warm_ttft_ms"],
+    }
+    out(f"ours ({best}) ÷ llama.cpp: decode {ratios['decode_short']:.2f}x short, {ratios['decode_long']:.2f}x long; "
+        f"cold TTFT {ratios['cold_ttft_speedup']:.2f}x faster; warm TTFT {ratios['warm_ttft_ratio']:.2f}x theirs")
+    return {"ratio": round(ratios["decode_short"], 3), "ratios": {k: round(v, 3) for k, v in ratios.items()},
+            "table": table, "best": best, "cpu": caps.cpu_model, "isa": caps.isa_level, "threads": threads,
+            "machine": platform.machine(), "peer_version": runs["llama.cpp"][0].get("version"),
+            "prompt_tokens": {k: len(v) for k, v in ids.items()}}
