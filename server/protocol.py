@@ -155,7 +155,7 @@ def usage_of(timeline: Timeline) -> dict:
     return {
         "prompt_tokens": timeline.prompt_tokens,
         "completion_tokens": timeline.output_tokens,
-        "total_tokens": timeline.prompt_tokens + timeline.output_tokens,
+        "total_tokens": None if timeline.prompt_tokens is None else timeline.prompt_tokens + timeline.output_tokens,
         "prompt_tokens_details": {"cached_tokens": timeline.cached_tokens},
     }
 

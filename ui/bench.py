@@ -140,7 +140,8 @@ def bench_rate(url: str, browser, source, rates: list[float], seconds: float, ke
             source.tokens_per_s = rate
             settings = {"max_new_tokens": int(rate * seconds), "temperature": 0, "top_p": 0.9, "seed": -1,
                         "kv_reuse": True, "speculative": "off", "num_speculative_tokens": 4,
-                        "quantization": "default", "backend": "local", "system": ""}
+                        "quantization": "default", "backend": "local", "system": "", "chunked_prefill": False,
+                        "smoothing": "off", "smooth_unit": "word"}
             args = ["Stream as fast as you can."] + [settings[f] for f in fields] + [transport, 5.3]
             page.evaluate("(args) => window.lab.sendChat(args)", args)
             try:

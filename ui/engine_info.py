@@ -58,3 +58,21 @@ def headline(info: dict) -> str:
     if info.get("weight_bytes"):
         parts.append(f"{info['weight_bytes'] / 1e6:,.0f} MB weights")
     return " · ".join(parts)
+
+
+def limits_line(info: dict) -> str:
+    """The machine's measured ceilings for the header: 'machine limits: copy 17 GB/s · fp32 matmul …'."""
+    lim = info.get("machine_limits") if info else None
+    if not lim:
+        return "machine limits: not measured for this backend"
+    parts = [f"copy {lim['copy_gbps']:,.1f} GB/s" if lim.get("copy_gbps") else "copy —"]
+    parts += [f"{k} matmul {v:,.3g} TFLOP/s" for k, v in (lim.get("matmul_tflops") or {}).items() if v]
+    key = lim.get("key") or {}
+    where = ", ".join(str(x) for x in (key.get("cpu_model"), key.get("isa"),
+                                       key.get("threads") and f"{key['threads']} threads",
+                                       key.get("cuda_device")) if x)
+    return f"machine limits: {' · '.join(parts)} (measured {lim.get('date', '?')}{', ' + where if where else ''})"
+
+
+def limits_json(info: dict) -> dict:
+    return {"line": limits_line(info), "limits": (info or {}).get("machine_limits")}
