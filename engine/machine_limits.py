@@ -186,3 +186,31 @@ def probe_dtypes(loaded_dtype: str, device: torch.device | str = "cpu") -> tuple
     if "bf16" not in out and loaded_dtype == "fp32":
         out.append("bf16")
     return tuple(out) or ("fp32",)
+
+
+def main(argv=None) -> int:
+    """`python -m engine.machine_limits [--device cuda] [--dtypes fp32,bf16] [--force]`: print the limits."""
+    import argparse
+
+    from .loader import cache_root
+    from .config import LoadConfig
+
+    p = argparse.ArgumentParser(prog="python -m engine.machine_limits", description=main.__doc__)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seconds", type=float, default=1.5)
+    p.add_argument("--force", action="store_true", help="measure again even if cached")
+    p.add_argument("--no-cache", action="store_true", help="measure, and write nothing")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    root = None if args.no_cache else cache_root(LoadConfig())
+    limits = load_or_measure(root, args.device, tuple(args.dtypes.split(",")), force=args.force, seconds=args.seconds)
+    print(json.dumps(limits.to_dict(), indent=1))
+    print(limits.summary(), f"· probe {limits.probe_s:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
