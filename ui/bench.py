@@ -11,6 +11,9 @@ rate       The paced test source at increasing token rates: does the page keep u
            a transport keeps up when that lag does not grow over the reply (last fifth vs first
            fifth of the chunks).
 
+markdown   The markdown renderer alone (ui/markdown.js) against one plain Text node: a 600-token
+           markdown reply appended token by token with a forced layout after each, ms per reply.
+
 smooth     One bursty reply, painted with smoothing off, adaptive by word and adaptive by
            character, alternating: the perceived metrics (ui/perceived.py) per mode, medians.
            Default source: a recorded speculative reply (tests/js/traces/prompt_lookup_cpu.json)
@@ -227,9 +230,53 @@ def bench_smooth(url: str, browser, prompt: str, max_tokens: int, rounds: int, s
     return out
 
 
+MARKDOWN_JS = Path(__file__).resolve().parent / "markdown.js"
+
+
+def bench_markdown(browser, tokens: int, rounds: int) -> dict:
+    """Main-thread cost of putting a streamed reply on the page, markdown renderer vs one plain Text
+    node: the paced source's markdown tokens appended one by one into a bubble styled like the page's,
+    each append followed by a forced style + layout (what the next paint needs). Medians over rounds."""
+    from .paced import MARKDOWN
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_content('<div id="box" style="width:560px;white-space:pre-wrap;font:15px sans-serif"></div>')
+    page.add_script_tag(content=MARKDOWN_JS.read_text())
+    chunks = [MARKDOWN[i % len(MARKDOWN)] for i in range(tokens)]
+    script = """([chunks, markdown]) => {
+        const box = document.getElementById('box');
+        box.textContent = '';
+        const target = markdown ? new window.LabMarkdown.Renderer(box) : box.appendChild(document.createTextNode(''));
+        let worst = 0;
+        const t0 = performance.now();
+        for (const c of chunks) {
+            const a = performance.now();
+            target.appendData(c);
+            void box.offsetHeight;  // style + layout now, as the next frame would
+            worst = Math.max(worst, performance.now() - a);
+        }
+        return {total: performance.now() - t0, worst};
+    }"""
+    out = {}
+    for r in range(rounds + 1):
+        for markdown in ((True, False) if r % 2 else (False, True)):
+            res = page.evaluate(script, [chunks, markdown])
+            if r:  # round 0 warms up the JIT
+                out.setdefault(markdown, []).append(res)
+    page.close()
+    result = {"tokens": tokens, "rounds": rounds, "chars": len("".join(chunks))}
+    for markdown, runs in out.items():
+        total = statistics.median(x["total"] for x in runs)
+        result["markdown" if markdown else "plain"] = {
+            "ms_per_reply": round(total, 2), "ms_per_token": round(total / tokens, 4),
+            "worst_update_ms": round(statistics.median(x["worst"] for x in runs), 3),
+            "main_thread_share_at_200_tok_s": round(total / tokens * 200 / 1000, 4)}
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ui.bench", description=__doc__.splitlines()[0])
-    p.add_argument("scenario", choices=("transport", "rate", "smooth"))
+    p.add_argument("scenario", choices=("transport", "rate", "smooth", "markdown"))
     p.add_argument("--replies", type=int, default=20, help="transport: replies per transport")
     p.add_argument("--max-tokens", type=int, default=16, help="transport: tokens per reply")
     p.add_argument("--paced-source", type=float, default=None, help="transport: a paced source instead of the model")
@@ -249,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from playwright.sync_api import sync_playwright
+
+    if args.scenario == "markdown":  # no server: the renderer alone, in Chromium
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            out = bench_markdown(browser, args.max_tokens if args.max_tokens != 16 else 600, args.rounds)
+            browser.close()
+        print(json.dumps(out, indent=None if args.json else 1))
+        return 0
 
     from .paced import PacedSource
     from server.run import BackgroundServer
