@@ -21,7 +21,8 @@
     const f = fraction != null ? Math.max(0, Math.min(1, fraction)) : 0;
     const text = !known ? "—" :
       `${g3(value)}` + (limit != null ? ` of ${g3(limit)} ${unit} (${pct(fraction)})` : ` ${unit} (no measured limit)`);
-    return `<div class="lab-roof-row" data-stage="${stage}" title="${esc(hover + (known ? "" : " — unknown: " + why))}">` +
+    const over = fraction != null && fraction > 1 ? " — above the measured limit: the limits were likely measured while the machine was busy; re-measure when it is idle" : "";
+    return `<div class="lab-roof-row${over ? " lab-roof-over" : ""}" data-stage="${stage}" title="${esc(hover + (known ? "" : " — unknown: " + why) + over)}">` +
       `<b>${esc(label)}</b><span class="lab-roof-track"><span class="lab-roof-bar lab-roof-${stage}" style="width:${(100 * f).toFixed(1)}%"></span></span>` +
       `<span class="lab-roof-val">${esc(text)}</span></div>`;
   }
