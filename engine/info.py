@@ -59,6 +59,7 @@ class EngineInfo:
     variant_budget_bytes: int | None = None
     packed_weight_bytes: int | None = None  # oneDNN copies of bf16 weights for multi-row matmuls
     draft: dict | None = None  # the speculative draft model, if one is loaded
+    machine_limits: dict | None = None  # engine.machine_limits.MachineLimits.to_dict(): the roofline's ceilings
     extra: dict = field(default_factory=dict)  # facts of one backend only (e.g. a remote's base URL)
 
     @property

@@ -12,7 +12,8 @@ from .config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, LoadConfig
 from .fast_llama import packed_bytes
 from .info import EngineInfo, SpeculationInfo
 from .generate import Event, Request
-from .loader import LoadedModel, load
+from .loader import LoadedModel, cache_root, load
+from .machine_limits import MachineLimits, load_or_measure, probe_dtypes
 from .prefix_cache import PrefixCache
 from .timeline import Timeline
 from .variants import VariantSet
@@ -21,20 +22,39 @@ from .worker import RequestHandle, Worker
 
 class Engine:
     def __init__(self, loaded: LoadedModel, max_queue: int | None = None, prefix_cache: PrefixCache | None = None,
-                 variants: tuple[str, ...] = (), variants_budget_bytes: int | None = None):
-        """`variants`: quantization variants to build now (others are built on first use)."""
+                 variants: tuple[str, ...] = (), variants_budget_bytes: int | None = None,
+                 machine_limits: MachineLimits | None = None, cache_dir=None):
+        """`variants`: quantization variants to build now (others are built on first use).
+        `machine_limits`: the machine's measured ceilings for the roofline (None: fractions stay None
+        until `remeasure_limits`); `cache_dir`: where `remeasure_limits` caches them."""
         self.loaded = loaded
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes, defer_quality=True)
         self.variants.preload(variants)
         self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache, variants=self.variants)
+        self.cache_dir = cache_dir
+        self.worker.machine_limits = machine_limits
 
     @classmethod
     def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
         cache = PrefixCache(config.kv_cache_mb, shared=config.shared_prefix_cache)
         budget = int(config.variants_budget_mb * 1e6) if config.variants_budget_mb else None
-        return cls(load(config), max_queue=max_queue, prefix_cache=cache, variants=config.variants,
-                   variants_budget_bytes=budget)
+        loaded = load(config)
+        limits = load_or_measure(cache_root(config), loaded.device, probe_dtypes(loaded.dtype_name))
+        return cls(loaded, max_queue=max_queue, prefix_cache=cache, variants=config.variants,
+                   variants_budget_bytes=budget, machine_limits=limits, cache_dir=cache_root(config))
+
+    @property
+    def machine_limits(self) -> MachineLimits | None:
+        return self.worker.machine_limits
+
+    def remeasure_limits(self, seconds: float = 1.5) -> MachineLimits:
+        """Probe the machine again (the page's button) and cache the result. It shares the CPU with
+        a reply that is running, so run it when the engine is idle for a clean figure."""
+        limits = load_or_measure(self.cache_dir, self.loaded.device, probe_dtypes(self.loaded.dtype_name),
+                                 force=True, seconds=seconds)
+        self.worker.machine_limits = limits
+        return limits
 
     @property
     def tokenizer(self):
@@ -65,7 +85,8 @@ class Engine:
                                               draft_missing if m == "draft" else None) for m in SPECULATIVE_MODES),
             toggles=tuple(t.name for t in TOGGLES), capabilities=capabilities.detect().to_dict(),
             prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
-            packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None)
+            packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None,
+            machine_limits=self.machine_limits.to_dict() if self.machine_limits else None)
 
     def close(self) -> None:
         self.worker.close()

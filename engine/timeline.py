@@ -49,6 +49,16 @@ class Timeline:
     cached_tokens: int | None = 0
     finish_reason: str | None = None  # stop | length | cancelled | error
     queue_position: int | None = None  # position in the queue when enqueued (0: ran at once)
+    context_max: int | None = None  # the model's context window (None: the backend did not say)
+    # The roofline's inputs (engine/roofline.py), None where unknown: work done and the machine's limits.
+    weight_bytes: int | None = None  # weights of the variant that served the request
+    compute_dtype: str | None = None  # the dtype its matmuls ran in
+    prefill_flops: float | None = None
+    decode_steps: int | None = None  # target forward passes after prefill
+    decode_bytes: float | None = None  # weights + KV read over those steps
+    peak_tflops: float | None = None  # the machine's measured matmul peak for compute_dtype
+    copy_gbps: float | None = None  # the machine's measured memory copy bandwidth
+    limits_date: str | None = None
     counters: dict = field(default_factory=dict)  # feature figures: speculation, quantization...
     client: dict = field(default_factory=dict)  # browser timestamps and metrics, joined later
 
@@ -125,6 +135,40 @@ class Timeline:
     def e2e_ms(self):
         return _ms(self.received_ns, self.end_ns)
 
+    @property
+    def prefill_tps(self):
+        n, ms = self.prefill_tokens, self.prefill_ms
+        return n / (ms / 1e3) if n and ms else None
+
+    @property
+    def context_tokens(self):
+        return None if self.prompt_tokens is None else self.prompt_tokens + self.output_tokens
+
+    @property
+    def prefill_tflops(self):
+        ms = self.prefill_ms
+        return self.prefill_flops / (ms / 1e3) / 1e12 if self.prefill_flops and ms else None
+
+    @property
+    def prefill_compute_fraction(self):
+        v = self.prefill_tflops
+        return v / self.peak_tflops if v is not None and self.peak_tflops else None
+
+    @property
+    def decode_gbps(self):
+        ms = self.decode_ms
+        return self.decode_bytes / (ms / 1e3) / 1e9 if self.decode_bytes and ms else None
+
+    @property
+    def decode_bandwidth_fraction(self):
+        v = self.decode_gbps
+        return v / self.copy_gbps if v is not None and self.copy_gbps else None
+
+    @property
+    def decode_bytes_per_token(self):
+        n = self.output_tokens
+        return self.decode_bytes / (n - 1) if self.decode_bytes and n > 1 else None
+
     def metrics(self) -> dict:
         """The glossary's scalar metrics (None where the events are missing)."""
         itl = self.itl_ms
@@ -145,6 +189,14 @@ class Timeline:
             "output_tokens": self.output_tokens,
             "finish_reason": self.finish_reason,
             "queue_position": self.queue_position,
+            "prefill_tps": self.prefill_tps,
+            "context_tokens": self.context_tokens,
+            "context_max": self.context_max,
+            "prefill_tflops": self.prefill_tflops,
+            "prefill_compute_fraction": self.prefill_compute_fraction,
+            "decode_gbps": self.decode_gbps,
+            "decode_bandwidth_fraction": self.decode_bandwidth_fraction,
+            "decode_bytes_per_token": self.decode_bytes_per_token,
         }
 
     # --- other tools' names for ours (DESIGN.md: "Other tools' names") ------------------------
@@ -208,6 +260,11 @@ class Timeline:
             "chunk_out_ms": [rel(t) for t in self.chunk_out_ns],
             "chunk_tokens": list(self.chunk_tokens),
             "received_ns": origin,
+            "roofline": {"weight_bytes": self.weight_bytes, "compute_dtype": self.compute_dtype,
+                         "prefill_flops": self.prefill_flops, "decode_steps": self.decode_steps,
+                         "decode_bytes": self.decode_bytes, "peak_tflops": self.peak_tflops,
+                         "copy_gbps": self.copy_gbps, "limits_date": self.limits_date},
+            "weight_bytes": self.weight_bytes,
             **self.counters,
             "client": dict(self.client),
         }
@@ -229,6 +286,8 @@ class Timeline:
             f"{f(m['decode_tps'], ' tok/s', 1)}",
             f"e2e {f(m['e2e_ms'])}",
             f"prompt {n(m['prompt_tokens'])} tok ({n(m['cached_tokens'])} cached)",
+            f"prefill {f(m['prefill_tps'], ' tok/s', 1)} ({f(m['prefill_compute_fraction'] and 100 * m['prefill_compute_fraction'], '% of matmul peak')})",
+            f"decode {f(m['decode_gbps'], ' GB/s', 1)} ({f(m['decode_bandwidth_fraction'] and 100 * m['decode_bandwidth_fraction'], '% of copy bandwidth')})",
             f"output {m['output_tokens']} tok",
             f"finish {m['finish_reason']}",
         ]

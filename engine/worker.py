@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from .errors import InvalidRequest, LatencyLabError
 from .generate import Event, Request, generate
+from . import roofline
 from .timeline import Timeline, now_ns
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class Worker:
         self.prefix_cache = prefix_cache  # KV reuse across requests (None: every prompt is prefilled)
         self.variants = variants if variants is not None else VariantSet(loaded)  # per-request quantization
         self.max_queue = max_queue
+        self.machine_limits = None  # engine.machine_limits.MachineLimits: the roofline's ceilings
         self.decoding_factory = decoding_factory
         self._queue: deque[RequestHandle] = deque()
         self._cv = threading.Condition()
@@ -220,8 +222,12 @@ class Worker:
         try:
             variant = self._variant(handle.request.config.quantization, tl)
             lm = variant.loaded
+            tl.context_max = getattr(lm, "max_context", None)
             for event in generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
                                   should_stop=lambda: handle.cancelled, draft=getattr(lm, "draft", None), **kwargs):
+                if event.kind == "done":  # the roofline's figures ride on the done event's timeline
+                    roofline.annotate(tl, lm.model, variant.weight_bytes, self.machine_limits,
+                                      getattr(lm, "dtype_name", None), handle.request.config)
                 handle.push(event)
             self.completed += 1
             self.variants.record(variant.name, tl)

@@ -4,10 +4,15 @@ transport  Replies sent through the page (real clicks on Send), alternating our 
            Gradio's queue, on the bundled model (or --paced-source). Prints transport_overhead_ms
            (client_ttft_ms − ttft_ms) p50/p90 per transport, and its split into network in and
            network out + paint (through the clock offset).
-rate       The paced test source at increasing token rates: does the page keep up? For each
+rate       The paced test source at increasing token rates: does the page keep up? (--plain: text
+           painted as one Text node, as before markdown; --markdown-text: the source streams markdown;
+           each run also reports the main-thread ms per text update, `render_ms_per_update`.) For each
            chunk, lag = its arrival (or paint) minus the server's emit time on the browser's axis;
            a transport keeps up when that lag does not grow over the reply (last fifth vs first
            fifth of the chunks).
+
+markdown   The markdown renderer alone (ui/markdown.js) against one plain Text node: a 600-token
+           markdown reply appended token by token with a forced layout after each, ms per reply.
 
 smooth     One bursty reply, painted with smoothing off, adaptive by word and adaptive by
            character, alternating: the perceived metrics (ui/perceived.py) per mode, medians.
@@ -131,14 +136,18 @@ def _growth(lags: list[float]) -> float | None:
     return statistics.median(lags[-k:]) - statistics.median(lags[:k])
 
 
-def bench_rate(url: str, browser, source, rates: list[float], seconds: float, keep_up_ms: float) -> dict:
-    """Each transport at increasing rates until it stops keeping up (the rest would only take longer)."""
+def bench_rate(url: str, browser, source, rates: list[float], seconds: float, keep_up_ms: float,
+               markdown: bool = True, transports=TRANSPORTS) -> dict:
+    """Each transport at increasing rates until it stops keeping up (the rest would only take longer).
+    `markdown` False: the reply paints as one plain Text node (the page before markdown rendering)."""
     page = _open(browser, url)
+    page.evaluate(f"() => {{ window.lab.markdown = {'true' if markdown else 'false'}; }}")
     fields = page.evaluate("() => window.LAB_CONFIG.fields")
     results, index = [], 0
-    for transport in TRANSPORTS:
+    for transport in transports:
         for rate in rates:
             source.tokens_per_s = rate
+            page.evaluate("async () => { await window.lab.clear('chat'); Object.assign(window.lab.renderCost, {n: 0, total: 0, max: 0}); }")
             settings = {**defaults(), "max_new_tokens": int(rate * seconds), "temperature": 0, "backend": "local"}
             args = ["Stream as fast as you can."] + [settings[f] for f in fields] + [transport, 5.3]
             page.evaluate("(args) => window.lab.sendChat(args)", args)
@@ -156,6 +165,7 @@ def bench_rate(url: str, browser, source, rates: list[float], seconds: float, ke
             lags = _lags(run)
             growth = {k: _growth(v) for k, v in lags.items()}
             reads = len(set(run["client"]["arrival_ms"]))
+            cost = page.evaluate("() => window.lab.renderCost")
             results.append({
                 "tokens_per_s": rate, "transport": transport, "tokens": run["row"]["output_tokens"],
                 "chunks_per_arrival": round(len(run["client"]["arrival_ms"]) / max(reads, 1), 2),
@@ -163,6 +173,9 @@ def bench_rate(url: str, browser, source, rates: list[float], seconds: float, ke
                 "arrival_lag_growth_ms": None if growth["arrival"] is None else round(growth["arrival"], 1),
                 "paint_lag_growth_ms": None if growth["paint"] is None else round(growth["paint"], 1),
                 "clock_bound_ms": run["client"].get("clock_bound_ms"),
+                "render_ms_per_update": {"mean": round(cost["total"] / max(cost["n"], 1), 4),
+                                         "max": round(cost["max"], 3), "updates": cost["n"],
+                                         "total": round(cost["total"], 1)},
                 "kept_up": growth["paint"] is not None and growth["paint"] < keep_up_ms,
             })
             print(json.dumps({k: results[-1][k] for k in ("tokens_per_s", "transport", "paint_lag_growth_ms",
@@ -172,8 +185,8 @@ def bench_rate(url: str, browser, source, rates: list[float], seconds: float, ke
                 break
     page.close()
     best = {t: max((r["tokens_per_s"] for r in results if r["transport"] == t and r["kept_up"]), default=None)
-            for t in TRANSPORTS}
-    return {"seconds_per_reply": seconds, "keep_up_if_paint_lag_grows_less_than_ms": keep_up_ms,
+            for t in transports}
+    return {"markdown": markdown, "seconds_per_reply": seconds, "keep_up_if_paint_lag_grows_less_than_ms": keep_up_ms,
             "highest_rate_kept_up": best, "runs": results}
 
 
@@ -214,15 +227,62 @@ def bench_smooth(url: str, browser, prompt: str, max_tokens: int, rounds: int, s
     return out
 
 
+MARKDOWN_JS = Path(__file__).resolve().parent / "markdown.js"
+
+
+def bench_markdown(browser, tokens: int, rounds: int) -> dict:
+    """Main-thread cost of putting a streamed reply on the page, markdown renderer vs one plain Text
+    node: the paced source's markdown tokens appended one by one into a bubble styled like the page's,
+    each append followed by a forced style + layout (what the next paint needs). Medians over rounds."""
+    from .paced import MARKDOWN
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_content('<div id="box" style="width:560px;white-space:pre-wrap;font:15px sans-serif"></div>')
+    page.add_script_tag(content=MARKDOWN_JS.read_text())
+    chunks = [MARKDOWN[i % len(MARKDOWN)] for i in range(tokens)]
+    script = """([chunks, markdown]) => {
+        const box = document.getElementById('box');
+        box.textContent = '';
+        const target = markdown ? new window.LabMarkdown.Renderer(box) : box.appendChild(document.createTextNode(''));
+        let worst = 0;
+        const t0 = performance.now();
+        for (const c of chunks) {
+            const a = performance.now();
+            target.appendData(c);
+            void box.offsetHeight;  // style + layout now, as the next frame would
+            worst = Math.max(worst, performance.now() - a);
+        }
+        return {total: performance.now() - t0, worst};
+    }"""
+    out = {}
+    for r in range(rounds + 1):
+        for markdown in ((True, False) if r % 2 else (False, True)):
+            res = page.evaluate(script, [chunks, markdown])
+            if r:  # round 0 warms up the JIT
+                out.setdefault(markdown, []).append(res)
+    page.close()
+    result = {"tokens": tokens, "rounds": rounds, "chars": len("".join(chunks))}
+    for markdown, runs in out.items():
+        total = statistics.median(x["total"] for x in runs)
+        result["markdown" if markdown else "plain"] = {
+            "ms_per_reply": round(total, 2), "ms_per_token": round(total / tokens, 4),
+            "worst_update_ms": round(statistics.median(x["worst"] for x in runs), 3),
+            "main_thread_share_at_200_tok_s": round(total / tokens * 200 / 1000, 4)}
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ui.bench", description=__doc__.splitlines()[0])
-    p.add_argument("scenario", choices=("transport", "rate", "smooth"))
+    p.add_argument("scenario", choices=("transport", "rate", "smooth", "markdown"))
     p.add_argument("--replies", type=int, default=20, help="transport: replies per transport")
     p.add_argument("--max-tokens", type=int, default=16, help="transport: tokens per reply")
     p.add_argument("--paced-source", type=float, default=None, help="transport: a paced source instead of the model")
     p.add_argument("--rates", default="100,200,400,800,1600", help="rate: tokens/s to try")
     p.add_argument("--seconds", type=float, default=3.0, help="rate: length of each reply")
     p.add_argument("--keep-up-ms", type=float, default=50.0, help="rate: largest paint-lag growth still 'kept up'")
+    p.add_argument("--plain", action="store_true", help="rate: paint replies as plain text (no markdown rendering)")
+    p.add_argument("--markdown-text", action="store_true", help="rate: the paced source streams markdown")
+    p.add_argument("--transports", default=",".join(TRANSPORTS), help="rate: which transports (sse,gradio)")
     p.add_argument("--rounds", type=int, default=5, help="smooth: replies per mode")
     p.add_argument("--trace", type=int, default=0, help="smooth: which recorded reply to replay")
     p.add_argument("--engine", action="store_true", help="smooth: the bundled model with speculation, not a trace")
@@ -233,6 +293,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from playwright.sync_api import sync_playwright
+
+    if args.scenario == "markdown":  # no server: the renderer alone, in Chromium
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            out = bench_markdown(browser, args.max_tokens if args.max_tokens != 16 else 600, args.rounds)
+            browser.close()
+        print(json.dumps(out, indent=None if args.json else 1))
+        return 0
 
     from .paced import PacedSource
     from server.run import BackgroundServer
@@ -249,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         trace = json.loads(TRACES.read_text())["traces"][args.trace]
         engine = PacedSource(trace=trace["chunks"])
     elif args.scenario == "rate" or args.paced_source:
-        engine = PacedSource(args.paced_source or 100.0)
+        engine = PacedSource(args.paced_source or 100.0, markdown=args.markdown_text)
     else:
         from engine.service import Engine
 
@@ -265,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                 out["source"] = engine.info().name + ("" if args.engine else f", trace {args.trace}")
             else:
                 rates = [float(r) for r in args.rates.split(",")]
-                out = bench_rate(url, browser, engine, rates, args.seconds, args.keep_up_ms)
+                out = bench_rate(url, browser, engine, rates, args.seconds, args.keep_up_ms, markdown=not args.plain,
+                                 transports=tuple(args.transports.split(",")))
             browser.close()
     finally:
         engine.close()

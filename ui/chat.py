@@ -84,6 +84,10 @@ class ChatStore:
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
 
+    def refresh_info(self, backend: str) -> None:
+        """Read a backend's description again (after its machine limits were re-measured)."""
+        self.infos[backend] = engine_info.describe(self.engines[backend])
+
     @property
     def info(self) -> EngineInfo:
         """The first (default) backend's description."""

@@ -36,3 +36,21 @@ def weight_bytes(info: EngineInfo, variant: str | None) -> int | None:
     """Bytes of the chosen variant's weights, if the engine knows them."""
     v = info.variant(variant)
     return v.weight_bytes if v else None
+
+
+def limits_line(info: EngineInfo) -> str:
+    """The machine's measured ceilings for the header: 'machine limits: copy 17 GB/s · fp32 matmul …'."""
+    lim = info.machine_limits
+    if not lim:
+        return "machine limits: not measured for this backend"
+    parts = [f"copy {lim['copy_gbps']:,.1f} GB/s" if lim.get("copy_gbps") else "copy —"]
+    parts += [f"{k} matmul {v:,.3g} TFLOP/s" for k, v in (lim.get("matmul_tflops") or {}).items() if v]
+    key = lim.get("key") or {}
+    where = ", ".join(str(x) for x in (key.get("cpu_model"), key.get("isa"),
+                                       key.get("threads") and f"{key['threads']} threads",
+                                       key.get("cuda_device")) if x)
+    return f"machine limits: {' · '.join(parts)} (measured {lim.get('date', '?')}{', ' + where if where else ''})"
+
+
+def limits_json(info: EngineInfo) -> dict:
+    return {"line": limits_line(info), "limits": info.machine_limits}

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 class Metric:
     name: str
     label: str
-    unit: str  # ms | tok | tok/s | % | MB | ratio | ""
+    unit: str  # ms | tok | tok/s | % | MB | ratio | TFLOP/s | GB/s | ""
     start: str  # start event ("" for counts)
     end: str  # end event, or what is counted
     clock: str = "server"  # server | browser | both (a difference of two intervals) | estimated
@@ -65,6 +65,26 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("acceptance_rate", "acceptance", "%", "", "accepted / drafted", better="higher"),
     _M("tokens_per_step", "tokens/step", "tok", "", "output tokens per target forward pass", better="higher"),
     _M("weight_mb", "weights", "MB", "", "bytes of the model variant's weights", better="lower"),
+    # The roofline (engine/roofline.py): each stage against the machine's measured limit.
+    _M("prefill_tps", "prefill rate", "tok/s", "prefill forward begins",
+       "first token sampled: prefill tokens / prefill_ms (prompt processing rate)", better="higher"),
+    _M("context_tokens", "context used", "tok", "", "prompt + output tokens of this request", better=""),
+    _M("context_max", "context window", "tok", "", "the model's context window (most tokens it can attend to)",
+       better=""),
+    _M("prefill_tflops", "prefill compute", "TFLOP/s", "prefill forward begins",
+       "first token sampled: (2 × layer matmul parameters × prefill tokens + 2 × lm_head parameters "
+       "+ attention FLOPs 4 × layers × heads × head_dim × keys attended) / prefill_ms", better="higher"),
+    _M("prefill_compute_fraction", "prefill % of matmul peak", "%", "",
+       "prefill_tflops / the machine's measured matmul peak for that dtype (1 = compute-bound at the roof)",
+       better="higher"),
+    _M("decode_gbps", "decode bandwidth", "GB/s", "first token sampled",
+       "last token sampled: (weight bytes + KV bytes read per step) × steps / decode time", better="higher"),
+    _M("decode_bandwidth_fraction", "decode % of copy bandwidth", "%", "",
+       "decode_gbps / the machine's measured memory copy bandwidth (1 = memory-bound at the roof)",
+       better="higher"),
+    _M("decode_mb_per_token", "bytes per token", "MB", "",
+       "bytes decode read per output token: (weight bytes + KV bytes) × steps / (output tokens − 1)",
+       better="lower"),
     # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.
     _M("client_feedback_ms", "first feedback", "ms", "user pressed send",
        "the message and a status painted (Nielsen's 'instant' is 100 ms)", "browser"),

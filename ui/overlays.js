@@ -98,6 +98,12 @@
       now: num(o.now),
       finished: !!tl.finish_reason,
       readingPace: num(o.readingPace) != null ? o.readingPace : 5.3,
+      roofline: Object.assign({}, tl.roofline || {}, {  // each stage against the machine's limit (ui/roofline.js)
+        prefill_tflops: num(tl.prefill_tflops), prefill_compute_fraction: num(tl.prefill_compute_fraction),
+        decode_gbps: num(tl.decode_gbps), decode_bandwidth_fraction: num(tl.decode_bandwidth_fraction),
+        decode_mb_per_token: num(tl.decode_bytes_per_token) ? tl.decode_bytes_per_token / 1e6 : null,
+        finished: !!tl.finish_reason, remote: tl.measured_at === "client",
+      }),
       counters: {
         prompt_tokens: num(tl.prompt_tokens), cached_tokens: num(tl.cached_tokens),
         prefill_tokens: num(tl.prefill_tokens), drafted: num(tl.drafted), accepted: num(tl.accepted),
@@ -368,7 +374,8 @@
     const o = Object.assign({}, opts || {});
     o.xMax = o.xMax || extent([v]);
     return card("TTFT vs total", "time to first token and total completion time, as the server measured them and as the browser perceived them", ttftVsTotal(v, o)) +
-      card("Where the time went", "each stage on one axis: ms since you pressed send (browser clock; server stages placed through the clock offset)", waterfall(v, o)) +
+      card("Where the time went", "each stage on one axis: ms since you pressed send (browser clock; server stages placed through the clock offset)", waterfall(v, o) +
+        (root.LabRoofline ? root.LabRoofline.bars(v.roofline, o.glossary) : "")) +
       card("Token timeline (tokens vs time)", "cumulative tokens over time: when the server sampled them, when the browser received them, when they were painted", tokenTimeline(v, o) + legend()) +
       card("Optimization effects", "what the toggles did to this reply", effects(v, o));
   }

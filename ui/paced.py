@@ -21,15 +21,22 @@ from engine.worker import RequestHandle
 
 _ids = itertools.count(1)
 WORDS = ("the", "page", "keeps", "up", "with", "a", "fast", "stream", "of", "short", "tokens", "and")
+# markdown=True: a reply that exercises the page's markdown renderer (paragraphs, marks, lists, code)
+MARKDOWN = ("**Steps**", " to", " *measure*", ":\n\n", "1.", " Run", " `python", " -m", " ui.bench`", "\n",
+            "2.", " Read", " the", " **p50**", "\n\n", "```py", "\nfor", " x", " in", " range(3):", "\n",
+            "    print(x)", "\n```", "\n\n", "The", " page", " keeps", " up", " with", " a", " _fast_",
+            " stream", ".", "\n\n")
 
 
 class PacedSource:
-    def __init__(self, tokens_per_s: float = 200.0, prefill_ms: float = 20.0, trace: list | None = None):
+    def __init__(self, tokens_per_s: float = 200.0, prefill_ms: float = 20.0, trace: list | None = None,
+                 markdown: bool = False):
         if tokens_per_s <= 0:
             raise ValueError("tokens_per_s must be positive")
         self.tokens_per_s = tokens_per_s
         self.prefill_ms = prefill_ms
         self.trace = trace
+        self.words = MARKDOWN if markdown else tuple(w + " " for w in WORDS)
         self._queue: queue.SimpleQueue[RequestHandle | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="paced-source", daemon=True)
         self._thread.start()
@@ -99,7 +106,7 @@ class PacedSource:
             yield from ((t, text, n) for t, text, n in self.trace if n <= max_tokens)
             return
         for i in range(max_tokens):
-            yield self.prefill_ms + 1e3 * i / self.tokens_per_s, WORDS[i % len(WORDS)] + " ", i + 1
+            yield self.prefill_ms + 1e3 * i / self.tokens_per_s, self.words[i % len(self.words)], i + 1
 
 
 def _sleep_until(deadline: float) -> None:

@@ -22,6 +22,8 @@
     session: null,
     panes: {},
     overlayCost: { n: 0, total: 0, max: 0 },
+    renderCost: { n: 0, total: 0, max: 0 }, // ms of main thread per text update (markdown or plain)
+    markdown: CFG.markdown !== false,
     pendingGradio: null,
     gradioRun: null,
   });
@@ -107,10 +109,11 @@
     log.querySelector(".lab-empty")?.remove();
     const el = document.createElement("div");
     el.className = "lab-msg assistant";
-    el.innerHTML = `<div class="lab-meta"></div><div class="lab-bubble"><span class="lab-text"></span><span class="lab-status">sending…</span></div><div class="lab-stats"></div><div class="lab-perceived"></div><div class="lab-what"></div>`;
+    el.innerHTML = `<div class="lab-meta"></div><div class="lab-bubble"><div class="lab-text lab-md"></div><span class="lab-status">sending…</span></div><div class="lab-stats"></div><div class="lab-perceived"></div><div class="lab-what"></div>`;
     el.querySelector(".lab-meta").textContent = label || "";
-    const text = document.createTextNode("");
-    el.querySelector(".lab-text").appendChild(text);
+    // markdown as DOM nodes, model text only through textContent (ui/markdown.js); plain: a Text node
+    const box = el.querySelector(".lab-text");
+    const text = lab.markdown ? new window.LabMarkdown.Renderer(box) : box.appendChild(document.createTextNode(""));
     log.appendChild(el);
     scrollDown(p);
     return { el, text, status: el.querySelector(".lab-status") };
@@ -134,7 +137,10 @@
 
   // Put reply text on the page (at once, or from the smoothing frame loop: inFrame).
   function show(run, text, t, inFrame) {
-    run.view.text.appendData(text); // O(1): the reply never re-renders as it grows
+    const t0 = performance.now();
+    run.view.text.appendData(text); // markdown re-renders only the open tail block (plain: O(1))
+    const c = lab.renderCost, cost = performance.now() - t0;
+    c.n += 1; c.total += cost; c.max = Math.max(c.max, cost);
     run.textLen += text.length;
     run.rec.shown(run.textLen, t, inFrame);
     if (!run.writing) {

@@ -19,7 +19,7 @@ from engine.config import TOGGLES
 from engine.errors import LatencyLabError
 from engine.info import EngineInfo
 
-from . import glossary, sweep
+from . import engine_info, glossary, sweep
 from .chat import ChatStore
 from .controls import settings_controls
 from .presets import custom_prompt_set
@@ -30,6 +30,9 @@ HERE = Path(__file__).resolve().parent
 EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
 EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
+LIMITS_HOVER = ("Measured on this machine at first start (engine/machine_limits.py): memory copy bandwidth "
+                "(read + write bytes of a copy far past the caches) and matmul throughput per dtype. Each reply's "
+                "prefill is shown against the matmul peak, its decode against the copy bandwidth.")
 
 
 def preset_missing(preset: dict, info: EngineInfo) -> str | None:
@@ -68,7 +71,8 @@ def head(presets: dict, info: EngineInfo) -> str:
         "emptyOverlay": EMPTY_OVERLAY,
     }
     scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
-        (HERE / name).read_text() for name in ("overlays.js", "client_timing.js", "smooth.js", "page.js")]
+        (HERE / name).read_text() for name in ("overlays.js", "roofline.js", "markdown.js", "client_timing.js",
+                                              "smooth.js", "page.js")]
     return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
 
 
@@ -175,7 +179,9 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
     with gr.Blocks(title="Latency Lab") as page:
         gr.HTML(f'<div class="lab-header"><div><h1>Latency Lab</h1><span class="lab-sub">where an LLM reply\'s time '
                 f'goes: measured by the server, perceived by your browser</span></div><div class="lab-engine">'
-                f'{html.escape(info.headline())}<br><span id="lab-clock">clock offset: measuring…</span>'
+                f'{html.escape(info.headline())}<br><span id="lab-limits" title="{html.escape(LIMITS_HOVER)}">'
+                f'{html.escape(engine_info.limits_line(info))}</span> <button id="lab-limits-rerun" type="button" '
+                f'class="lab-linkbtn">re-measure</button><br><span id="lab-clock">clock offset: measuring…</span>'
                 f'</div></div>')
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):

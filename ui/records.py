@@ -32,10 +32,14 @@ ROW_COLUMNS = [
     "queue_ms", "setup_ms", "prefill_ms", "network_in_ms", "network_out_ms", "clock_bound_ms",
     "prompt_tokens", "cached_tokens", "prefill_tokens", "output_tokens",
     "drafted", "accepted", "acceptance_rate", "tokens_per_step", "quantization", "weight_mb",
+    "prefill_tps", "context_tokens", "context_max", "prefill_tflops", "prefill_compute_fraction",
+    "decode_gbps", "decode_bandwidth_fraction", "decode_mb_per_token", "peak_tflops", "copy_gbps",
     *perceived.METRICS, "smoothing",
 ]
 DELTA_METRICS = ["ttft_ms", "client_ttft_ms", "tpot_ms", "e2e_ms", "client_e2e_ms", "decode_tps",
-                 "prefill_ms", "cached_tokens", "acceptance_rate", "weight_mb", "client_first_word_ms",
+                 "prefill_ms", "prefill_tps", "cached_tokens", "acceptance_rate", "weight_mb", "decode_mb_per_token",
+                 "prefill_tflops", "prefill_compute_fraction", "decode_gbps", "decode_bandwidth_fraction",
+                 "client_first_word_ms",
                  "paint_gap_cv", "paint_gap_max_ms", "reader_wait_ms", "smoothing_hold_ms"]
 
 
@@ -176,8 +180,16 @@ def row(record: dict) -> dict:
     }
     for key in ("ttft_ms", "tpot_ms", "decode_tps", "e2e_ms", "queue_ms", "setup_ms", "prefill_ms",
                 "prompt_tokens", "cached_tokens", "prefill_tokens", "output_tokens", "finish_reason",
-                "queue_position", "itl_p50_ms", "itl_max_ms", "decode_ms"):
+                "queue_position", "itl_p50_ms", "itl_max_ms", "decode_ms", "prefill_tps", "context_tokens",
+                "context_max", "prefill_tflops", "prefill_compute_fraction", "decode_gbps",
+                "decode_bandwidth_fraction"):
         r[key] = tl.get(key)
+    roof = tl.get("roofline") or {}
+    r["peak_tflops"], r["copy_gbps"] = roof.get("peak_tflops"), roof.get("copy_gbps")
+    r["compute_dtype"], r["limits_date"] = roof.get("compute_dtype"), roof.get("limits_date")
+    per_token = tl.get("decode_bytes_per_token")
+    r["decode_mb_per_token"] = per_token / 1e6 if per_token else None
+    r["measured_at"] = tl.get("measured_at")  # "client": a remote engine, measured from here
     for key in ("client_ttft_ms", "client_e2e_ms", "transport_overhead_ms", "network_in_ms", "network_out_ms",
                 "paint_lag_ms", "clock_bound_ms", *perceived.METRICS, "smoothing"):
         r[key] = client.get(key)
@@ -186,7 +198,7 @@ def row(record: dict) -> dict:
         r[key] = tl.get(key)
     if r["acceptance_rate"] is None and r["drafted"]:
         r["acceptance_rate"] = (r["accepted"] or 0) / r["drafted"]
-    weight = tl.get("weight_bytes") or record.get("weight_bytes")
+    weight = tl.get("weight_bytes") or record.get("weight_bytes")  # the variant that served it
     r["weight_mb"] = weight / 1e6 if weight else None
     return r
 
@@ -204,15 +216,19 @@ def fmt(name: str, value) -> str:
     if unit == "tok/s":
         return f"{value:,.1f} tok/s"
     if unit == "%":
-        return f"{100 * value:.0f}%"
+        return f"{100 * value:.1f}%" if abs(value) < 0.1 else f"{100 * value:.0f}%"
     if unit == "MB":
-        return f"{value:,.0f} MB"
+        return f"{value:,.0f} MB" if abs(value) >= 10 else f"{value:,.2f} MB"
     if unit == "tok" and float(value).is_integer():
         return f"{int(value):,} tok"
     if unit == "tok":
         return f"{value:,.2f} tok"
     if unit == "ratio":
         return f"{value:.2f}"
+    if unit == "TFLOP/s":
+        return f"{value:.3g} TFLOP/s"
+    if unit == "GB/s":
+        return f"{value:,.1f} GB/s"
     return f"{value:,}"
 
 
@@ -221,17 +237,69 @@ def _span(name: str, text: str, cls: str = "") -> str:
     return f'<span{c} title="{html.escape(hover(name))}">{html.escape(text)}</span>'
 
 
+def missing_reason(name: str, r: dict) -> str:
+    """Why a figure is unknown ("—"): said on hover, so a missing number is never read as 0."""
+    remote = r.get("measured_at") == "client"
+    if name in ("prompt_tokens", "context_tokens"):
+        return "the backend did not report prompt tokens" + (" (the remote server sent no usage)" if remote else "")
+    if name == "context_max":
+        return "the backend did not report its context window"
+    if name == "prefill_tps":
+        return ("a remote server's prefill is inside its TTFT: it did not report prefill time" if remote
+                else "no prefill time or prefill tokens for this reply")
+    if name in ("prefill_tflops", "prefill_compute_fraction", "decode_gbps", "decode_bandwidth_fraction"):
+        if remote:
+            return "a remote backend: its model shape, weights and machine are unknown here"
+        if name == "prefill_compute_fraction" and r.get("prefill_tflops") is not None:
+            return f"no measured matmul peak for {r.get('compute_dtype') or 'this dtype'} (re-measure the limits)"
+        if name == "decode_bandwidth_fraction" and r.get("decode_gbps") is not None:
+            return "the machine's copy bandwidth is not measured (re-measure the limits)"
+        if name.startswith("decode") and (r.get("output_tokens") or 0) < 2:
+            return "fewer than two output tokens: no decode step"
+        return "the engine reported no model shape or weight bytes for this reply"
+    return "the backend did not report it"
+
+
+def _known(name: str, r: dict, text: str) -> str:
+    """A stats-line figure; '—' with the reason on hover when it is None."""
+    if r.get(name) is not None:
+        if name.endswith("_fraction") and r[name] > 1:  # a probe that ran on a busy machine set the roof too low
+            return (f'<span class="lab-over" title="{html.escape(hover(name))} — above the measured limit: the '
+                    f'limits were likely measured while the machine was busy; re-measure when it is idle">'
+                    f'{html.escape(text)}</span>')
+        return _span(name, text)
+    label = METRICS[name].label if name in METRICS else name
+    return (f'<span class="lab-unknown" title="{html.escape(hover(name))} — unknown: '
+            f'{html.escape(missing_reason(name, r))}">{html.escape(label)} —</span>')
+
+
 def stats_line_html(r: dict) -> str:
-    """The compact line under an assistant message: TTFT (server and seen), total, tok/s, tokens."""
+    """The compact line under an assistant message: TTFT (server and seen), total, tok/s, prefill
+    rate, tokens, context used, and each stage against the machine's limit."""
     parts = [_span("ttft_ms", f"TTFT {fmt('ttft_ms', r.get('ttft_ms'))}")]
     if r.get("client_ttft_ms") is not None:
         parts.append(_span("client_ttft_ms", f"seen {fmt('client_ttft_ms', r['client_ttft_ms'])}"))
     parts.append(_span("e2e_ms", f"total {fmt('e2e_ms', r.get('e2e_ms'))}"))
     parts.append(_span("decode_tps", fmt("decode_tps", r.get("decode_tps"))))
-    tokens = f"{r.get('prompt_tokens') or 0:,} → {r.get('output_tokens') or 0:,} tok"
+    parts.append(_known("prefill_tps", r, f"prefill {fmt('prefill_tps', r.get('prefill_tps'))}"))
+    prompt = "—" if r.get("prompt_tokens") is None else f"{r['prompt_tokens']:,}"
+    tokens = f"{prompt} → {r.get('output_tokens') or 0:,} tok"
     if r.get("cached_tokens"):
         tokens += f" ({r['cached_tokens']:,} cached)"
-    parts.append(_span("output_tokens", tokens))
+    parts.append(_span("output_tokens", tokens) if r.get("prompt_tokens") is not None else
+                 f'<span class="lab-unknown" title="{html.escape(missing_reason("prompt_tokens", r))}">'
+                 f'{html.escape(tokens)}</span>')
+    ctx = "—" if r.get("context_tokens") is None else f"{r['context_tokens']:,}"
+    cmax = "—" if r.get("context_max") is None else f"{r['context_max']:,}"
+    known = r.get("context_tokens") is not None and r.get("context_max") is not None
+    why = "" if known else " — unknown: " + missing_reason(
+        "context_tokens" if r.get("context_tokens") is None else "context_max", r)
+    parts.append(f'<span class="lab-context{"" if known else " lab-unknown"}" title="{html.escape(hover("context_tokens"))}'
+                 f' of {html.escape(hover("context_max"))}{html.escape(why)}">context {ctx} / {cmax} tok</span>')
+    parts.append(_known("prefill_compute_fraction", r,
+                        f"prefill {fmt('prefill_compute_fraction', r.get('prefill_compute_fraction'))} of matmul peak"))
+    parts.append(_known("decode_bandwidth_fraction", r,
+                        f"decode {fmt('decode_bandwidth_fraction', r.get('decode_bandwidth_fraction'))} of bandwidth"))
     if r.get("acceptance_rate") is not None:
         parts.append(_span("acceptance_rate", f"accepted {fmt('acceptance_rate', r['acceptance_rate'])}"))
     if r.get("finish_reason") in ("cancelled", "length", "error"):

@@ -25,7 +25,7 @@ from engine.errors import LatencyLabError
 from engine.timeline import Timeline
 from engine.worker import QueueFull
 
-from . import network, records
+from . import engine_info, network, records
 from .chat import ChatStore, check_id
 from .settings import page_settings
 
@@ -127,6 +127,21 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
                 "what_happened": records.what_happened(r),
                 "client": reply.timeline.client}
 
+    @router.get("/limits")
+    async def limits():
+        """The machine's measured limits (copy bandwidth, matmul peaks), as the page header shows them."""
+        return engine_info.limits_json(store.info)
+
+    @router.post("/limits")
+    async def remeasure():
+        """Probe the machine again (the header's button): 1–2 s, off the event loop."""
+        backend, engine = store.engine(None)
+        if not hasattr(engine, "remeasure_limits"):
+            raise HTTPException(400, {"message": "this backend cannot measure its machine (a remote or test source)"})
+        await asyncio.to_thread(engine.remeasure_limits)
+        store.refresh_info(backend)
+        return engine_info.limits_json(store.info)
+
     @router.get("/table")
     async def table(session: str, pane: str | None = None):
         rows = [r.row() for r in _call(store.replies, session, pane)]
@@ -158,8 +173,9 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
 
 
 TABLE_COLUMNS = ["turn", "pane", "config", "ttft_ms", "client_ttft_ms", "transport_overhead_ms", "tpot_ms",
-                 "decode_tps", "e2e_ms", "client_e2e_ms", "queue_ms", "prefill_ms", "prompt_tokens",
-                 "cached_tokens", "output_tokens", "acceptance_rate", "finish_reason"]
+                 "decode_tps", "e2e_ms", "client_e2e_ms", "queue_ms", "prefill_ms", "prefill_tps", "prompt_tokens",
+                 "cached_tokens", "output_tokens", "context_tokens", "prefill_compute_fraction",
+                 "decode_bandwidth_fraction", "acceptance_rate", "finish_reason"]
 
 
 def _wire_bytes(item) -> int:

@@ -33,11 +33,16 @@ def test_a_simulated_4g_link_adds_one_round_trip_to_the_browser_ttft_only(page_s
     page = browser_page
     open_page(page, page_server)
     page.click("button[role=tab]:has-text('A/B')")
-    a, b, delta = run_preset(page, "network")
     link = PRESETS["4g"]
-    added = b["transport_overhead_ms"] - a["transport_overhead_ms"]  # browser minus server TTFT, B vs A
+    runs = [run_preset(page, "network") for _ in range(3)]
+    # Noise on a loopback page only ever adds time, so the quietest of three runs per pane is compared:
+    # B minus A, each as browser TTFT minus server TTFT, is the simulated round trip within its jitter.
+    quiet_a = min(a["transport_overhead_ms"] for a, _, _ in runs)
+    quiet_b = min(b["transport_overhead_ms"] for _, b, _ in runs)
+    added = quiet_b - quiet_a
     low, high = 2 * (link.delay_ms - link.jitter_ms), 2 * (link.delay_ms + link.jitter_ms)
-    # the simulated round trip, within its jitter; loopback's own noise (tens of ms on 2 busy cores) beside it
-    assert low - 30 <= added <= high + 100, (added, a, b)
+    assert low - 30 <= added <= high + 60, (added, [(a["transport_overhead_ms"], b["transport_overhead_ms"])
+                                                    for a, b, _ in runs])
+    a, b, delta = runs[-1]
     assert b["network_in_ms"] is None or b["network_in_ms"] >= link.delay_ms - link.jitter_ms - 10
     assert "network 4g" in b["config"] and "B's network adds" in delta

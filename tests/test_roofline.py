@@ -1,0 +1,111 @@
+"""The roofline of a reply, checked by hand on the tiny model (2 layers, hidden 64, 4 heads of 16,
+2 KV heads, MLP 128, vocabulary 49,152, tied embeddings, fp32), and the machine limits' cache."""
+
+import json
+
+import pytest
+
+from engine import machine_limits, roofline
+from engine.config import GenerationConfig
+from engine.machine_limits import MachineLimits
+from engine.service import Engine
+from engine.timeline import Timeline
+
+# Per layer: q 64×64, k and v 64×32 each, o 64×64 = 12,288; MLP 3 × 64×128 = 24,576 → 36,864; ×2 layers.
+LAYER_PARAMS = 73_728
+LM_HEAD = 49_152 * 64  # 3,145,728 (logits of the last position only)
+# weights: embedding (tied lm_head) 3,145,728 + layers 73,728 + norms 2×2×64 + 64 = 3,219,776 params × 4 bytes
+WEIGHT_BYTES = 12_879_104
+KV_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # K and V × layers × KV heads × head_dim × 4 bytes = 512
+LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", copy_gbps=10.0,
+                       matmul_tflops={"fp32": 0.1})
+
+
+def test_shape_and_hand_counted_flops(tiny):
+    shape = roofline.ModelShape.of(tiny.model)
+    assert shape.layer_matmul_params == LAYER_PARAMS and shape.lm_head_params == LM_HEAD
+    assert shape.kv_bytes_per_token(4) == KV_PER_TOKEN
+    # 10 new tokens after 0 cached attend to 1+…+10 = 55 keys; attention 4 × 2 layers × 4 heads × 16 × 55
+    assert roofline.prefill_flops(shape, 10) == 2 * LAYER_PARAMS * 10 + 2 * LM_HEAD + 28_160 == 7_794_176
+    # 3 new tokens after 5 cached attend to 6 + 7 + 8 = 21 keys
+    assert roofline.prefill_flops(shape, 3, 5) == 2 * LAYER_PARAMS * 3 + 2 * LM_HEAD + 4 * 2 * 4 * 16 * 21
+    # 4 steps after a 10-token prompt, 5 output tokens: contexts 11, 12, 13, 14 = 4 × (10 + 5/2)
+    assert roofline.decode_bytes(WEIGHT_BYTES, KV_PER_TOKEN, 4, 10, 5) == 4 * WEIGHT_BYTES + KV_PER_TOKEN * 50
+
+
+def test_a_reply_carries_its_fractions(tiny):
+    engine = Engine(tiny, machine_limits=LIMITS)
+    try:
+        done = engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=6),
+                               prompt_ids=list(range(100, 110)))
+    finally:
+        engine.close()
+    tl = done.timeline
+    assert tl.weight_bytes == WEIGHT_BYTES and tl.compute_dtype == "fp32" and tl.context_max == 512
+    assert tl.prefill_flops == 7_794_176
+    tflops = 7_794_176 / (tl.prefill_ms / 1e3) / 1e12
+    assert tl.prefill_tflops == pytest.approx(tflops)
+    assert tl.prefill_compute_fraction == pytest.approx(tflops / 0.1)
+    assert tl.prefill_tps == pytest.approx(10 / (tl.prefill_ms / 1e3))
+    n = tl.output_tokens
+    assert n >= 2 and tl.decode_steps == n - 1
+    moved = (n - 1) * WEIGHT_BYTES + KV_PER_TOKEN * (n - 1) * (10 + n / 2)
+    assert tl.decode_gbps == pytest.approx(moved / (tl.decode_ms / 1e3) / 1e9)
+    assert tl.decode_bandwidth_fraction == pytest.approx(tl.decode_gbps / 10.0)
+    assert tl.context_tokens == 10 + n
+    d = tl.to_dict()  # what the API's `timings` and the exports carry
+    for name in ("prefill_tflops", "prefill_compute_fraction", "decode_gbps", "decode_bandwidth_fraction",
+                 "prefill_tps", "context_tokens", "context_max"):
+        assert d[name] == pytest.approx(getattr(tl, name))
+    assert d["roofline"]["peak_tflops"] == 0.1 and d["roofline"]["copy_gbps"] == 10.0
+
+
+def test_unknowns_stay_none_never_zero():
+    tl = Timeline(prompt_tokens=None)
+    m = tl.metrics()
+    for name in ("prompt_tokens", "context_tokens", "context_max", "prefill_tps", "prefill_tflops",
+                 "prefill_compute_fraction", "decode_gbps", "decode_bandwidth_fraction"):
+        assert m[name] is None, name
+    assert "n/a" in tl.summary()
+
+
+def test_limits_are_cached_per_machine_with_their_date(tmp_path, monkeypatch):
+    calls = []
+    real = machine_limits.measure
+
+    def counted(*a, **kw):
+        calls.append(a)
+        return real(a[0], a[1], 0.2)
+
+    monkeypatch.setattr(machine_limits, "measure", counted)
+    first = machine_limits.load_or_measure(tmp_path, "cpu", ("fp32",))
+    again = machine_limits.load_or_measure(tmp_path, "cpu", ("fp32",))
+    assert len(calls) == 1 and again.to_dict() == first.to_dict()
+    assert first.copy_gbps > 0 and first.matmul_tflops["fp32"] > 0 and first.date == first.measured_at[:10]
+    path = machine_limits.cache_file(tmp_path, machine_limits.machine_key("cpu"))
+    assert json.loads(path.read_text())["limits"]["key"]["threads"] >= 1
+    machine_limits.load_or_measure(tmp_path, "cpu", ("fp32",), force=True)
+    assert len(calls) == 2
+
+
+def test_stats_line_dashes_unknowns_and_flags_fractions_above_the_roof():
+    from ui import records
+
+    remote = {"ttft_ms": 80.0, "e2e_ms": 200.0, "decode_tps": 30.0, "prompt_tokens": None, "output_tokens": 5,
+              "context_tokens": None, "context_max": None, "prefill_tps": None, "measured_at": "client"}
+    line = records.stats_line_html(remote)
+    assert "prefill rate —" in line and "— → 5 tok" in line and "context — / — tok" in line
+    assert "prefill % of matmul peak —" in line and "decode % of copy bandwidth —" in line
+    assert "the remote server sent no usage" in line and " 0 tok" not in line
+    local = {**remote, "prompt_tokens": 30, "context_tokens": 35, "context_max": 512, "prefill_tps": 1500.0,
+             "measured_at": None, "prefill_tflops": 0.05, "prefill_compute_fraction": 1.6,
+             "decode_gbps": 5.0, "decode_bandwidth_fraction": 0.25}
+    line = records.stats_line_html(local)
+    assert "prefill 1,500.0 tok/s" in line and "context 35 / 512 tok" in line and "decode 25% of bandwidth" in line
+    assert 'class="lab-over"' in line and "above the measured limit" in line  # 160% of the peak: flagged
+    # int8 weights against fp32 in the A/B delta: bytes per token and the fraction side by side
+    fp32 = {"decode_mb_per_token": 541.0, "decode_bandwidth_fraction": 0.30}
+    int8 = {"decode_mb_per_token": 223.0, "decode_bandwidth_fraction": 0.12}
+    deltas = {d["metric"]: d for d in records.delta_rows(fp32, int8)}
+    assert deltas["decode_mb_per_token"]["ratio"] == pytest.approx(223 / 541)
+    assert deltas["decode_mb_per_token"]["winner"] == "B" and "decode_bandwidth_fraction" in deltas
