@@ -32,6 +32,7 @@ class Timeline:
     token_ns: list[int] = field(default_factory=list)  # when each output token id was sampled
     chunk_out_ns: list[int] = field(default_factory=list)  # when each chunk was handed to the transport
     chunk_tokens: list[int] = field(default_factory=list)  # output tokens emitted so far, per chunk
+    batch_size: list[int] = field(default_factory=list)  # continuous batching: sequences in the forward of token i
     done_ns: int | None = None  # the engine finished (last token, stop, error or cancel)
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually computed (prompt_tokens - cached_tokens)
@@ -158,6 +159,7 @@ class Timeline:
             "token_ms": [rel(t) for t in self.token_ns],
             "chunk_out_ms": [rel(t) for t in self.chunk_out_ns],
             "chunk_tokens": list(self.chunk_tokens),
+            **({"batch_size": list(self.batch_size)} if self.batch_size else {}),  # only when batching ran
             "received_ns": origin,
             **self.counters,
             "client": dict(self.client),
