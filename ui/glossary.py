@@ -62,6 +62,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("acceptance_rate", "acceptance", "%", "", "accepted / drafted", better="higher"),
     _M("tokens_per_step", "tokens/step", "tok", "", "output tokens per target forward pass", better="higher"),
     _M("weight_mb", "weights", "MB", "", "bytes of the model variant's weights", better="lower"),
+    _M("batch_size", "batch size", "", "",
+       "sequences in the forward that produced token i (continuous batching, --max-batch; 1: alone)", better=""),
     # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.
     _M("client_feedback_ms", "first feedback", "ms", "user pressed send",
        "the message and a status painted (Nielsen's 'instant' is 100 ms)", "browser"),

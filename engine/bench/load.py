@@ -68,6 +68,9 @@ def add_args(p):
     p.add_argument("--max-queue", type=int, default=None, help="the worker's queue bound (default: none)")
     p.add_argument("--mix-quantization", default="auto",
                    help="the variant some requests of the mix ask for: auto (one the engine offers), a name, or none")
+    p.add_argument("--compare-max-batch", default=None, metavar="N,M",
+                   help="run the whole load once per --max-batch value, side by side in this process "
+                        "(e.g. 1,8), and print the throughput/latency trade-off between them")
 
 
 # --- the pool and its references ---------------------------------------------------------------
@@ -344,6 +347,8 @@ def level_row(clients: int, results: list[Result], wall_s: float) -> dict:
         for q, v in percentiles([(r.timings or {}).get(m) for r in done]).items():
             row[f"{m}_{q}"] = v
     row["client_ttft_ms_p50"] = percentiles([r.client_ttft_ms for r in done])["p50"]
+    sizes = [b for r in done for b in (r.timings or {}).get("batch_size") or []]
+    row["batch_size_mean"] = round(float(np.mean(sizes)), 2) if sizes else 1.0  # tokens' forwards, all requests
     return row
 
 
@@ -430,14 +435,89 @@ def table(rows: list[dict]) -> str:
 
 # --- the scenario ------------------------------------------------------------------------------------
 def run(args, out):
+    """The load at `--max-batch`, or once per value of `--compare-max-batch` on one loaded model."""
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    if not args.compare_max_batch:
+        return run_one(load_model(args), args, levels, args.max_batch, out)
+    batches = [int(x) for x in args.compare_max_batch.split(",") if x.strip()]
+    loaded = load_model(args)
+    by_batch = {}
+    for mb in batches:
+        out(f"--- max batch {mb} ---")
+        by_batch[mb] = run_one(loaded, args, levels, mb, out)
+    base, best = by_batch[batches[0]], by_batch[batches[-1]]
+    rows = compare_rows(levels, base["rows"], best["rows"])
+    out(f"max batch {batches[0]} vs {batches[-1]}:")
+    out(compare_table(rows, batches[0], batches[-1]))
+    sentence = trade_off(rows, batches[0], batches[-1])
+    out(sentence)
+    same_refs = sum(a == b for a, b in zip(base["reference_texts"], best["reference_texts"]))
+    out(f"references (each request alone) equal between the two engines: {same_refs} of {len(base['reference_texts'])}")
+    top = rows[-1]
+    return {"levels": levels, "max_batches": batches, "by_max_batch": {str(k): v for k, v in by_batch.items()},
+            "comparison": rows, "trade_off": sentence, "references_equal": same_refs,
+            "ok": all(v["ok"] for v in by_batch.values()), "ratio": top["tok_per_s_ratio"]}
+
+
+def compare_rows(levels, base_rows, rows) -> list[dict]:
+    """Per clients level: throughput and latency of the second run against the first (ratios b/a)."""
+    def ratio(a, b):
+        return round(b / a, 2) if a and b is not None else None
+
+    out = []
+    for n, a, b in zip(levels, base_rows, rows):
+        row = {"clients": n}
+        for key, name in (("output_tok_per_s", "tok_per_s"), ("req_per_s", "req_per_s"), ("ttft_ms_p50", "ttft_p50"),
+                          ("tpot_ms_p50", "tpot_p50"), ("queue_ms_p50", "queue_p50"), ("e2e_ms_p50", "e2e_p50"),
+                          ("batch_size_mean", "batch_size_mean")):
+            row[f"{name}_a"], row[f"{name}_b"] = a.get(key), b.get(key)
+            row[f"{name}_ratio"] = ratio(a.get(key), b.get(key))
+        out.append(row)
+    return out
+
+
+def compare_table(rows: list[dict], a: int, b: int) -> str:
+    cols = [("tok_per_s", "output tok/s"), ("req_per_s", "req/s"), ("ttft_p50", "TTFT p50 ms"),
+            ("tpot_p50", "TPOT p50 ms"), ("queue_p50", "queue p50 ms"), ("batch_size_mean", "mean batch")]
+    head = ["clients"] + [f"{label} ({a} → {b}, ×)" for _, label in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def f(v):
+        return "-" if v is None else f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
+
+    for r in rows:
+        cells = [str(r["clients"])] + [f"{f(r[k + '_a'])} → {f(r[k + '_b'])} ({f(r[k + '_ratio'])}×)" for k, _ in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def trade_off(rows: list[dict], a: int, b: int) -> str:
+    """One sentence: what batching bought at the busiest level and what it cost a lone client."""
+    top, low = rows[-1], rows[0]
+    parts = [f"At {top['clients']} clients max batch {b} served {f_(top['tok_per_s_b'])} output tok/s against "
+             f"{f_(top['tok_per_s_a'])} ({f_(top['tok_per_s_ratio'])}×) with p50 TTFT {f_(top['ttft_p50_b'])} ms "
+             f"against {f_(top['ttft_p50_a'])} ms"]
+    if low is not top:
+        parts.append(f"at {low['clients']} client(s) p50 TPOT was {f_(low['tpot_p50_b'])} ms against "
+                     f"{f_(low['tpot_p50_a'])} ms ({f_(low['tpot_p50_ratio'])}×)")
+    parts.append(f"each step of a batch is slower (p50 TPOT at {top['clients']} clients {f_(top['tpot_p50_b'])} ms "
+                 f"against {f_(top['tpot_p50_a'])} ms alone) but serves up to {b} requests at once")
+    return "; ".join(parts) + "."
+
+
+def f_(v) -> str:
+    return "n/a" if v is None else f"{v:,.2f}" if abs(v) < 10 else f"{v:,.0f}"
+
+
+def run_one(loaded, args, levels, max_batch: int, out):
+    """The whole load against one engine (max batch `max_batch`) over the loaded model."""
     from server.api import create_api
     from server.run import BackgroundServer
 
     from ..prefix_cache import PrefixCache
     from ..service import Engine
 
-    levels = [int(x) for x in args.levels.split(",") if x.strip()]
-    engine = Engine(load_model(args), max_queue=args.max_queue,
+    engine = Engine(loaded, max_queue=args.max_queue, max_batch=max_batch,
                     prefix_cache=PrefixCache(args.kv_cache_mb, shared=args.shared_prefix_cache))
     try:
         with MemorySampler(engine.prefix_cache) as sampler, BackgroundServer(create_api(engine)) as url:
@@ -466,7 +546,8 @@ def run(args, out):
         f"{result['kv_bytes_max'] / 2**20:.1f} of {result['kv_budget_bytes'] / 2**20:.0f} MiB")
     bad = (sum(t[k] for k in BAD) + t["4xx"] + result["stuck_workers"] + result["server_5xx"]
            + (t["429"] if args.max_queue is None else 0))
-    return {**result, "offers": offers, "levels": levels, "dtype": engine.info()["dtype"],
+    return {**result, "offers": offers, "levels": levels, "dtype": engine.info()["dtype"], "max_batch": max_batch,
+            "batching": engine.info().get("batching"), "reference_texts": refs,
             "distinct_references": len(set(refs)), "references": len(refs),
             "ok": bad == 0 and result["kv_within_budget"] and result["memory_ok"],
             "ratio": None}
