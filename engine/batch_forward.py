@@ -95,7 +95,7 @@ def forward_batch(model: FastLlama, tokens: list[int], caches: list[KVCache]) ->
             c.v[i, :, :, s : s + 1] = v[b : b + 1]
             outs.append(F.scaled_dot_product_attention(
                 q[b : b + 1], c.k[i, :, :, : s + 1], c.v[i, :, :, : s + 1], scale=blk.scaling, enable_gqa=H != KV))
-        attn = torch.cat(outs)  # [B, H, 1, D]
+        attn = torch.cat(outs) if B > 1 else outs[0]  # [B, H, 1, D]
         x = x + _linear(blk.o, attn.transpose(1, 2).reshape(B, 1, H * D))
         gate, up = _linear(blk.gate_up, blk.mlp_norm(x)).chunk(2, dim=-1)
         x = x + _linear(blk.down, F.silu(gate) * up)

@@ -54,6 +54,10 @@ class BatchedDecoding(Decoding):
         return self._accept([self.sampler.sample(logits)])
 
 
+def _is_batched(factory) -> bool:
+    return isinstance(factory, type) and issubclass(factory, BatchedDecoding)
+
+
 @dataclass(eq=False)
 class Sequence:
     handle: RequestHandle
@@ -173,10 +177,11 @@ class BatchingWorker(Worker):
             seq.why_unbatched = "speculative"
         elif not batch_forward.supports(lm.model):
             seq.why_unbatched = "model without the batched forward"
-        seq.batched = seq.why_unbatched is None and self.decoding_factory is None
+        custom = self.decoding_factory  # tests inject one; a BatchedDecoding subclass still batches
+        seq.batched = seq.why_unbatched is None and (custom is None or _is_batched(custom))
         if seq.batched:
             batch_forward.pack(lm.model)  # a no-op once packed
-            factory = BatchedDecoding
+            factory = custom or BatchedDecoding
         else:
             factory = self.decoding_factory
             self.stats.unbatched_requests += 1

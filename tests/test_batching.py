@@ -8,7 +8,7 @@ import pytest
 from engine.cli import build_parser, load_config_from_args
 from engine.config import GenerationConfig, LoadConfig
 from engine.errors import InvalidRequest
-from engine.scheduler import BatchingWorker
+from engine.scheduler import BatchedDecoding, BatchingWorker
 from engine.service import Engine
 from engine.worker import Worker
 from support import ask, cancel_once_streaming
@@ -165,3 +165,52 @@ def test_a_failing_request_fails_alone(batching_tiny):
     while batching_tiny.worker.busy and time.monotonic() < deadline:  # it leaves the batch after its done event
         time.sleep(0.01)
     assert not batching_tiny.worker.busy
+
+
+def test_under_load_batched_replies_are_exact_and_nothing_is_lost(bundled):
+    """The load bench's checks (engine/bench/load.py) against a batching engine: 6 streaming
+    clients, mixed toggles (reuse, sessions, seeded sampling, speculation), some disconnecting."""
+    from engine.bench import load
+    from engine.prefix_cache import PrefixCache
+    from server.api import create_api
+    from server.run import BackgroundServer
+
+    engine = Engine(bundled, prefix_cache=PrefixCache(12), max_batch=4)
+    try:
+        with load.MemorySampler(engine.prefix_cache, every=0.1) as sampler, \
+                BackgroundServer(create_api(engine)) as url:
+            pool = load.build_pool(5, 6, load.offered_toggles(engine))
+            load.compute_references(engine, pool)
+            result = load.run_load(engine, url, pool, (6,), duration=6, max_requests=24, cancel_every=4,
+                                   deadline=300, repeat=1, sampler=sampler, out=lambda *a: None)
+        t = result["totals"]
+        assert {k: t[k] for k in (*load.BAD, "4xx", "429")} == {k: 0 for k in (*load.BAD, "4xx", "429")}, result
+        assert t["exact"] >= 6 and result["stuck_workers"] == 0 and result["server_5xx"] == 0
+        assert result["rows"][0]["batch_size_mean"] > 1  # they were decoded together
+    finally:
+        engine.close()
+
+
+class FaultyBatched(BatchedDecoding):
+    """Seed 4242 fails at its first batched decode step."""
+
+    def step(self):
+        if self.config.seed == 4242:
+            raise RuntimeError("forced failure mid-batch")
+        return super().step()
+
+
+def test_a_request_failing_mid_batch_fails_alone(tiny):
+    engine = Engine(tiny, max_batch=4)
+    try:
+        engine.worker.decoding_factory = FaultyBatched
+        ref = engine.complete(ask("Name a color."), GREEDY)
+        ok = engine.submit(ask("Name a color."), GREEDY)
+        _streamed(ok, 1)
+        bad = engine.submit(ask("Name a fruit."), GREEDY.replace(seed=4242))
+        with pytest.raises(Exception, match="forced failure"):
+            bad.result(timeout=300)
+        assert ok.result(timeout=300).token_ids == ref.token_ids
+        assert engine.complete(ask("Name a color."), GREEDY).token_ids == ref.token_ids  # still serving
+    finally:
+        engine.close()
