@@ -260,7 +260,7 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
         t = now_ns()
         kept, finish = _truncate(new_tokens, eos_token_ids, cfg.max_new_tokens - produced)
         timeline.add_tokens(len(kept), t)
-        if dec.batched:  # continuous batching: how many sequences the forward that made them ran
+        if getattr(dec, "batched", False):  # continuous batching: how many sequences the forward that made them ran
             timeline.batch_size.extend([dec.batch_size] * len(kept))
         produced += len(kept)
         shown, hit_stop = stops.push(detok.add([tok for tok in kept if tok not in eos_token_ids]))
@@ -294,7 +294,7 @@ def _decode_step(dec: Decoding):
     """One decode step. A batched sequence (engine/scheduler.py) first yields a `step` event and
     waits: the scheduler runs one forward for every sequence waiting so, hands each its logits,
     and resumes it. Any other sequence steps by itself."""
-    if dec.batched:
+    if getattr(dec, "batched", False):
         yield Event("step", decoding=dec)
     return dec.step()
 
@@ -302,10 +302,11 @@ def _decode_step(dec: Decoding):
 def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], bool]):
     """Prefill; chunked when the request asks, with a progress event after each chunk (prompt
     tokens prefilled of `prefill_tokens`, ending at the total) and Stop honoured between chunks.
-    A batched sequence also chunks a long prompt (`dec.interleave_chunk`) and yields a `pause`
-    event after every chunk but the last, so the scheduler can step the running batch between.
+    A batched sequence yields a `step` event for each chunk of its prompt (`dec.next_rows`): the
+    scheduler runs it in the same forward as the running batch's decode step (with the chunked
+    toggle: a `pause` after each chunk, which runs alone).
     Returns the first token(s), or [] when stopped before the prompt was through."""
-    total = dec.prompt_len - dec.cached_tokens
+    total, batched = dec.prompt_len - dec.cached_tokens, getattr(dec, "batched", False)
     if cfg.chunked_prefill:
         def progress(done: int) -> Event:
             return Event("status", stage="prefill", detail={"prefill_tokens": total, "prefilled_tokens": done})
@@ -313,16 +314,15 @@ def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], boo
         yield progress(0)
         for end in dec.prefill_chunks(cfg.prefill_chunk_tokens):
             yield progress(end - dec.cached_tokens)
-            if end < dec.prompt_len and dec.batched:
+            if end < dec.prompt_len and batched:
                 yield Event("pause")
             if end < dec.prompt_len and should_stop():
                 return []
-    elif dec.batched and total > dec.interleave_chunk:
-        for end in dec.prefill_chunks(dec.interleave_chunk):
-            if end < dec.prompt_len:
-                yield Event("pause")
-                if should_stop():
-                    return []
+    elif batched:  # each chunk (dec.next_rows) runs in the scheduler's forward, beside the batch's decode step
+        while dec.prefilled < dec.prompt_len:
+            yield Event("step", decoding=dec)
+            if dec.prefilled < dec.prompt_len and should_stop():
+                return []
     return dec.prefill()
 
 

@@ -4,11 +4,12 @@ Each request is still one `generate` generator with its own Timeline, sampler, K
 prefix-cache lease; what changes is who drives it. The scheduler loop, between decode steps:
 
 1. admits queued requests while fewer than `max_batch` run (queue_ms ends here);
-2. advances each newcomer through setup and prefill — a long prompt one chunk per loop
-   (`BatchedDecoding.interleave_chunk`), so the running batch keeps decoding in between;
-3. runs one batched forward (engine/batch_forward.py) for all sequences waiting for a decode step,
-   one forward per model variant (a quantized variant batches with its own kind), hands each its
-   logits and resumes it: it samples with its own generator, applies its own stop rules, streams
+2. advances each newcomer through setup (prompt ids, prefix-cache lookup);
+3. runs one forward (engine/batch_forward.py) for every sequence waiting: the running batch's
+   decode tokens and the newcomers' prompts (a long one 256 tokens per loop,
+   `BatchedDecoding.interleave_chunk`) together, so a prefill does not stall the batch with a
+   forward of its own; one forward per model variant (a quantized variant batches with its own
+   kind). Each sequence gets its logits row and is resumed: it samples with its own generator, applies its own stop rules, streams
    its chunk and either waits for the next step or finishes, freeing its slot and its KV (or
    handing the KV to the prefix cache) on its own.
 
@@ -31,7 +32,7 @@ from .timeline import now_ns
 from .worker import RequestHandle, Worker
 
 log = logging.getLogger(__name__)
-INTERLEAVE_CHUNK = 256  # a batched newcomer's prompt longer than this is prefilled this many tokens per loop
+INTERLEAVE_CHUNK = 256  # prompt tokens of one batched newcomer per forward (a longer prompt takes several loops)
 
 
 class BatchedDecoding(Decoding):
@@ -45,6 +46,26 @@ class BatchedDecoding(Decoding):
         super().__init__(*args, **kwargs)
         self.batch_size = 1  # sequences in the forward that made the latest token (prefill: itself)
         self.logits = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < self.prompt_len
+
+    def next_rows(self) -> list[int]:
+        """The tokens this sequence feeds to the next forward: a prompt chunk, else its last token."""
+        if self.prefilling:
+            return self.ids[self.prefilled : min(self.prefilled + self.interleave_chunk, self.prompt_len)]
+        return self.ids[-1:]
+
+    def ran(self, rows: int, logits, batch_size: int) -> None:
+        """The scheduler's forward ran `rows` of next_rows(); keep what prefill() or step() will sample from."""
+        self.batch_size = batch_size
+        if self.prefilling:
+            self.prefilled += rows
+            self.forward_passes += 1
+            self._prefill_logits = logits if not self.prefilling else None
+        else:
+            self.logits = logits
 
     def step(self) -> list[int]:
         logits, self.logits = self.logits, None
@@ -232,8 +253,9 @@ class BatchingWorker(Worker):
                 self._forward(seqs[start : start + self.max_batch], decs[start : start + self.max_batch])
 
     def _forward(self, seqs: list[Sequence], decs: list[BatchedDecoding]) -> None:
+        rows = [d.next_rows() for d in decs]
         try:
-            logits = batch_forward.forward_batch(decs[0].model, [d.ids[-1] for d in decs], [d.cache for d in decs])
+            logits = batch_forward.forward_batch(decs[0].model, rows, [d.cache for d in decs])
         except Exception as exc:  # a failed batched forward fails the requests in it, not the worker
             for seq in seqs:
                 self._fail(seq, exc)
@@ -249,7 +271,8 @@ class BatchingWorker(Worker):
         s.max_rows = max(s.max_rows, B)
         s.histogram[B] = s.histogram.get(B, 0) + 1
         for i, (seq, dec) in enumerate(zip(seqs, decs)):
-            dec.logits, dec.batch_size, seq.waiting = logits[i : i + 1], B, None
+            dec.ran(len(rows[i]), logits[i : i + 1], B)
+            seq.waiting = None
             self._advance(seq)
 
     def _fail(self, seq: Sequence, exc: Exception) -> None:

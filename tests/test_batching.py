@@ -85,7 +85,7 @@ def test_greedy_tokens_equal_batched_and_alone_fp32(batching_bundled):
         assert b.token_ids == a.token_ids
         assert b.timeline.counters["batching"] == "batched"
         assert len(b.timeline.batch_size) == b.output_tokens
-        assert b.timeline.batch_size[0] == 1  # the first token comes from its own prefill
+        assert b.timeline.batch_size[0] >= 1  # its prefill shared the forward of the running batch
     assert all(a.timeline.batch_size == [1] * a.output_tokens for a in alone)
     assert max(max(b.timeline.batch_size) for b in batched) > 1  # they really were batched
     info = batching_bundled.info()["batching"]

@@ -57,4 +57,7 @@ def headline(info: dict) -> str:
         parts.append(f"{info['threads']} threads")
     if info.get("weight_bytes"):
         parts.append(f"{info['weight_bytes'] / 1e6:,.0f} MB weights")
+    batching = info.get("batching")
+    if isinstance(batching, dict) and batching.get("max_batch", 1) > 1:  # --max-batch N (docs/batching.md)
+        parts.append(f"continuous batching, max batch {batching['max_batch']} (speculative requests unbatched)")
     return " · ".join(parts)
