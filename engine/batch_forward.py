@@ -15,7 +15,7 @@ greedy output would depend on who else is running. MKL's fp32 GEMM is not batch-
 forwards, prefill included, through a packed copy, also for one sequence alone: a request
 alone on a batching engine and the same request in a batch of 8 get identical
 logits. That copy costs the fp32 weights' size again in memory (`packed_mb` in engine info); a
-one-row step through it cost the same as ATen's GEMV here (100 vs 103 ms for all 211
+one-row step through it cost the same as ATen's GEMV here (100 vs 103 ms for all 121
 projections of SmolLM2, one thread, machine busy), eight rows 1.8x one row. Other dtypes and
 quantized modules take their usual path (`fast_llama.project`); there the promise is not made.
 """
