@@ -36,6 +36,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft for --speculative draft: a causal LM folder sharing the model's tokenizer "
                         "(default: the bundled distilled draft for the bundled model; 'none': no draft)")
+    g.add_argument("--max-batch", type=int, default=LoadConfig.max_batch, metavar="N",
+                   help="continuous batching: decode up to N requests together in one forward (default: 1, "
+                        "one request at a time); speculative requests run unbatched beside the batch")
 
 
 def load_config_from_args(args, progress: bool = True) -> LoadConfig:
@@ -44,7 +47,8 @@ def load_config_from_args(args, progress: bool = True) -> LoadConfig:
                       shared_prefix_cache=args.shared_prefix_cache,
                       variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
                       variants_budget_mb=args.variants_budget_mb,
-                      draft_model=getattr(args, "draft_model", None))
+                      draft_model=getattr(args, "draft_model", None),
+                      max_batch=getattr(args, "max_batch", LoadConfig.max_batch))
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:

@@ -44,6 +44,7 @@ class LoadConfig:
     variants: tuple[str, ...] = ()  # quantization variants to build at start (others: on first use)
     variants_budget_mb: float | None = None  # weights of all resident variants; None: 3x the loaded model's
     draft_model: str | None = None  # speculative draft: a folder sharing the tokenizer; None: bundled (if any)
+    max_batch: int = 1  # continuous batching: sequences decoded together in one forward; 1: one request at a time
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -55,6 +56,8 @@ class LoadConfig:
             raise InvalidRequest(f"--kv-cache-mb must be a number of MiB >= 0, not {self.kv_cache_mb!r}", "kv_cache_mb")
         if self.threads is not None and not (1 <= self.threads <= 1024):
             raise InvalidRequest(f"--threads must be a positive integer, not {self.threads!r}", "threads")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= 256:
+            raise InvalidRequest(f"--max-batch must be an integer from 1 to 256, not {self.max_batch!r}", "max_batch")
         if self.variants_budget_mb is not None and not self.variants_budget_mb > 0:
             raise InvalidRequest(f"--variants-budget-mb must be positive, not {self.variants_budget_mb!r}",
                                  "variants_budget_mb")

@@ -38,7 +38,7 @@ class Request:
 
 @dataclass
 class Event:
-    kind: str  # status | chunk | done | error
+    kind: str  # status | chunk | done | error (and, between generate and the batch scheduler only: step | pause)
     text: str = ""  # chunk: the new text; done: the whole reply
     token_ids: list[int] = field(default_factory=list)  # chunk: new ids; done: all output ids
     output_tokens: int = 0  # tokens sampled so far
@@ -119,6 +119,8 @@ def cache_capacity(prompt_tokens: int, config: GenerationConfig) -> int:
 
 class Decoding:
     """One sequence being generated: its ids, KV cache and sampler."""
+
+    batched = False  # True: its decode steps run in the scheduler's batched forward (engine/scheduler.py)
 
     def __init__(self, model, prompt_ids: list[int], config: GenerationConfig, cache=None, cached_tokens: int = 0):
         self.model = model
@@ -258,6 +260,8 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
         t = now_ns()
         kept, finish = _truncate(new_tokens, eos_token_ids, cfg.max_new_tokens - produced)
         timeline.add_tokens(len(kept), t)
+        if getattr(dec, "batched", False):  # continuous batching: how many sequences the forward that made them ran
+            timeline.batch_size.extend([dec.batch_size] * len(kept))
         produced += len(kept)
         shown, hit_stop = stops.push(detok.add([tok for tok in kept if tok not in eos_token_ids]))
         if hit_stop:
@@ -268,7 +272,7 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
             finish = "cancelled"
         if finish is not None:
             break
-        new_tokens = dec.step()
+        new_tokens = yield from _decode_step(dec)
 
     if not hit_stop:  # text held back (an unfinished character, a possible stop string) is real text
         tail, hit_stop = stops.push(detok.flush())
@@ -286,20 +290,38 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
                 detail={"finish_reason": finish}, timeline=timeline, decoding=dec)
 
 
+def _decode_step(dec: Decoding):
+    """One decode step. A batched sequence (engine/scheduler.py) first yields a `step` event and
+    waits: the scheduler runs one forward for every sequence waiting so, hands each its logits,
+    and resumes it. Any other sequence steps by itself."""
+    if getattr(dec, "batched", False):
+        yield Event("step", decoding=dec)
+    return dec.step()
+
+
 def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], bool]):
     """Prefill; chunked when the request asks, with a progress event after each chunk (prompt
     tokens prefilled of `prefill_tokens`, ending at the total) and Stop honoured between chunks.
+    A batched sequence yields a `step` event for each chunk of its prompt (`dec.next_rows`): the
+    scheduler runs it in the same forward as the running batch's decode step (with the chunked
+    toggle: a `pause` after each chunk, which runs alone).
     Returns the first token(s), or [] when stopped before the prompt was through."""
+    total, batched = dec.prompt_len - dec.cached_tokens, getattr(dec, "batched", False)
     if cfg.chunked_prefill:
-        total = dec.prompt_len - dec.cached_tokens
-
         def progress(done: int) -> Event:
             return Event("status", stage="prefill", detail={"prefill_tokens": total, "prefilled_tokens": done})
 
         yield progress(0)
         for end in dec.prefill_chunks(cfg.prefill_chunk_tokens):
             yield progress(end - dec.cached_tokens)
+            if end < dec.prompt_len and batched:
+                yield Event("pause")
             if end < dec.prompt_len and should_stop():
+                return []
+    elif batched:  # each chunk (dec.next_rows) runs in the scheduler's forward, beside the batch's decode step
+        while dec.prefilled < dec.prompt_len:
+            yield Event("step", decoding=dec)
+            if dec.prefilled < dec.prompt_len and should_stop():
                 return []
     return dec.prefill()
 

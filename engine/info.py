@@ -60,6 +60,7 @@ class EngineInfo:
     packed_weight_bytes: int | None = None  # oneDNN copies of bf16 weights for multi-row matmuls
     draft: dict | None = None  # the speculative draft model, if one is loaded
     machine_limits: dict | None = None  # engine.machine_limits.MachineLimits.to_dict(): the roofline's ceilings
+    batching: dict | None = None  # with --max-batch > 1: the scheduler's settings (engine/scheduler.py)
     extra: dict = field(default_factory=dict)  # facts of one backend only (e.g. a remote's base URL)
 
     @property
@@ -80,6 +81,8 @@ class EngineInfo:
             parts.append(f"{self.threads} threads")
         if self.weight_bytes:
             parts.append(f"{self.weight_bytes / 1e6:,.0f} MB weights")
+        if self.batching and self.batching.get("max_batch", 1) > 1:  # --max-batch N (docs/batching.md)
+            parts.append(f"continuous batching, max batch {self.batching['max_batch']} (speculative requests unbatched)")
         return " · ".join(parts)
 
     def to_dict(self) -> dict:

@@ -23,15 +23,22 @@ from .worker import RequestHandle, Worker
 class Engine:
     def __init__(self, loaded: LoadedModel, max_queue: int | None = None, prefix_cache: PrefixCache | None = None,
                  variants: tuple[str, ...] = (), variants_budget_bytes: int | None = None,
-                 machine_limits: MachineLimits | None = None, cache_dir=None):
+                 machine_limits: MachineLimits | None = None, cache_dir=None, max_batch: int = 1):
         """`variants`: quantization variants to build now (others are built on first use).
         `machine_limits`: the machine's measured ceilings for the roofline (None: fractions stay None
-        until `remeasure_limits`); `cache_dir`: where `remeasure_limits` caches them."""
+        until `remeasure_limits`); `cache_dir`: where `remeasure_limits` caches them.
+        `max_batch` > 1: continuous batching (engine/scheduler.py); 1: one request at a time."""
         self.loaded = loaded
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes, defer_quality=True)
         self.variants.preload(variants)
-        self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache, variants=self.variants)
+        if max_batch > 1:
+            from .scheduler import BatchingWorker
+
+            self.worker = BatchingWorker(loaded, max_batch, max_queue=max_queue, prefix_cache=self.prefix_cache,
+                                         variants=self.variants)
+        else:
+            self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache, variants=self.variants)
         self.cache_dir = cache_dir
         self.worker.machine_limits = machine_limits
 
@@ -42,7 +49,8 @@ class Engine:
         loaded = load(config)
         limits = load_or_measure(cache_root(config), loaded.device, probe_dtypes(loaded.dtype_name))
         return cls(loaded, max_queue=max_queue, prefix_cache=cache, variants=config.variants,
-                   variants_budget_bytes=budget, machine_limits=limits, cache_dir=cache_root(config))
+                   variants_budget_bytes=budget, machine_limits=limits, cache_dir=cache_root(config),
+                   max_batch=config.max_batch)
 
     @property
     def machine_limits(self) -> MachineLimits | None:
@@ -86,7 +94,8 @@ class Engine:
             toggles=tuple(t.name for t in TOGGLES), capabilities=capabilities.detect().to_dict(),
             prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
             packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None,
-            machine_limits=self.machine_limits.to_dict() if self.machine_limits else None)
+            machine_limits=self.machine_limits.to_dict() if self.machine_limits else None,
+            batching=batching() if (batching := getattr(self.worker, "batching_info", None)) else None)
 
     def close(self) -> None:
         self.worker.close()

@@ -140,7 +140,7 @@ class Worker:
             if self.max_queue is not None and len(self._queue) >= self.max_queue:
                 raise QueueFull(f"the server is busy: {self.max_queue} requests are already waiting, the most it "
                                 "queues (--max-queue); try again shortly")
-            timeline.queue_position = len(self._queue) + (1 if self._running else 0)
+            timeline.queue_position = len(self._queue) + self._running_count()
             timeline.mark("enqueued")
             # Pushed under the lock, so it comes before any "moved up" update from the worker thread.
             handle.push(Event("status", stage="queued", detail={"position": timeline.queue_position}))
@@ -156,8 +156,12 @@ class Worker:
         """Requests ahead of this one (the running one included); None once it has started."""
         with self._cv:
             if handle in self._queue:
-                return self._queue.index(handle) + (1 if self._running else 0)
+                return self._queue.index(handle) + self._running_count()
         return None
+
+    def _running_count(self) -> int:
+        """Requests running now (here 0 or 1; the batching worker runs several)."""
+        return 1 if self._running else 0
 
     @property
     def busy(self) -> bool:

@@ -68,6 +68,12 @@ def add_args(p):
     p.add_argument("--max-queue", type=int, default=None, help="the worker's queue bound (default: none)")
     p.add_argument("--mix-quantization", default="auto",
                    help="the variant some requests of the mix ask for: auto (one the engine offers), a name, or none")
+    p.add_argument("--mix-speculative", default="auto", choices=("auto", "none"),
+                   help="auto: some requests of the mix speculate when the engine offers it; none: no speculation "
+                        "(with --max-batch > 1 speculative requests run unbatched beside the batch)")
+    p.add_argument("--compare-max-batch", default=None, metavar="N,M",
+                   help="run the whole load once per --max-batch value, side by side in this process "
+                        "(e.g. 1,8), and print the throughput/latency trade-off between them")
 
 
 # --- the pool and its references ---------------------------------------------------------------
@@ -338,6 +344,8 @@ def level_row(clients: int, results: list[Result], wall_s: float) -> dict:
         for q, v in percentiles([(r.timings or {}).get(m) for r in done]).items():
             row[f"{m}_{q}"] = v
     row["client_ttft_ms_p50"] = percentiles([r.client_ttft_ms for r in done])["p50"]
+    sizes = [b for r in done for b in (r.timings or {}).get("batch_size") or []]
+    row["batch_size_mean"] = round(float(np.mean(sizes)), 2) if sizes else 1.0  # tokens' forwards, all requests
     return row
 
 
@@ -424,18 +432,166 @@ def table(rows: list[dict]) -> str:
 
 # --- the scenario ------------------------------------------------------------------------------------
 def run(args, out):
+    """The load at `--max-batch`, or at every value of `--compare-max-batch` side by side: one
+    loaded model, one engine and API per value, the levels alternating between the engines (this
+    machine is shared and noisy: a comparison of runs minutes apart would measure the neighbours)."""
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    if not args.compare_max_batch:
+        return run_one(load_model(args), args, levels, args.max_batch, out)
+    batches = [int(x) for x in args.compare_max_batch.split(",") if x.strip()]
+    by_batch = run_side_by_side(load_model(args), args, levels, batches, out)
+    base, best = by_batch[batches[0]], by_batch[batches[-1]]
+    rows = compare_rows(levels, base["rows"], best["rows"])
+    out(f"max batch {batches[0]} vs {batches[-1]}:")
+    out(compare_table(rows, batches[0], batches[-1]))
+    sentence = trade_off(rows, batches[0], batches[-1])
+    out(sentence)
+    same_refs = sum(a == b for a, b in zip(base["reference_texts"], best["reference_texts"]))
+    out(f"references (each request alone) equal between the two engines: {same_refs} of {len(base['reference_texts'])}")
+    return {"levels": levels, "max_batches": batches, "by_max_batch": {str(k): v for k, v in by_batch.items()},
+            "comparison": rows, "trade_off": sentence, "references_equal": same_refs,
+            "ok": all(v["ok"] for v in by_batch.values()), "ratio": rows[-1]["tok_per_s_ratio"]}
+
+
+def run_side_by_side(loaded, args, levels, batches, out) -> dict:
+    """One engine + API per max batch over `loaded`; each level runs on every engine in turn."""
+    import contextlib
+
     from server.api import create_api
     from server.run import BackgroundServer
 
     from ..prefix_cache import PrefixCache
     from ..service import Engine
 
-    levels = [int(x) for x in args.levels.split(",") if x.strip()]
-    engine = Engine(load_model(args), max_queue=args.max_queue,
+    with contextlib.ExitStack() as stack:
+        setups = {}
+        for mb in batches:
+            engine = Engine(loaded, max_queue=args.max_queue, max_batch=mb,
+                            prefix_cache=PrefixCache(args.kv_cache_mb, shared=args.shared_prefix_cache))
+            stack.callback(engine.close)
+            sampler = stack.enter_context(MemorySampler(engine.prefix_cache))
+            url = stack.enter_context(BackgroundServer(create_api(engine)))
+            offers = offered_toggles(engine, variants=args.mix_quantization)
+            if getattr(args, "mix_speculative", "auto") == "none":
+                offers["speculative"] = None
+            pool = build_pool(args.conversations, args.max_new_tokens, offers)
+            t0 = time.perf_counter()
+            compute_references(engine, pool)
+            refs = [t.ref_text for c in pool for t in c.turns]
+            out(f"max batch {mb}: references in {time.perf_counter() - t0:.1f} s "
+                f"({len(set(refs))} distinct of {len(refs)}); offered: {offers}")
+            setups[mb] = (engine, url, pool, sampler, refs, offers)
+        parts = {mb: [] for mb in batches}
+        for _ in range(args.repeat):
+            for n in levels:
+                for mb in batches:
+                    engine, url, pool, sampler, _, _ = setups[mb]
+                    parts[mb].append(run_load(engine, url, pool, (n,), duration=args.duration,
+                                              max_requests=args.max_requests, cancel_every=args.cancel_every,
+                                              deadline=args.deadline, repeat=1, sampler=sampler,
+                                              out=lambda line, mb=mb: out(f"max batch {mb}, {line}")))
+        by_batch = {}
+        for mb in batches:
+            engine, _, _, _, refs, offers = setups[mb]
+            runs = parts[mb]
+            rows = [merge_rows([r["rows"][0] for r in runs if r["rows"][0]["clients"] == n]) for n in levels]
+            totals = {k: sum(r["totals"][k] for r in runs) for k in runs[0]["totals"]}
+            stuck, s5xx = sum(r["stuck_workers"] for r in runs), sum(r["server_5xx"] for r in runs)
+            bad = sum(totals[k] for k in BAD) + totals["4xx"] + stuck + s5xx + (
+                totals["429"] if args.max_queue is None else 0)
+            out(f"max batch {mb}:")
+            out(table(rows))
+            out("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} of {requests} "
+                "requests ({exact} exact, {cancelled} cancelled on purpose)".format(**totals)
+                + f"; worker left busy {stuck} times")
+            by_batch[mb] = {"rows": rows, "totals": totals, "stuck_workers": stuck, "server_5xx": s5xx,
+                            "kv_within_budget": all(r["kv_within_budget"] for r in runs),
+                            "max_batch": mb, "batching": engine.info().batching, "offers": offers,
+                            "reference_texts": refs, "ok": bad == 0 and all(r["kv_within_budget"] for r in runs)}
+    return by_batch
+
+
+def merge_rows(rows: list[dict]) -> dict:
+    """Repeats of one level: counts and wall time add up; percentiles are those of the first run
+    when there is one, else a median of the runs' (good enough for --repeat 2 on a shared machine)."""
+    if len(rows) == 1:
+        return rows[0]
+    out = dict(rows[0])
+    for k in ("requests", "exact", "cancelled", "429", "4xx", *BAD):
+        out[k] = sum(r[k] for r in rows)
+    out["wall_s"] = round(sum(r["wall_s"] for r in rows), 2)
+    for k, v in rows[0].items():
+        if k.endswith(("_p50", "_p90", "_p99", "_per_s")) or k == "batch_size_mean":
+            xs = [r[k] for r in rows if r.get(k) is not None]
+            out[k] = float(np.median(xs)) if xs else None
+    return out
+
+
+def compare_rows(levels, base_rows, rows) -> list[dict]:
+    """Per clients level: throughput and latency of the second run against the first (ratios b/a)."""
+    def ratio(a, b):
+        return round(b / a, 2) if a and b is not None else None
+
+    out = []
+    for n, a, b in zip(levels, base_rows, rows):
+        row = {"clients": n}
+        for key, name in (("output_tok_per_s", "tok_per_s"), ("req_per_s", "req_per_s"), ("ttft_ms_p50", "ttft_p50"),
+                          ("tpot_ms_p50", "tpot_p50"), ("queue_ms_p50", "queue_p50"), ("e2e_ms_p50", "e2e_p50"),
+                          ("batch_size_mean", "batch_size_mean")):
+            row[f"{name}_a"], row[f"{name}_b"] = a.get(key), b.get(key)
+            row[f"{name}_ratio"] = ratio(a.get(key), b.get(key))
+        out.append(row)
+    return out
+
+
+def compare_table(rows: list[dict], a: int, b: int) -> str:
+    cols = [("tok_per_s", "output tok/s"), ("req_per_s", "req/s"), ("ttft_p50", "TTFT p50 ms"),
+            ("tpot_p50", "TPOT p50 ms"), ("queue_p50", "queue p50 ms"), ("batch_size_mean", "mean batch")]
+    head = ["clients"] + [f"{label} ({a} → {b}, ×)" for _, label in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def f(v):
+        return "-" if v is None else f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
+
+    for r in rows:
+        cells = [str(r["clients"])] + [f"{f(r[k + '_a'])} → {f(r[k + '_b'])} ({f(r[k + '_ratio'])}×)" for k, _ in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def trade_off(rows: list[dict], a: int, b: int) -> str:
+    """One sentence: what batching bought at the busiest level and what it cost a lone client."""
+    top, low = rows[-1], rows[0]
+    parts = [f"At {top['clients']} clients max batch {b} served {f_(top['tok_per_s_b'])} output tok/s against "
+             f"{f_(top['tok_per_s_a'])} ({f_(top['tok_per_s_ratio'])}×) with p50 TTFT {f_(top['ttft_p50_b'])} ms "
+             f"against {f_(top['ttft_p50_a'])} ms"]
+    if low is not top:
+        parts.append(f"at {low['clients']} client(s) p50 TPOT was {f_(low['tpot_p50_b'])} ms against "
+                     f"{f_(low['tpot_p50_a'])} ms ({f_(low['tpot_p50_ratio'])}×)")
+    parts.append(f"each step of a batch is slower (p50 TPOT at {top['clients']} clients {f_(top['tpot_p50_b'])} ms "
+                 f"against {f_(top['tpot_p50_a'])} ms alone) but serves up to {b} requests at once")
+    return "; ".join(parts) + "."
+
+
+def f_(v) -> str:
+    return "n/a" if v is None else f"{v:,.2f}" if abs(v) < 10 else f"{v:,.0f}"
+
+
+def run_one(loaded, args, levels, max_batch: int, out):
+    """The whole load against one engine (max batch `max_batch`) over the loaded model."""
+    from server.api import create_api
+    from server.run import BackgroundServer
+
+    from ..prefix_cache import PrefixCache
+    from ..service import Engine
+
+    engine = Engine(loaded, max_queue=args.max_queue, max_batch=max_batch,
                     prefix_cache=PrefixCache(args.kv_cache_mb, shared=args.shared_prefix_cache))
     try:
         with MemorySampler(engine.prefix_cache) as sampler, BackgroundServer(create_api(engine)) as url:
             offers = offered_toggles(engine, variants=args.mix_quantization)
+            if getattr(args, "mix_speculative", "auto") == "none":
+                offers["speculative"] = None
             pool = build_pool(args.conversations, args.max_new_tokens, offers)
             sampler.phase = "references"
             t0 = time.perf_counter()
@@ -460,7 +616,8 @@ def run(args, out):
         f"{result['kv_bytes_max'] / 2**20:.1f} of {result['kv_budget_bytes'] / 2**20:.0f} MiB")
     bad = (sum(t[k] for k in BAD) + t["4xx"] + result["stuck_workers"] + result["server_5xx"]
            + (t["429"] if args.max_queue is None else 0))
-    return {**result, "offers": offers, "levels": levels, "dtype": engine.info().dtype,
+    return {**result, "offers": offers, "levels": levels, "dtype": engine.info().dtype, "max_batch": max_batch,
+            "batching": engine.info().batching, "reference_texts": refs,
             "distinct_references": len(set(refs)), "references": len(refs),
             "ok": bad == 0 and result["kv_within_budget"] and result["memory_ok"],
             "ratio": None}

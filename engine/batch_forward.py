@@ -1,0 +1,114 @@
+"""One forward of `FastLlama` for B sequences at once (continuous batching).
+
+Every sequence brings its next tokens — one for a decode step, a prompt chunk for a prefill —
+and its own `KVCache` (its own length). The projections and the MLP run as one matmul over all
+their rows — a decode step is memory-bound, so the weights are read once for all — and attention
+runs per sequence, one SDPA call over its own cache with its own causal mask: no padding, and
+exactly the call a sequence alone would make. A newcomer's prefill thus shares the forward of the
+running batch's decode step instead of stalling it with a forward of its own.
+
+Exactness. A batched row must equal the row the same sequence would get alone, bit for bit, or
+greedy output would depend on who else is running. MKL's fp32 GEMM is not batch-invariant here
+(AMD EPYC Zen 3, torch 2.13): a row computed with M=1 differs from M=2..3 and from M>=4 (by
+~1e-6). oneDNN's fp32 matmul over a pre-packed weight gave the same row for every M from 1 to 16
+(checked per row; later up to M=300), so a batching engine routes every fp32 Linear of its
+forwards, prefill included, through a packed copy, also for one sequence alone: a request
+alone on a batching engine and the same request in a batch of 8 get identical
+logits. That copy costs the fp32 weights' size again in memory (`packed_mb` in engine info); a
+one-row step through it cost the same as ATen's GEMV here (100 vs 103 ms for all 121
+projections of SmolLM2, one thread, machine busy), eight rows 1.8x one row. Other dtypes and
+quantized modules take their usual path (`fast_llama.project`); there the promise is not made.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .fast_llama import FastLlama, _gemm_backend, _rope, project
+from .kv_cache import KVCache
+
+_PACKED_FP32 = WeakIdKeyDictionary()  # weight tensor -> its oneDNN-packed copy (or False: cannot pack)
+
+
+def supports(model) -> bool:
+    """Whether `model` can decode a batch in one forward (our Llama forward on CPU or GPU)."""
+    return isinstance(model, FastLlama)
+
+
+def _packed_fp32(linear: nn.Module):
+    if type(linear) is not nn.Linear or linear.weight.dtype != torch.float32 or linear.weight.device.type != "cpu" \
+            or not torch.backends.mkldnn.is_available():
+        return None
+    w = linear.weight
+    p = _PACKED_FP32.get(w)
+    if p is None:
+        try:
+            p = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+        except RuntimeError:
+            p = False
+        _PACKED_FP32[w] = p
+    return p if p is not False else None
+
+
+def pack(model) -> None:
+    """Pack every fp32 Linear now, not inside the first batched step."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            _packed_fp32(module)
+
+
+def packed_bytes() -> int:
+    return sum(p.numel() * p.element_size() for p in _PACKED_FP32.values() if p is not False)
+
+
+def _linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    packed = _packed_fp32(linear)
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
+    with _gemm_backend(rows=x.shape[0] * x.shape[1]):
+        return project(linear, x)
+
+
+@torch.inference_mode()
+def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]) -> torch.Tensor:
+    """Feed sequence b its tokens `rows[b]` at positions [caches[b].length, + len(rows[b])) and
+    append their KV, for every b, in one forward: a decode step brings one token, a prefill
+    (chunk) several. Returns float32 logits [B, vocab] of each sequence's last token."""
+    lengths = [len(r) for r in rows]
+    starts = [c.length for c in caches]
+    for c, s, n in zip(caches, starts, lengths):
+        if s + n > model.max_context:
+            raise ValueError(f"position {s + n} is beyond the context window ({model.max_context})")
+        c.ensure_capacity(s + n)
+    H, KV, D = model.n_heads, model.n_kv_heads, model.head_dim
+    device = model.device
+    R = sum(lengths)
+    pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(device)
+    cos, sin = model.cos[pos], model.sin[pos]  # [R, D]: each row at its own sequence's position
+    x = model.embed(torch.tensor([t for r in rows for t in r], dtype=torch.long, device=device)[None])  # [1, R, hidden]
+    masks = [None if n == 1 or s == 0 else torch.ones(n, s + n, dtype=torch.bool, device=device).tril(diagonal=s)
+             for s, n in zip(starts, lengths)]  # as FastLlama._blocks: new tokens see the prefix and each other
+    for i, blk in enumerate(model.blocks):
+        q, k, v = _linear(blk.qkv, blk.attn_norm(x)).split([blk.q_size, blk.kv_size, blk.kv_size], dim=-1)
+        q = _rope(q.view(1, R, H, D).transpose(1, 2), cos, sin)  # [1, H, R, D]
+        k = _rope(k.view(1, R, KV, D).transpose(1, 2), cos, sin)
+        v = v.view(1, R, KV, D).transpose(1, 2)
+        outs, row = [], 0
+        for c, s, n, mask in zip(caches, starts, lengths, masks):
+            c.k[i, :, :, s : s + n] = k[:, :, row : row + n]
+            c.v[i, :, :, s : s + n] = v[:, :, row : row + n]
+            outs.append(F.scaled_dot_product_attention(
+                q[:, :, row : row + n], c.k[i, :, :, : s + n], c.v[i, :, :, : s + n], attn_mask=mask,
+                is_causal=n > 1 and s == 0, scale=blk.scaling, enable_gqa=H != KV))
+            row += n
+        attn = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [1, H, R, D]
+        x = x + _linear(blk.o, attn.transpose(1, 2).reshape(1, R, H * D))
+        gate, up = _linear(blk.gate_up, blk.mlp_norm(x)).chunk(2, dim=-1)
+        x = x + _linear(blk.down, F.silu(gate) * up)
+    for c, s, n in zip(caches, starts, lengths):
+        c.length = s + n
+    last = torch.tensor([sum(lengths[: b + 1]) - 1 for b in range(len(rows))], device=device)
+    return _linear(model.lm_head, model.norm(x[:, last]))[0].float()
