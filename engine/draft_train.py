@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "draft-smollm2-135m"
 TOP_K = 32

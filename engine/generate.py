@@ -1,7 +1,7 @@
 """The decode loop: setup → prefill → first token → decode → stop, each stage timed.
 
-`Decoding` holds one sequence's state (token ids, KV cache, sampler) and knows how to prefill
-and take one decode step. `generate` drives it for a request, turns token ids into text, applies
+`Decoding` (engine/decoding.py) holds one sequence's state (token ids, KV cache, sampler) and knows
+how to prefill and take one decode step. `generate` drives it for a request, turns token ids into text, applies
 the stop rules and records every timestamp on the request's `Timeline`. It yields `Event`s;
 the worker forwards them to whoever waits (CLI, API, page).
 
@@ -10,76 +10,16 @@ Stopping: EOS, a stop string, `max_new_tokens`, or cancellation, checked before 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-
-import torch
 
 from .config import GenerationConfig
+from .decoding import Decoding, cache_capacity, check_lengths
 from .detokenize import IncrementalDetokenizer, StopStrings
-from .errors import ContextOverflow, InvalidRequest
 from .prefix_cache import PrefixCache, RequestReuse
-from .sampling import Sampler
+from .speculative import SpeculativeDecoding
 from .timeline import Timeline, now_ns
-
-SPECULATION_SLACK = 17  # spare cache room: a verify pass may write k+1 positions past the end
-
-
-@dataclass
-class Request:
-    """What to answer: chat `messages` (rendered with the chat template) or ready `prompt_ids`."""
-
-    messages: list[dict] | None = None
-    prompt_ids: list[int] | None = None
-    config: GenerationConfig = field(default_factory=GenerationConfig)
-    session: str | None = None  # prefix-cache scope (KV reuse); None: private to this request
-    id: str = ""
-
-
-@dataclass
-class Event:
-    kind: str  # status | chunk | done | error (and, between generate and the batch scheduler only: step | pause)
-    text: str = ""  # chunk: the new text; done: the whole reply
-    token_ids: list[int] = field(default_factory=list)  # chunk: new ids; done: all output ids
-    output_tokens: int = 0  # tokens sampled so far
-    stage: str = ""  # status: queued | setup | prefill | decode
-    detail: dict = field(default_factory=dict)  # status/done/error specifics
-    timeline: Timeline | None = None
-    decoding: Decoding | None = None  # done: the finished sequence (cache None once the prefix cache kept it)
-
-    def to_dict(self) -> dict:
-        d = {"kind": self.kind, "text": self.text, "token_ids": list(self.token_ids),
-             "output_tokens": self.output_tokens, "stage": self.stage, "detail": {k: v for k, v in self.detail.items() if k != "exception"}}
-        if self.timeline is not None and self.kind in ("done", "error"):
-            d["timeline"] = self.timeline.to_dict()
-        return d
-
-
-def validate_messages(messages) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("messages must be a non-empty list of {role, content} objects", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            raise InvalidRequest(f"messages[{i}] must be an object with a string 'content'", "messages")
-        if m.get("role") not in ("system", "user", "assistant"):
-            raise InvalidRequest(f"messages[{i}].role must be system, user or assistant", "messages")
-        if not _is_unicode(m["content"]):
-            raise InvalidRequest(f"messages[{i}].content is not valid Unicode (a lone surrogate such as \\ud800?)",
-                                 "messages")
-        out.append({"role": m["role"], "content": m["content"]})
-    if not any(m["content"].strip() for m in out if m["role"] != "system"):
-        raise InvalidRequest("the prompt is empty: write a message first", "messages")
-    return out
-
-
-def _is_unicode(text: str) -> bool:
-    """False for text a tokenizer cannot take: lone surrogates (JSON allows "\\ud800"; UTF-8 does not)."""
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
+from .wire import Event, Request, validate_messages
 
 
 def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -94,115 +34,11 @@ def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
-def check_lengths(prompt_tokens: int, config: GenerationConfig, max_context: int) -> None:
-    if prompt_tokens == 0:
-        raise InvalidRequest("the prompt is empty", "messages")
-    if prompt_tokens >= max_context:
-        raise ContextOverflow(
-            f"the prompt has {prompt_tokens:,} tokens but the model's context window is {max_context:,}; "
-            "shorten the conversation or start a new one",
-            "messages",
-        )
-    room = max_context - prompt_tokens
-    if config.max_new_tokens > room:
-        raise ContextOverflow(
-            f"max_new_tokens={config.max_new_tokens:,} does not fit: the prompt has {prompt_tokens:,} tokens "
-            f"and the context window is {max_context:,}, so at most {room:,} new tokens fit",
-            "max_new_tokens",
-        )
-
-
-def cache_capacity(prompt_tokens: int, config: GenerationConfig) -> int:
-    """KV positions a request may need: prompt, output, and room for a speculative verify pass."""
-    return prompt_tokens + config.max_new_tokens + SPECULATION_SLACK
-
-
-class Decoding:
-    """One sequence being generated: its ids, KV cache and sampler."""
-
-    batched = False  # True: its decode steps run in the scheduler's batched forward (engine/scheduler.py)
-
-    def __init__(self, model, prompt_ids: list[int], config: GenerationConfig, cache=None, cached_tokens: int = 0):
-        self.model = model
-        self.config = config
-        self.device = model.device
-        self.prompt_len = len(prompt_ids)
-        self.ids: list[int] = list(prompt_ids)  # prompt + output so far
-        self.sampler = Sampler(config, self.device)
-        capacity = cache_capacity(self.prompt_len, config)
-        self.cache = cache if cache is not None else model.new_cache(capacity)
-        self.cache.ensure_capacity(capacity)
-        # At least the last prompt token must run through the model to give the first logits.
-        self.cached_tokens = min(cached_tokens, self.prompt_len - 1)
-        if self.cache.length > self.cached_tokens:
-            self.cache.crop(self.cached_tokens)
-        self.forward_passes = 0
-        self.prefilled = self.cached_tokens  # prompt tokens in the cache so far
-        self._prefill_logits = None  # the last prefill chunk's logits, until prefill() samples them
-
-    def _tensor(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.long, device=self.device)
-
-    def prefill_chunks(self, chunk_tokens: int) -> Iterator[int]:
-        """Chunked prefill (as vLLM does it): run the uncached prompt `chunk_tokens` at a time and
-        yield, after each chunk, how many prompt tokens are in the cache. Between chunks the
-        caller can report progress or stop; `prefill()` then samples the first token."""
-        while self.prefilled < self.prompt_len:
-            end = min(self.prefilled + chunk_tokens, self.prompt_len)
-            self._prefill_logits = self.model.forward(self._tensor(self.ids[self.prefilled : end]), self.cache)
-            self.forward_passes += 1
-            self.prefilled = end
-            if self.device.type == "cuda":  # progress, like a token, must not run ahead of the GPU
-                torch.cuda.synchronize(self.device)
-            yield end
-
-    def prefill(self) -> list[int]:
-        """Run the prompt tokens not yet in the cache (all uncached ones, unless prefill_chunks
-        ran); return the first output token."""
-        if self.prefilled < self.prompt_len:
-            self._prefill_logits = self.model.forward(self._tensor(self.ids[self.prefilled : self.prompt_len]),
-                                                      self.cache)
-            self.forward_passes += 1
-            self.prefilled = self.prompt_len
-        logits, self._prefill_logits = self._prefill_logits, None
-        return self._accept([self.sampler.sample(logits)])
-
-    def step(self) -> list[int]:
-        """One decode step: feed the last token, return the next (speculation returns several)."""
-        logits = self.model.forward(self._tensor(self.ids[-1:]), self.cache)
-        self.forward_passes += 1
-        return self._accept([self.sampler.sample(logits)])
-
-    def _accept(self, tokens: list[int]) -> list[int]:
-        self.ids.extend(tokens)
-        if self.device.type == "cuda":  # a timestamp that claims a token exists must follow the GPU
-            torch.cuda.synchronize(self.device)
-        return tokens
-
-    def truncate(self, length: int) -> None:
-        """Keep the first `length` ids (a multi-token step may run past EOS or a stop); the cache
-        keeps KV for all but the last, as after any step."""
-        del self.ids[length:]
-        self.cache.crop(min(self.cache.length, max(length - 1, 0)))
-
-    def counters(self) -> dict:
-        """Figures for the Timeline's counters."""
-        return {"forward_passes": self.forward_passes}
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.ids[self.prompt_len :]
-
-
 def decoding_for(config: GenerationConfig, draft=None) -> Callable[..., Decoding]:
     """The Decoding a request's toggles ask for (called as factory(model, prompt_ids, config, ...))."""
     if config.speculative == "off":
         return Decoding
-    from functools import partial
-
-    from .speculative import SpeculativeDecoding
-
-    return partial(SpeculativeDecoding, draft=draft)
+    return functools.partial(SpeculativeDecoding, draft=draft)
 
 
 def generate(

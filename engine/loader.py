@@ -86,7 +86,9 @@ def weight_bytes(module: torch.nn.Module) -> int:
     """Bytes of real storage behind a module's parameters and persistent buffers, each storage
     counted once (tied embeddings are one tensor; quantized layers count their packed storage).
     Non-persistent buffers (rotary tables) are derived, not weights, and are left out."""
-    from .quantize import quant_state_tensors  # here, not at the top: quantize imports loader
+    from .quantize import (
+        quant_state_tensors,  # here, not at the top: quantize imports loader
+    )
 
     tensors = list(module.parameters())
     for mod in module.modules():

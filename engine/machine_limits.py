@@ -192,8 +192,8 @@ def main(argv=None) -> int:
     """`python -m engine.machine_limits [--device cuda] [--dtypes fp32,bf16] [--force]`: print the limits."""
     import argparse
 
-    from .loader import cache_root
     from .config import LoadConfig
+    from .loader import cache_root
 
     p = argparse.ArgumentParser(prog="python -m engine.machine_limits", description=main.__doc__)
     p.add_argument("--device", default="cpu")

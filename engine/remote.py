@@ -51,9 +51,8 @@ from httpx_sse import EventSource
 from .config import TOGGLES, GenerationConfig
 from .errors import InvalidRequest, LatencyLabError
 from .info import EngineInfo
-from .generate import Event, Request, validate_messages
 from .timeline import Timeline, now_ns
-from .worker import RequestHandle
+from .wire import Event, Request, RequestHandle, validate_messages
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)

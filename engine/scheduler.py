@@ -22,14 +22,15 @@ before every step. With `max_batch` 1 the engine uses `Worker` (worker.py), not 
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
 
 from . import batch_forward
+from .decoding import Decoding
 from .errors import LatencyLabError
-from .generate import Decoding, Event, generate
+from .generate import generate
 from .timeline import now_ns
-from .worker import RequestHandle, Worker
+from .wire import Event, RequestHandle
+from .worker import Worker
 
 log = logging.getLogger(__name__)
 INTERLEAVE_CHUNK = 256  # prompt tokens of one batched newcomer per forward (a longer prompt takes several loops)

@@ -11,13 +11,13 @@ from . import capabilities
 from .config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, LoadConfig
 from .fast_llama import packed_bytes
 from .info import EngineInfo, SpeculationInfo
-from .generate import Event, Request
 from .loader import LoadedModel, cache_root, load
 from .machine_limits import MachineLimits, load_or_measure, probe_dtypes
 from .prefix_cache import PrefixCache
 from .timeline import Timeline
 from .variants import VariantSet
-from .worker import RequestHandle, Worker
+from .wire import Event, Request, RequestHandle
+from .worker import Worker
 
 
 class Engine:

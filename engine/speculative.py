@@ -25,8 +25,8 @@ import time
 
 import torch
 
+from .decoding import Decoding, cache_capacity
 from .errors import InvalidRequest
-from .generate import Decoding, cache_capacity
 
 
 # --- proposers -------------------------------------------------------------------------------

@@ -26,9 +26,9 @@ import psutil
 from torch import nn
 
 from .errors import InvalidRequest, LoadError
+from .info import VariantInfo
 from .loader import LoadedModel, weight_bytes
 from .quality import compare, next_token_logits, quality_inputs
-from .info import VariantInfo
 from .quantize import METHODS, build_variant, precheck
 
 log = logging.getLogger(__name__)

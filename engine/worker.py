@@ -9,97 +9,19 @@ A request that fails, for any reason, ends with an error event; the worker keeps
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
 
-from .errors import InvalidRequest, LatencyLabError
-from .generate import Event, Request, generate
 from . import roofline
+from .errors import InvalidRequest, LatencyLabError
+from .generate import generate
 from .timeline import Timeline, now_ns
+from .wire import Event, QueueFull, Request, RequestHandle
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
-
-
-class QueueFull(LatencyLabError):
-    """The queue is at its bound; try again later (HTTP 429)."""
-
-
-class RequestHandle:
-    def __init__(self, request: Request, timeline: Timeline):
-        self.request = request
-        self.timeline = timeline
-        self.id = request.id
-        self._cancel = threading.Event()
-        self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._async: asyncio.Queue[Event] | None = None
-        self.final: Event | None = None
-
-    # --- producer side (worker thread) -----------------------------------------------------
-    def push(self, event: Event) -> None:
-        if event.kind in ("done", "error"):
-            self.final = event
-        with self._lock:
-            if self._loop is None:
-                self._sync.put(event)
-                return
-            loop, aq = self._loop, self._async
-        try:
-            loop.call_soon_threadsafe(aq.put_nowait, event)
-        except RuntimeError:  # the consumer's event loop is gone: nobody is listening any more
-            self.cancel()
-
-    # --- consumer side --------------------------------------------------------------------
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def events(self, timeout: float | None = None) -> Iterator[Event]:
-        """Events until done/error. Each chunk counts as handed to the transport when the
-        consumer comes back for the next event."""
-        while True:
-            event = self._sync.get(timeout=timeout)
-            yield event
-            self._after_yield(event)
-            if event.kind in ("done", "error"):
-                return
-
-    async def aevents(self) -> AsyncIterator[Event]:
-        with self._lock:
-            self._loop = asyncio.get_running_loop()
-            self._async = asyncio.Queue()
-            while True:  # events pushed before we attached
-                try:
-                    self._async.put_nowait(self._sync.get_nowait())
-                except queue.Empty:
-                    break
-        while True:
-            event = await self._async.get()
-            yield event
-            self._after_yield(event)
-            if event.kind in ("done", "error"):
-                return
-
-    def _after_yield(self, event: Event) -> None:
-        if event.kind == "chunk":
-            self.timeline.add_chunk_out(event.output_tokens)
-
-    def result(self, timeout: float | None = None) -> Event:
-        """Wait for the end; return the done event, or raise the request's error."""
-        for event in self.events(timeout=timeout):
-            if event.kind == "error":
-                raise event.detail.get("exception") or LatencyLabError(event.detail.get("message", "failed"))
-        return self.final
 
 
 class Worker:

@@ -31,8 +31,8 @@ import json
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.requests import ClientDisconnect
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from engine.errors import LatencyLabError
 from engine.timeline import Timeline
@@ -40,8 +40,20 @@ from engine.timeline import Timeline
 from .auth import APIKeyAuth
 from .limits import BodySizeLimit
 from .metrics import Metrics
-from .protocol import (APIError, api_error_from, chunk_body, completion_body, in_api_terms, metrics_of,
-                       new_completion_id, now_s, parse_chat_request, sse, timings_of, usage_of)
+from .protocol import (
+    APIError,
+    api_error_from,
+    chunk_body,
+    completion_body,
+    in_api_terms,
+    metrics_of,
+    new_completion_id,
+    now_s,
+    parse_chat_request,
+    sse,
+    timings_of,
+    usage_of,
+)
 from .sessions import SessionIds
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # far beyond any prompt that fits the context; refuses memory abuse

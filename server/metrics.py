@@ -16,8 +16,15 @@ reuse) and `timeline.counters` keys `drafted`, `accepted`, `accepted_hist` (spec
 
 from __future__ import annotations
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from engine.errors import LatencyLabError
 from engine.timeline import Timeline

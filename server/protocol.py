@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from engine.config import TOGGLES as CONFIG_TOGGLES
 from engine.config import GenerationConfig
 from engine.errors import ContextOverflow, InvalidRequest, LatencyLabError
-from engine.generate import validate_messages
 from engine.timeline import Timeline
+from engine.wire import validate_messages
 
 MAX_SESSION_CHARS = 200
 # Our optimization toggles, accepted as extra body fields (the openai SDK sends them via extra_body);
@@ -243,7 +243,7 @@ class APIError(Exception):
 
 def api_error_from(exc: BaseException) -> APIError:
     """Our exceptions → OpenAI status codes and error types. Bad input is never a 5xx."""
-    from engine.worker import QueueFull
+    from engine.wire import QueueFull
 
     if isinstance(exc, APIError):
         return exc

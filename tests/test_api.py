@@ -9,14 +9,14 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import ask, served
 
 from engine.config import GenerationConfig
-from engine.generate import Decoding
+from engine.decoding import Decoding
 from engine.service import Engine
 from engine.worker import Worker
 from server.api import create_api
 from server.run import BackgroundServer
-from support import ask, served
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 GLOSSARY = ("queue_ms", "setup_ms", "prefill_ms", "ttft_ms", "tpot_ms", "decode_tps", "e2e_ms", "itl_ms",

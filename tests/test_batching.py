@@ -4,6 +4,7 @@ seeded sampling stays reproducible, and cancellation, KV reuse, speculation and 
 import time
 
 import pytest
+from support import ask, cancel_once_streaming
 
 from engine.cli import build_parser, load_config_from_args
 from engine.config import GenerationConfig, LoadConfig
@@ -11,7 +12,6 @@ from engine.errors import InvalidRequest
 from engine.scheduler import BatchedDecoding, BatchingWorker
 from engine.service import Engine
 from engine.worker import Worker
-from support import ask, cancel_once_streaming
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
 PROMPTS = [
@@ -168,9 +168,9 @@ def test_a_failing_request_fails_alone(batching_tiny):
 
 
 def test_under_load_batched_replies_are_exact_and_nothing_is_lost(bundled):
-    """The load bench's checks (engine/bench/load.py) against a batching engine: 6 streaming
+    """The load bench's checks (server/bench/load.py) against a batching engine: 6 streaming
     clients, mixed toggles (reuse, sessions, seeded sampling, speculation), some disconnecting."""
-    from engine.bench import load
+    from server.bench import load
     from engine.prefix_cache import PrefixCache
     from server.api import create_api
     from server.run import BackgroundServer

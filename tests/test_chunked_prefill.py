@@ -5,9 +5,11 @@ import pytest
 
 from engine.bench.prefill_chunks import prompt_ids
 from engine.config import GenerationConfig, LoadConfig
+from engine.decoding import Decoding
 from engine.errors import InvalidRequest
-from engine.generate import Decoding, Request, generate
+from engine.generate import generate
 from engine.timeline import Timeline
+from engine.wire import Request
 
 
 def run(lm, ids, should_stop=lambda: False, **cfg):

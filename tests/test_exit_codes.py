@@ -17,7 +17,7 @@ from ui.paced import PacedSource
 
 
 def fake_scenario(result: dict):
-    def build_parser(argv=None):
+    def build_parser(argv=None, *_):
         p = argparse.ArgumentParser()
         p.add_argument("scenario")
         p.add_argument("--json", action="store_true")

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+from conftest import build_tiny_model_dir
 
 from engine.fast_llama import FastLlama, unsupported_reason
 from engine.hf_model import HFCausalLM
 from engine.kv_cache import KVCache
-
-from conftest import build_tiny_model_dir
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -83,9 +82,7 @@ def test_kv_cache_copy_prefix_and_bytes():
 
 
 def test_unsupported_architectures_are_named():
-    from transformers import AutoModelForCausalLM
-
-    from transformers import GPT2Config
+    from transformers import AutoModelForCausalLM, GPT2Config
 
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100))
     assert "gpt2" in unsupported_reason(gpt2)

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from engine.config import GenerationConfig
-from engine.generate import Request, build_prompt_ids, generate
+from engine.generate import build_prompt_ids, generate
 from engine.timeline import Timeline
+from engine.wire import Request
 
 PROMPTS = [
     "What is the capital of France?",

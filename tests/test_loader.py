@@ -133,11 +133,15 @@ def test_cli_flags_reach_the_generation_config():
     assert not generation_config_from_args(build_parser().parse_args(["hi"])).chunked_prefill
 
 
-@pytest.mark.parametrize("scenario", sorted(__import__("engine.bench", fromlist=["SCENARIOS"]).SCENARIOS))
-def test_every_bench_scenario_parses_its_flags(scenario):
+BENCHES = [(package, name) for package in ("engine.bench", "server.bench")
+           for name in sorted(__import__(package, fromlist=["SCENARIOS"]).SCENARIOS)]
+
+
+@pytest.mark.parametrize("package, scenario", BENCHES)
+def test_every_bench_scenario_parses_its_flags(package, scenario):
     """A scenario's own flags must not clash with the load flags every scenario gets (a clash
     broke `bench load` once, unseen, because tests call its functions, not its command line)."""
-    from engine.bench import build_parser
+    build_parser = __import__(package, fromlist=["build_parser"]).build_parser
 
     parser, module = build_parser([scenario, "--json"])
     args = parser.parse_args([scenario, "--json"])

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from engine.errors import InvalidRequest
-from server.protocol import completion_body
 from engine.timeline import Timeline
+from server.protocol import completion_body
 from ui import network, records, settings
 
 

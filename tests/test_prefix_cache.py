@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 from engine.config import GenerationConfig, LoadConfig
+from engine.decoding import Decoding
 from engine.errors import InvalidRequest
-from engine.generate import Decoding, Request, build_prompt_ids, generate
+from engine.generate import build_prompt_ids, generate
 from engine.kv_cache import KVCache
 from engine.loader import load
 from engine.prefix_cache import PrefixCache, common_prefix_length
 from engine.sessions import Conversation, SessionStore
 from engine.timeline import Timeline
+from engine.wire import Request
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=10)
 

@@ -10,18 +10,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import build_tiny_model_dir
+from support import ask
 
 from engine.bench import run_request
 from engine.config import GenerationConfig, LoadConfig
 from engine.errors import InvalidRequest, LoadError
-from engine.generate import Request
 from engine.loader import load, weight_bytes
-from engine.quantize import QUANTIZED, Int8WeightOnlyLinear, build_variant, quantizable_linears
+from engine.quantize import (
+    QUANTIZED,
+    Int8WeightOnlyLinear,
+    build_variant,
+    quantizable_linears,
+)
 from engine.variants import VariantSet
+from engine.wire import Request
 from engine.worker import Worker
-
-from conftest import build_tiny_model_dir
-from support import ask
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)

@@ -1,6 +1,6 @@
 """Reliability under load, faults and a full queue, and the safe defaults (bundled model, fp32).
 
-The load test is the bench scenario's code (engine/bench/load.py) in a short version: 8 streaming
+The load test is the bench scenario's code (server/bench/load.py) in a short version: 8 streaming
 clients through the API for a few seconds, twice, with the same checks as `python -m engine.bench
 load` — every completed reply equals the same request run alone, nothing lost, crossed or stuck,
 no 5xx, the KV cache within its budget, memory not growing run over run."""
@@ -17,17 +17,17 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
+from support import ask
 
-from engine.bench import load
+from server.bench import load
 from engine.config import GenerationConfig, LoadConfig
+from engine.decoding import Decoding
 from engine.errors import InvalidRequest
-from engine.generate import Decoding
 from engine.prefix_cache import PrefixCache
 from engine.service import Engine
 from engine.worker import Worker
 from server.api import create_api
 from server.run import BackgroundServer
-from support import ask
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=6)
 

@@ -14,6 +14,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
+from support import ask, cancel_once_streaming, served
 
 from engine.config import GenerationConfig
 from engine.errors import InvalidRequest
@@ -21,7 +22,6 @@ from engine.remote import RemoteEngine, RemoteError
 from server.api import create_api
 from server.cli import add_server_args, build_backends
 from server.run import BackgroundServer
-from support import ask, cancel_once_streaming, served
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 

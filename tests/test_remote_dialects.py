@@ -7,11 +7,11 @@ import json
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
+from support import ask
 
 from engine.config import GenerationConfig
 from engine.remote import RemoteEngine
 from server.run import BackgroundServer
-from support import ask
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 

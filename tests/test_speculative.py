@@ -8,16 +8,24 @@ import json
 
 import pytest
 import torch
+from support import ask
 
 from engine.config import GenerationConfig
+from engine.decoding import Decoding
 from engine.draft import load_draft
 from engine.errors import InvalidRequest, LoadError
-from engine.generate import Decoding, Request, build_prompt_ids, generate
+from engine.generate import build_prompt_ids, generate
 from engine.prefix_cache import PrefixCache
 from engine.sampling import Sampler
-from engine.speculative import AdaptiveK, PromptLookup, SpeculativeDecoding, verify_greedy, verify_sampling
+from engine.speculative import (
+    AdaptiveK,
+    PromptLookup,
+    SpeculativeDecoding,
+    verify_greedy,
+    verify_sampling,
+)
 from engine.timeline import Timeline
-from support import ask
+from engine.wire import Request
 
 # Varied prompts: copy-heavy ones (where prompt lookup finds matches) and open-ended ones.
 TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps in the sun all afternoon."

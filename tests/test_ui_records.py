@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine.errors import InvalidRequest
-from ui import engine_info, presets, records, settings
+from ui import presets, records, settings
 from ui.glossary import METRICS, as_json, hover
 
 

@@ -3,12 +3,13 @@
 import threading
 
 import pytest
-
-from engine.config import GenerationConfig, LoadConfig
-from engine.errors import ContextOverflow, InvalidRequest, LoadError
-from engine.generate import Decoding, Request
-from engine.worker import Worker
 from support import ask, cancel_once_streaming
+
+from engine.config import GenerationConfig
+from engine.decoding import Decoding
+from engine.errors import ContextOverflow, InvalidRequest
+from engine.wire import Request
+from engine.worker import Worker
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 

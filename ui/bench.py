@@ -302,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=None if args.json else 1))
         return 0
 
-    from .paced import PacedSource
     from server.run import BackgroundServer
+
+    from .paced import PacedSource
     from .webapp import create_app
 
     prompt, smooth_settings = "", {}

@@ -14,10 +14,9 @@ import queue
 import threading
 import time
 
-from engine.generate import Event, Request
 from engine.info import EngineInfo
 from engine.timeline import Timeline, now_ns
-from engine.worker import RequestHandle
+from engine.wire import Event, Request, RequestHandle
 
 _ids = itertools.count(1)
 WORDS = ("the", "page", "keeps", "up", "with", "a", "fast", "stream", "of", "short", "tokens", "and")

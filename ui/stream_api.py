@@ -23,7 +23,7 @@ from sse_starlette import EventSourceResponse
 
 from engine.errors import LatencyLabError
 from engine.timeline import Timeline
-from engine.worker import QueueFull
+from engine.wire import QueueFull
 
 from . import engine_info, network, records
 from .chat import ChatStore, check_id

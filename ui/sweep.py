@@ -11,8 +11,8 @@ from __future__ import annotations
 import html
 import json
 import tempfile
-from contextlib import aclosing
 from collections.abc import Callable
+from contextlib import aclosing
 from pathlib import Path
 
 from engine.errors import InvalidRequest

@@ -21,10 +21,8 @@ SCENARIOS = {
     "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
     "bandwidth": "memory copy bandwidth vs decode bandwidth achieved",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
-    "remote": "an OpenAI-compatible server measured from the client (default: our own API on loopback)",
     "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
     "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",
-    "load": "N concurrent streaming clients through the API: nothing lost, crossed or stuck; latency per level",
     "lookup": "prompt-lookup speculation on copy-heavy prompts: decode tok/s with vs without, acceptance",
     "draft": "draft-model speculation on ordinary chat prompts: decode tok/s with vs without, acceptance",
     "verify": "a forward over T tokens in one-token steps, packed oneDNN weights vs plain (speculation's verify cost)",
@@ -46,24 +44,27 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-def build_parser(argv: list[str] | None = None):
+def build_parser(argv: list[str] | None = None, scenarios: dict | None = None, package: str = __name__):
     """The parser for the scenario that argv names (the load flags plus the scenario's own), and
-    the scenario's module."""
+    the scenario's module. `scenarios`/`package`: another set of scenarios run the same way
+    (server/bench: the ones that need the HTTP server, which engine/ does not import)."""
     from ..cli import add_load_args
 
-    p = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.splitlines()[0])
-    p.add_argument("scenario", choices=sorted(SCENARIOS), help="; ".join(f"{k}: {v}" for k, v in SCENARIOS.items()))
+    scenarios = scenarios or SCENARIOS
+    prog = f"python -m {package}"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0].replace("engine.bench", package))
+    p.add_argument("scenario", choices=sorted(scenarios), help="; ".join(f"{k}: {v}" for k, v in scenarios.items()))
     p.add_argument("--json", action="store_true", help="end with one JSON line of raw figures")
     add_load_args(p)
     known, _ = p.parse_known_args(argv)
-    module = importlib.import_module(f".{known.scenario}", __name__)
+    module = importlib.import_module(f".{known.scenario}", package)
     if hasattr(module, "add_args"):
         module.add_args(p)
     return p, module
 
 
-def main(argv: list[str] | None = None) -> int:
-    p, module = build_parser(argv)
+def main(argv: list[str] | None = None, scenarios: dict | None = None, package: str = __name__) -> int:
+    p, module = build_parser(argv, scenarios, package)
     args = p.parse_args(argv)
 
     def out(*parts):
@@ -106,8 +107,9 @@ def load_model(args, **overrides):
 
 def run_request(loaded, messages, config, prefix_cache=None, **request_kw):
     """Run one request through the decode loop on this thread; return the done event."""
-    from ..generate import Request, generate
     from ..timeline import Timeline
+    from ..generate import generate
+    from ..wire import Request
 
     tl = Timeline()
     tl.started_ns = tl.enqueued_ns = tl.received_ns

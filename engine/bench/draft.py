@@ -4,8 +4,8 @@ default, or --draft-model PATH."""
 from __future__ import annotations
 
 from . import load_model
-from .speculation import add_common_args, compare, header
 from .spec_prompts import DRAFT_PROMPTS
+from .speculation import add_common_args, compare, header
 
 
 def add_args(p):

@@ -4,8 +4,8 @@ and, as the guard rail, on open-ended chat prompts where there is little to copy
 from __future__ import annotations
 
 from . import load_model
-from .speculation import add_common_args, compare, header
 from .spec_prompts import DRAFT_PROMPTS, LOOKUP_PROMPTS
+from .speculation import add_common_args, compare, header
 
 
 def add_args(p):

@@ -46,7 +46,7 @@ def time_prefill(lm, ids: list[int], chunk: int | None) -> tuple[float, float, f
     CPU time (all of this process's threads) is reported beside wall time: on a machine shared with
     other jobs, wall time swings by ±20% between identical runs, CPU time far less."""
     from ..config import GenerationConfig
-    from ..generate import Decoding
+    from ..decoding import Decoding
 
     dec = Decoding(lm.model, ids, GenerationConfig(max_new_tokens=1, temperature=0.0))
     t0, c0 = time.perf_counter(), time.process_time()

@@ -38,8 +38,8 @@ def add_args(p):
 
 def run(args, out):
     from ..config import GenerationConfig
-    from ..quantize import QUANTIZED, build_variant
     from ..quality import compare, next_token_logits, quality_inputs
+    from ..quantize import QUANTIZED, build_variant
     from ..variants import VariantSet
 
     lm = load_model(args)
@@ -111,10 +111,10 @@ def _peak_memory(args, name: str) -> int | None:
 
 
 def memory_probe(load_kwargs: dict, name: str) -> None:
-    from ..config import LoadConfig
-    from ..loader import load
     import psutil
 
+    from ..config import LoadConfig
+    from ..loader import load
     from ..variants import VariantSet, peak_rss_bytes
 
     variants = VariantSet(load(LoadConfig(**load_kwargs)), budget_bytes=10**13, quality_texts=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from . import CHAT_PROMPTS, load_model, median
+from engine.bench import CHAT_PROMPTS, load_model, median
 
 
 def add_args(p):
@@ -29,19 +29,21 @@ def add_args(p):
 
 
 def run(args, out):
-    from ..config import GenerationConfig
-    from ..errors import InvalidRequest
-    from ..remote import RemoteEngine
+    from engine.config import GenerationConfig
+    from engine.errors import InvalidRequest
+    from engine.remote import RemoteEngine
 
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     prompts = [[{"role": "user", "content": p}] for p in CHAT_PROMPTS[: args.prompts]]
     with contextlib.ExitStack() as stack:
         local = None
         if args.base_url is None:
-            from server.api import create_api  # the bench serves itself: engine → our API → loopback
+            from server.api import (
+                create_api,  # the bench serves itself: engine → our API → loopback
+            )
             from server.run import BackgroundServer
 
-            from ..service import Engine
+            from engine.service import Engine
 
             local = Engine(load_model(args))
             stack.callback(local.close)

@@ -1,0 +1,187 @@
+"""The load bench's conversations and their judge: a fixed pool of two-turn conversations with
+mixed toggles, each turn's reference reply (the same request alone, first), and the verdict on a
+reply streamed under load (exact, a cancelled prefix, crossed with another's, mismatched, lost,
+stuck). server/bench/load.py drives the pool through the API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+PROMPTS = [
+    ("Name three colors of the rainbow.", "Which of them is your favorite?"),
+    ("What is the capital of France?", "And of Italy?"),
+    ("Give one tip for sleeping well.", "Give another one."),
+    ("Write a haiku about the sea.", "Now one about the mountains."),
+    ("How many legs does a spider have?", "And an ant?"),
+    ("Describe a cat in one sentence.", "Now describe a dog."),
+    ("What is two plus three?", "Multiply that by four."),
+    ("Suggest a name for a bakery.", "Suggest one for a bookshop."),
+    ("Explain what a noun is.", "What is a verb?"),
+    ("Name a planet in the solar system.", "Name a bigger one."),
+    ("What do bees make?", "How do they make it?"),
+    ("Say hello in Spanish.", "Now in German."),
+]
+
+
+# --- the pool and its references ---------------------------------------------------------------
+@dataclass
+class Turn:
+    key: str  # "c3t1": conversation 3, turn 1
+    body: dict  # the request body, without stream fields and session
+    ref_text: str = ""
+    ref_prompt_tokens: int = 0
+
+
+@dataclass
+class ScriptedConversation:
+    index: int
+    with_session: bool
+    turns: list[Turn] = field(default_factory=list)
+
+
+def offered_toggles(engine, probe_tokens: int = 8, variants: str = "auto") -> dict:
+    """What the engine really does: speculation if a probe reports drafted tokens, quantization
+    variants that `info()` lists. A toggle the engine would accept but ignore is not offered."""
+    from engine.config import GenerationConfig
+
+    offers = {"speculative": None, "quantization": None}
+    probe = engine.complete([{"role": "user", "content": "Repeat: one two three one two three one two three"}],
+                            GenerationConfig(temperature=0.0, max_new_tokens=probe_tokens, speculative="prompt_lookup"))
+    if "drafted" in probe.timeline.counters:
+        offers["speculative"] = "prompt_lookup"
+    if variants != "none":
+        names = [v.name for v in engine.info().variants if not v.default and v.available]
+        offers["quantization"] = (names[0] if variants == "auto" else variants) if names else None
+    return offers
+
+
+def build_pool(conversations: int, max_new_tokens: int, offers: dict) -> list[ScriptedConversation]:
+    """Conversations with mixed toggles, cycling: reuse on + session, reuse off + session, seeded
+    sampling + reuse + session, reuse on without a session, then speculation / a quantized variant."""
+    kinds = ["reuse", "no_reuse", "sampled", "no_session"]
+    if offers.get("speculative"):
+        kinds.append("speculative")
+    if offers.get("quantization"):
+        kinds.append("quantized")
+    pool = []
+    for i in range(conversations):
+        kind = kinds[i % len(kinds)]
+        first, second = PROMPTS[i % len(PROMPTS)]
+        if i >= len(PROMPTS):
+            first = f"{first} (take {i // len(PROMPTS) + 1})"
+        body = {"max_tokens": max_new_tokens, "temperature": 0.0, "kv_reuse": kind != "no_reuse"}
+        if kind == "sampled":
+            body.update(temperature=0.7, top_p=0.9, seed=1000 + i)
+        if kind == "speculative":
+            body.update(speculative=offers["speculative"], num_speculative_tokens=4)
+        if kind == "quantized":  # alone, unshared: exactness across reuse is an fp32 promise only
+            body.update(quantization=offers["quantization"], kv_reuse=False)
+        conv = ScriptedConversation(i, with_session=kind not in ("no_session", "quantized"))
+        conv.turns.append(Turn(f"c{i}t1", {**body, "messages": [{"role": "user", "content": first}]}))
+        conv.turns.append(Turn(f"c{i}t2", {**body, "messages": [{"role": "user", "content": second}]}))
+        pool.append(conv)
+    return pool
+
+
+def compute_references(engine, pool: list[ScriptedConversation]) -> None:
+    """Each turn alone, in-process, one at a time, no session: what the load's replies must equal.
+    Turn 2's history holds turn 1's reference reply, exactly as the clients will send it."""
+    from server.protocol import parse_chat_request
+
+    for conv in pool:
+        history = []
+        for turn in conv.turns:
+            turn.body["messages"] = history + turn.body["messages"][-1:]
+            config = parse_chat_request(turn.body).config  # the very config the API will build
+            done = engine.complete(turn.body["messages"], config)
+            turn.ref_text, turn.ref_prompt_tokens = done.text, done.timeline.prompt_tokens
+            history = turn.body["messages"] + [{"role": "assistant", "content": done.text}]
+
+
+# --- the clients -------------------------------------------------------------------------------
+@dataclass
+class Result:
+    key: str
+    clients: int
+    outcome: str = ""  # exact | cancelled | lost | crossed | mismatched | stuck | 5xx | 4xx | 429
+    status: int | None = None
+    text: str = ""
+    timings: dict | None = None
+    client_ttft_ms: float | None = None
+    error: str | None = None
+
+
+async def one_request(http, url: str, turn: Turn, session: str | None, cancel: str | None, deadline: float,
+                      clients: int) -> Result:
+    """Stream one request. `cancel`: None, "queued" (leave after 50 ms, whatever the state) or
+    "midway" (leave after 2 text chunks)."""
+    from httpx_sse import EventSource
+
+    body = {**turn.body, "stream": True, "stream_options": {"include_usage": True}}
+    if session:
+        body["session"] = session
+    r = Result(turn.key, clients)
+    parts: list[str] = []
+    t0 = time.perf_counter()
+
+    async def stream():
+        async with http.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+            r.status = resp.status_code
+            if resp.status_code != 200:
+                err = json.loads(await resp.aread()).get("error", {})
+                r.error = err.get("message")
+                r.outcome = "5xx" if resp.status_code >= 500 else "429" if resp.status_code == 429 else "4xx"
+                return
+            async for sse in EventSource(resp).aiter_sse():
+                if sse.data == "[DONE]":
+                    r.outcome = r.outcome or "lost"  # [DONE] without a finish chunk
+                    return
+                chunk = json.loads(sse.data)
+                if "error" in chunk:
+                    r.error = chunk["error"].get("message")
+                    r.outcome = "5xx" if chunk["error"].get("type") == "server_error" else "4xx"
+                    return
+                for choice in chunk.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        r.client_ttft_ms = r.client_ttft_ms or (time.perf_counter() - t0) * 1e3
+                        parts.append(text)
+                    if choice.get("finish_reason"):
+                        r.timings = chunk.get("timings")
+                        r.outcome = "done"
+                if cancel == "midway" and len(parts) >= 2 and r.outcome != "done":
+                    r.outcome = "cancelled"
+                    return  # leaving the block closes the connection mid-stream
+            r.outcome = r.outcome if r.outcome == "done" else "lost"  # the stream ended early
+
+    try:
+        if cancel == "queued":
+            try:
+                await asyncio.wait_for(stream(), 0.05)
+            except asyncio.TimeoutError:
+                r.outcome = "cancelled"
+        else:
+            await asyncio.wait_for(stream(), deadline)
+    except asyncio.TimeoutError:
+        r.outcome = "stuck"
+    except Exception as exc:  # a connection that broke, a body that is not JSON: the reply is lost
+        r.outcome, r.error = "lost", f"{type(exc).__name__}: {exc}"
+    r.text = "".join(parts)
+    return r
+
+
+def judge(r: Result, turn: Turn, references: dict[str, str]) -> str:
+    """exact / cancelled (a prefix of its own reference), else crossed (another's) or mismatched."""
+    if r.outcome not in ("done", "cancelled"):
+        return r.outcome
+    own = r.text == turn.ref_text if r.outcome == "done" else turn.ref_text.startswith(r.text)
+    if r.outcome == "done" and (r.timings or {}).get("prompt_tokens") != turn.ref_prompt_tokens:
+        own = False  # the right text for another prompt would be no better
+    if own:
+        return "exact" if r.outcome == "done" else "cancelled"
+    others = [k for k, ref in references.items() if k != turn.key and
+              (ref == r.text if r.outcome == "done" else ref.startswith(r.text))]
+    return "crossed" if others else "mismatched"
