@@ -64,7 +64,8 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-adaptive-speculation", action="store_true",
                    help="always guess --num-speculative-tokens, even when guesses stop paying")
     g.add_argument("--quantization", default=None,
-                   help="the model variant for this request: int8, nf4, fp4, int8wo or a dtype (default: as loaded)")
+                   help="the model variant for this request: int8, nf4, fp4, int8wo, int8wo+head, int4wo, int4wo+head "
+                        "or a dtype (default: as loaded)")
     g.add_argument("--chunked-prefill", action="store_true",
                    help="prefill in chunks of --prefill-chunk-tokens, reporting progress between them")
     g.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens)
