@@ -95,7 +95,7 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
         dtype = DTYPE_NAMES[method]
     else:
         if method in WEIGHT_ONLY:  # refused here, before building, if its kernel is missing
-            extra = f", activations {_dtype_name(_check_weight_only(method, base, quantize_lm_head))}"
+            extra = f" (here: {_dtype_name(_check_weight_only(method, base, quantize_lm_head))})"
         model = _quantized(base, method, quantize_lm_head)
         dtype = base.dtype
     try:
