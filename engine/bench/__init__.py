@@ -23,6 +23,7 @@ SCENARIOS = {
     "remote": "an OpenAI-compatible server measured from the client (default: our own API on loopback)",
     "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
     "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",
+    "quant_steps": "one decode step per quantization variant, alternating: decode ratios over the loaded model",
     "load": "N concurrent streaming clients through the API: nothing lost, crossed or stuck; latency per level",
     "lookup": "prompt-lookup speculation on copy-heavy prompts: decode tok/s with vs without, acceptance",
     "draft": "draft-model speculation on ordinary chat prompts: decode tok/s with vs without, acceptance",
