@@ -42,7 +42,6 @@ import copy
 import functools
 import itertools
 import logging
-import statistics
 import sys
 import time
 from dataclasses import replace
