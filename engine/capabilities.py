@@ -10,6 +10,13 @@ Why each flag matters here:
   CPU the reorder raises "bf16 path needs the cpu support avx_ne_convert or avx512bw, ...".
 - `native_bf16`: AVX512-BF16 or AMX dot products; without them bf16 arithmetic is emulated and
   fp32 is the faster default dtype.
+- `int8_weight_only_kernel` / `int4_weight_only_kernel` / `cuda_int4_weight_only_kernel`: torch's own
+  weight-only matmuls (engine/quantize.py's int8wo / int4wo); a variant whose kernel is missing is
+  refused before it is built.
+- `weight_only_activations`: the dtype those kernels get their activations in on CPU. "auto" lets
+  engine/quantize.py measure it once per process (on the Zen 3, AVX2 only, `_weight_int8pack_mm`
+  with fp32 activations was ~10x slower than with bf16); "bf16" or "model" (the model's own dtype,
+  the fallback) force a choice.
 """
 
 from __future__ import annotations
@@ -35,13 +42,15 @@ class Capabilities:
     onednn_bf16: bool  # oneDNN can run bf16 GEMMs and pack bf16 weights
     native_bf16: bool  # AVX512-BF16 or AMX: bf16 dot products in hardware
     int8_weight_only_kernel: bool  # torch._weight_int8pack_mm exists
-    int4_weight_only_kernel: bool  # torch's 4-bit weight-only kernel for this device exists
+    int4_weight_only_kernel: bool  # torch._weight_int4pack_mm_for_cpu exists (CPU 4-bit weight-only)
     cuda: bool
     cuda_device: str | None = None
     cuda_capability: tuple[int, int] | None = None
     cuda_bf16: bool = False
     bitsandbytes: str | None = None  # its version, None if it does not import
     bnb_cpu_avx512bf16: bool = False  # its CPU 4-bit kernel's fast path (needs row counts % 32)
+    cuda_int4_weight_only_kernel: bool = False  # torch._weight_int4pack_mm on this GPU (sm80+, bf16)
+    weight_only_activations: str = "auto"  # CPU int8/int4 kernels' activation dtype: auto | bf16 | model
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -158,6 +167,8 @@ def detect() -> Capabilities:
         cuda_device=name,
         cuda_capability=cap,
         cuda_bf16=bool(cuda and torch.cuda.is_bf16_supported()),
+        # torch's CUDA int4 kernel (tinygemm) is built for sm80+ and takes bf16 activations only
+        cuda_int4_weight_only_kernel=bool(cuda and hasattr(torch, "_weight_int4pack_mm") and cap >= (8, 0)),
         bitsandbytes=bnb_version,
         bnb_cpu_avx512bf16=bnb_avx512bf16,
     )

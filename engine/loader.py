@@ -143,9 +143,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     than fp32 (`python -m engine.bench dtypes`); fp32 elsewhere, where bf16 is emulated."""
     if name != "auto":
         return DTYPE_NAMES[name]
+    caps = capabilities.detect()
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if capabilities.detect().native_bf16 else torch.float32
+        return torch.bfloat16 if caps.cuda_bf16 else torch.float16
+    return torch.bfloat16 if caps.native_bf16 else torch.float32
 
 
 def _progress(config: LoadConfig, total: int, desc: str):

@@ -14,16 +14,21 @@ step that verifies k guesses can yield up to k+1 tokens for about the price of o
   distributed exactly as the target's sampler (`Sampler.probs`) would draw.
 * Caches roll back on rejection: the target's to the accepted prefix, the draft's likewise.
 * `AdaptiveK` chooses how many tokens to guess each step from the measured acceptance and a
-  fixed cost model of a verify pass and of a draft token (fixed, so that the same seed gives the
+  cost model of a verify pass and of a draft token (`CostModel`), measured on the loaded model
+  the first time it speculates and then fixed for the process (so that the same seed gives the
   same reply); when guessing stops paying it guesses none, and the Timeline records each change
   (`k_changes`).
 """
 
 from __future__ import annotations
 
+import statistics
+import threading
 import time
+from dataclasses import asdict, dataclass
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .decoding import Decoding, cache_capacity
 from .errors import InvalidRequest
@@ -171,10 +176,11 @@ class AdaptiveK:
     with k = 1 after `probe_every` plain steps, then after twice as many while probes fail (up to
     8x).
 
-    The costs are a fixed model, not wall-clock measurements: every decision is then a function of
-    the tokens alone, so a seeded sampled reply is the same on every run (how many guesses were
-    drawn decides which random numbers each token consumes) and a greedy bf16 reply too (a verify
-    pass rounds differently from plain steps, see README: Exactness). Measured times are still
+    The costs are a `CostModel` measured once per process and model (`measured_costs`), never
+    this request's own wall clock: every decision is then a function of the tokens alone, so a
+    seeded sampled reply is the same on every run of the process (how many guesses were drawn
+    decides which random numbers each token consumes) and a greedy bf16 reply too (a verify pass
+    rounds differently from plain steps, see README: Exactness). Measured times are still
     reported (`draft_ms`, `verify_ms`).
 
     Acceptance is tracked per `key`: prompt lookup passes its match length, since a 3-token match
@@ -183,9 +189,12 @@ class AdaptiveK:
     """
 
     def __init__(self, max_k: int, adaptive: bool = True, prior_acceptance: float = 0.6,
-                 decay: float = 0.8, probe_every: int = 8, draft_cost: float = 0.0):
+                 decay: float = 0.8, probe_every: int = 8, draft_cost: float = 0.0,
+                 verify_fixed: float | None = None, verify_per_token: float | None = None):
         self.max_k, self.adaptive, self.decay, self.probe_every = max_k, adaptive, decay, probe_every
         self.draft_cost = draft_cost
+        self.verify_fixed = VERIFY_FIXED_COST if verify_fixed is None else verify_fixed
+        self.verify_per_token = VERIFY_COST_PER_TOKEN if verify_per_token is None else verify_per_token
         self.prior = prior_acceptance
         self.stats: dict[object, list[float]] = {}  # key -> [hits, trials], decaying
         self.key = None  # the key of the latest choice
@@ -214,7 +223,7 @@ class AdaptiveK:
 
     def cost(self, k: int) -> float:
         """A step guessing k tokens, in plain steps."""
-        return 1.0 + VERIFY_FIXED_COST + k * (VERIFY_COST_PER_TOKEN + self.draft_cost) if k else 1.0
+        return 1.0 + self.verify_fixed + k * (self.verify_per_token + self.draft_cost) if k else 1.0
 
     def choose(self, room: int, free_probe: bool, key=None) -> int:
         """k for the next step (room: the most guesses still useful; key: what kind of guess)."""
@@ -244,11 +253,91 @@ class AdaptiveK:
         return self.k
 
 
-# A verify pass over T = k + 1 tokens costs 1 + VERIFY_FIXED_COST + k * VERIFY_COST_PER_TOKEN plain steps:
-# `python -m engine.bench verify` measured 1.10-1.29 for T = 2, 1.25-1.38 for 3, 1.23-1.25 for 5, 1.38 for 9.
+# A verify pass over T = k + 1 tokens costs 1 + fixed + k * per_token plain steps. These defaults
+# (the AVX-512 BF16 Zen 5, packed weights: `python -m engine.bench verify` measured 1.10-1.29 for
+# T = 2, 1.25-1.38 for 3, 1.23-1.25 for 5, 1.38 for 9) serve only where nothing was measured:
+# a speculative decoding measures its model's own (`measured_costs`).
 VERIFY_FIXED_COST = 0.2
 VERIFY_COST_PER_TOKEN = 0.03
 MAX_K_CHANGES_KEPT = 64
+
+# The calibration: forwards of T = 1, 2 and CALIBRATION_T tokens after CALIBRATION_CONTEXT cached
+# ones, alternating, CALIBRATION_ROUNDS times (after one warm-up round); medians.
+CALIBRATION_CONTEXT = 64
+CALIBRATION_T = 9  # k = 8, the lookup default; larger k extrapolates the line through T = 2 and 9
+CALIBRATION_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What one speculative step costs, in plain decode steps of this model on this machine."""
+
+    verify_fixed: float  # a verify pass over T tokens: 1 + verify_fixed + (T - 1) * verify_per_token
+    verify_per_token: float
+    step_ms: float | None = None  # the median plain step (T = 1) it was measured against
+    draft_cost: float | None = None  # one draft token (a draft forward of T = 1), when a draft was measured
+    measured: bool = True
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+DEFAULT_COSTS = CostModel(VERIFY_FIXED_COST, VERIFY_COST_PER_TOKEN, measured=False)
+_MEASURED = WeakIdKeyDictionary()  # target model -> CostModel; (draft, target) below
+_MEASURED_DRAFT = WeakIdKeyDictionary()  # draft model -> {target model -> draft token cost}
+_MEASURE_LOCK = threading.Lock()
+
+
+def _timed_forwards(model, sizes: list[int], rounds: int) -> dict[int, float]:
+    """Median seconds of a forward of T tokens after CALIBRATION_CONTEXT cached ones, per T."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = getattr(model, "vocab_size", 1000)
+    context = torch.randint(0, vocab, (CALIBRATION_CONTEXT,), generator=gen).to(model.device)
+    cache = model.new_cache(CALIBRATION_CONTEXT + max(sizes) + 1)
+    model.forward(context, cache)
+    times = {t: [] for t in sizes}
+    for r in range(rounds + 1):  # round 0 warms up (first-call allocations, packing) and is dropped
+        for t in sizes:
+            cache.crop(CALIBRATION_CONTEXT)
+            ids = torch.randint(0, vocab, (t,), generator=gen).to(model.device)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.forward(ids, cache, all_logits=t > 1)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            if r:
+                times[t].append(time.perf_counter() - t0)
+    return {t: statistics.median(ts) for t, ts in times.items()}
+
+
+def measured_costs(model) -> CostModel:
+    """The verify cost model of `model` on this machine: measured at its first use in this process
+    (a few forwards, ~15 decode steps' time), then the same for every later request, so decisions
+    stay a function of the tokens alone. Each model object (a quantized variant too) gets its own."""
+    with _MEASURE_LOCK:
+        costs = _MEASURED.get(model)
+        if costs is None:
+            m = _timed_forwards(model, [1, 2, CALIBRATION_T], CALIBRATION_ROUNDS)
+            step = m[1]
+            per_token = max(0.0, (m[CALIBRATION_T] - m[2]) / (CALIBRATION_T - 2) / step)
+            fixed = max(0.0, m[2] / step - 1.0 - per_token)
+            costs = _MEASURED[model] = CostModel(fixed, per_token, step_ms=step * 1e3)
+        return costs
+
+
+def measured_draft_cost(draft_model, target_model) -> float:
+    """A draft token's cost in target decode steps: median draft step / median target step, both
+    measured here once per process (decode is memory-bound, but at this size per-step overhead
+    counts too: the weight ratio `matmul_weight_ratio` alone underestimates it)."""
+    target = measured_costs(target_model)
+    with _MEASURE_LOCK:
+        per_target = _MEASURED_DRAFT.setdefault(draft_model, WeakIdKeyDictionary())
+        cost = per_target.get(target_model)
+        if cost is None:
+            draft_step = _timed_forwards(draft_model, [1], CALIBRATION_ROUNDS)[1]
+            cost = per_target[target_model] = draft_step * 1e3 / target.step_ms
+        return cost
 
 
 def matmul_weight_ratio(draft_model, target_model) -> float:
@@ -275,6 +364,7 @@ class SpeculativeDecoding(Decoding):
     def __init__(self, model, prompt_ids: list[int], config, cache=None, cached_tokens: int = 0, draft=None):
         super().__init__(model, prompt_ids, config, cache=cache, cached_tokens=cached_tokens)
         capacity = cache_capacity(self.prompt_len, config)
+        costs = measured_costs(model) if config.speculative_adaptive else DEFAULT_COSTS
         if config.speculative == "prompt_lookup":
             self.proposer = PromptLookup()
             prior, draft_cost = 0.5, 0.0
@@ -283,11 +373,16 @@ class SpeculativeDecoding(Decoding):
                 raise InvalidRequest("speculative='draft' needs a draft model, and none is loaded: start the engine "
                                      "with --draft-model PATH (the bundled model has one built in)", "speculative")
             self.proposer = DraftModel(draft, capacity, model.vocab_size)
-            prior, draft_cost = 0.4, matmul_weight_ratio(draft.model, model)
+            prior = 0.4
+            draft_cost = (measured_draft_cost(draft.model, model) if config.speculative_adaptive
+                          else matmul_weight_ratio(draft.model, model))
+            costs = CostModel(costs.verify_fixed, costs.verify_per_token, costs.step_ms, draft_cost, costs.measured)
         else:
             raise InvalidRequest(f"speculative={config.speculative!r} is not a speculative mode", "speculative")
         self.policy = AdaptiveK(config.num_speculative_tokens, adaptive=config.speculative_adaptive,
-                                prior_acceptance=prior, draft_cost=draft_cost)
+                                prior_acceptance=prior, draft_cost=draft_cost,
+                                verify_fixed=costs.verify_fixed, verify_per_token=costs.verify_per_token)
+        self.costs = costs
         self.drafted = self.accepted = self.steps = self.step_tokens = self.backoffs = 0
         self.accepted_hist = [0] * (config.num_speculative_tokens + 1)
         self.k_changes: list[dict] = []
@@ -386,4 +481,5 @@ class SpeculativeDecoding(Decoding):
             "backoffs": self.backoffs,
             "k_changes": self.k_changes,  # the first MAX_K_CHANGES_KEPT
             "k_change_count": self.k_change_count,
+            "cost_model": self.costs.to_dict(),  # in plain steps, measured once per process and model
         }

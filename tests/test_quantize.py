@@ -17,12 +17,9 @@ from engine.bench import run_request
 from engine.config import GenerationConfig, LoadConfig
 from engine.errors import InvalidRequest, LoadError
 from engine.loader import load, weight_bytes
-from engine.quantize import (
-    QUANTIZED,
-    Int8WeightOnlyLinear,
-    build_variant,
-    quantizable_linears,
-)
+from engine import capabilities
+from engine.quantize import (INT4_GROUP_SIZE, QUANTIZED, Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_variant,
+                             quantizable_linears)
 from engine.variants import VariantSet
 from engine.wire import Request
 from engine.worker import Worker
@@ -80,6 +77,13 @@ def test_weight_bytes_count_the_quantized_storage(variants, bf16):
     # int8wo: int8 weights plus one bf16 scale per output channel
     expected_wo = rest + sum(lin.weight.numel() + 2 * lin.out_features for _, _, lin in linears)
     assert variants.get("int8wo").weight_bytes == expected_wo
+    # int4wo: half a byte per weight plus a bf16 scale and zero per group
+    expected_4 = rest + sum(lin.weight.numel() // 2 + 4 * lin.weight.numel() // INT4_GROUP_SIZE
+                            for _, _, lin in linears)
+    assert variants.get("int4wo").weight_bytes == expected_4
+    # +head: lm_head's own int8 copy beside the embedding, which stays
+    head = bf16.model.lm_head
+    assert variants.get("int8wo+head").weight_bytes == expected_wo + head.weight.numel() + 2 * head.out_features
     # nf4: half a byte per weight plus block absmax, and no more than the targets allow
     nf4 = variants.get("nf4").weight_bytes
     assert rest + linear_bytes // 4 < nf4
@@ -90,12 +94,13 @@ def test_weight_bytes_count_the_quantized_storage(variants, bf16):
 def test_quality_is_measured_and_int8_keeps_above_its_floor(variants):
     default = variants.default.report()
     assert default["top1_agreement"] == 1.0 and default["mean_kl"] == 0.0
-    reports = {n: variants.get(n).report() for n in ("int8", "int8wo", "nf4")}
+    reports = {n: variants.get(n).report() for n in ("int8", "int8wo", "nf4", "int4wo")}
     for r in reports.values():
         assert r["quality_positions"] == 128
         assert 0.0 <= r["top1_agreement"] <= 1.0 and r["mean_kl"] >= 0.0
     assert reports["int8"]["top1_agreement"] >= 0.90
     assert reports["int8wo"]["top1_agreement"] >= 0.90
+    assert reports["int4wo"]["top1_agreement"] >= 0.80
     assert reports["int8"]["mean_kl"] < reports["nf4"]["mean_kl"]  # 4 bits lose more than 8
 
 
@@ -192,11 +197,24 @@ def test_the_memory_budget_drops_the_least_recently_used(tiny):
 def test_int8_weight_only_linear_matches_its_dequantized_weights():
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 96, bias=True)
-    q = Int8WeightOnlyLinear.from_linear(lin)
     x = torch.randn(3, 5, 64)
+    with capabilities.forced(weight_only_activations="model"):  # fp32 in the kernel: exact to fp32
+        q = Int8WeightOnlyLinear.from_linear(lin)
     dequantized = q.weight_int8.float() * q.scale[:, None]
     assert torch.allclose(q(x), x @ dequantized.T + q.bias, atol=1e-4)
     assert (dequantized - lin.weight).abs().max() <= q.scale.max() / 2 + 1e-6  # rounding, per channel
+
+
+def test_int4_weight_only_linear_matches_its_dequantized_weights():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 96, bias=True)
+    x = torch.randn(3, 5, 128)
+    with capabilities.forced(weight_only_activations="model"):
+        q = Int4WeightOnlyLinear.from_linear(lin, keep_unpacked=True)
+    w = q.dequantized()
+    assert torch.allclose(q(x), x @ w.T + q.bias, atol=1e-4)
+    step = (lin.weight.reshape(-1, q.group_size).amax(1) - lin.weight.reshape(-1, q.group_size).amin(1)) / 15
+    assert ((w - lin.weight).abs().reshape(-1, q.group_size).amax(1) <= step / 2 + 1e-3 * step.max()).all()
 
 
 def test_cli_quantization_flag(tiny_model_dir):

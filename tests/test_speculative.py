@@ -17,13 +17,8 @@ from engine.errors import InvalidRequest, LoadError
 from engine.generate import build_prompt_ids, generate
 from engine.prefix_cache import PrefixCache
 from engine.sampling import Sampler
-from engine.speculative import (
-    AdaptiveK,
-    PromptLookup,
-    SpeculativeDecoding,
-    verify_greedy,
-    verify_sampling,
-)
+from engine.speculative import (CostModel, AdaptiveK, PromptLookup, SpeculativeDecoding, measured_costs,
+                                measured_draft_cost, verify_greedy, verify_sampling)
 from engine.timeline import Timeline
 from engine.wire import Request
 
@@ -138,6 +133,35 @@ def test_timeline_counters_use_glossary_names(bundled):
     # fewer target passes than tokens: speculation saved steps on this copy prompt
     assert c["target_forward_passes"] < c["output_tokens"]
     json.dumps(c)
+
+
+def test_the_cost_model_is_measured_once_per_model_and_reported(tiny, tmp_path_factory, tokenizer):
+    """Measured at first use on the model at hand, then fixed for the process (seeded replies stay
+    reproducible); each request's Timeline says what the policy believed."""
+    first = measured_costs(tiny.model)
+    assert first.measured and first.step_ms > 0 and first.verify_fixed >= 0 and first.verify_per_token >= 0
+    assert measured_costs(tiny.model) is first
+    done = run(tiny, ask("Hello there"), temperature=0.0, max_new_tokens=8, speculative="prompt_lookup")
+    assert done.timeline.counters["cost_model"] == first.to_dict()
+    fixed = run(tiny, ask("Hello there"), temperature=0.0, max_new_tokens=8, speculative="prompt_lookup",
+                speculative_adaptive=False)
+    assert fixed.timeline.counters["cost_model"]["measured"] is False  # k is fixed: nothing to decide
+    from conftest import build_tiny_model_dir
+
+    same = load_draft(str(build_tiny_model_dir(tmp_path_factory.mktemp("same"), tokenizer, seed=4)), tiny)
+    cost = measured_draft_cost(same.model, tiny.model)
+    assert cost > 0 and measured_draft_cost(same.model, tiny.model) == cost
+
+
+def test_adaptive_k_uses_the_cost_model_it_is_given():
+    """A verify pass that costs as much as two plain steps needs far better guesses to pay."""
+    cheap = AdaptiveK(max_k=8, verify_fixed=0.05, verify_per_token=0.01)
+    dear = AdaptiveK(max_k=8, verify_fixed=1.0, verify_per_token=0.1)
+    for policy in (cheap, dear):
+        for _ in range(10):
+            policy.observe(4, 2)
+    assert cheap.choose(room=100, free_probe=True) > dear.choose(room=100, free_probe=True)
+    assert CostModel(0.2, 0.03).to_dict()["verify_fixed"] == 0.2
 
 
 # --- speculative sampling keeps the target's distribution (tiny random models) ---------------------

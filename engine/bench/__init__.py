@@ -23,6 +23,7 @@ SCENARIOS = {
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
     "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
     "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",
+    "quant_steps": "one decode step per quantization variant, alternating: decode ratios over the loaded model",
     "lookup": "prompt-lookup speculation on copy-heavy prompts: decode tok/s with vs without, acceptance",
     "draft": "draft-model speculation on ordinary chat prompts: decode tok/s with vs without, acceptance",
     "verify": "a forward over T tokens in one-token steps, packed oneDNN weights vs plain (speculation's verify cost)",

@@ -9,9 +9,10 @@ Every variant is built from the loaded model (engine/quantize.py) and measured i
   prefill_tps     a --prefill-tokens prompt, one forward: prompt tokens / prefill time
   decode_tps      greedy chat replies: (tokens - 1) / (last - first token time), median
   top1_agreement, mean_kl   against the loaded (unquantized) model, engine/quality.py
+  decode_vs_default, prefill_vs_default   those speeds over the loaded (default) variant's
 Runs alternate between the variants, and medians are reported. `ratio` = nf4 weight bytes /
-bf16 weight bytes. `+head` rows also quantize lm_head (untied from the embedding): the
-measurement behind leaving it unquantized.
+bf16 weight bytes. `+head` rows also quantize lm_head (its own copy; the embedding stays):
+int8wo+head and int4wo+head are engine variants, `--head-rows` adds bitsandbytes ones.
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ def add_args(p):
     p.add_argument("--runs", type=int, default=3, help="alternating runs per prompt")
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--prefill-tokens", type=int, default=512)
-    p.add_argument("--head-rows", default="int8wo,nf4", help="methods also measured with lm_head quantized")
+    p.add_argument("--head-rows", default="nf4", help="bitsandbytes methods also measured with lm_head quantized")
     p.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
 
 
 def run(args, out):
+    from .. import capabilities
     from ..config import GenerationConfig
+    from ..quantize import QUANTIZED, build_variant, probe_results
     from ..quality import compare, next_token_logits, quality_inputs
-    from ..quantize import QUANTIZED, build_variant
     from ..variants import VariantSet
 
     lm = load_model(args)
@@ -49,6 +51,7 @@ def run(args, out):
     if "bf16" not in names and lm.dtype != torch.bfloat16:
         names.insert(1, "bf16")  # the ratio's denominator
     out(f"model {lm.name} {lm.dtype_name} on {lm.device}, {torch.get_num_threads()} threads; variants {names}")
+    out(f"machine: {capabilities.detect().summary()}")
 
     rows, models = {}, {}
     for name in names:
@@ -56,14 +59,14 @@ def run(args, out):
         rows[name] = {"method": v.method, "weight_bytes": v.weight_bytes, "build_s": round(v.build_s, 2),
                       "top1_agreement": v.quality["top1_agreement"], "mean_kl": v.quality["mean_kl"]}
         models[name] = v.loaded
-        out(f"  built {name} in {v.build_s:.1f} s")
+        out(f"  built {name} in {v.build_s:.1f} s: {v.loaded.notes[-1] if v.loaded.notes else ''}")
     inputs = quality_inputs(lm.tokenizer)
     reference = next_token_logits(lm.model, inputs)
-    for name in [h.strip() for h in args.head_rows.split(",") if h.strip()]:
+    for name in [h.strip() for h in args.head_rows.split(",") if h.strip() and f"{h.strip()}+head" not in rows]:
         t0 = time.perf_counter()
         loaded = build_variant(lm, name, quantize_lm_head=True)
         q = compare(reference, next_token_logits(loaded.model, inputs))
-        rows[f"{name}+head"] = {"method": f"{QUANTIZED[name]}; lm_head quantized too (untied)",
+        rows[f"{name}+head"] = {"method": f"{QUANTIZED[name]}; lm_head quantized too (untied)", "adhoc": True,
                                 "weight_bytes": loaded.weight_bytes(), "build_s": round(time.perf_counter() - t0, 2),
                                 "top1_agreement": q["top1_agreement"], "mean_kl": q["mean_kl"]}
         models[f"{name}+head"] = loaded
@@ -84,18 +87,25 @@ def run(args, out):
         out(f"  run {r + 1}/{args.runs}: decode tok/s " + ", ".join(f"{n} {median(decode[n]):.1f}" for n in models))
 
     bf16_bytes = rows["bf16"]["weight_bytes"] if "bf16" in rows else None
+    default = variants.default_name
     for name, row in rows.items():
         row["decode_tps"] = round(median(decode[name]), 1)
         row["prefill_tps"] = round(median(prefill[name]), 1)
         row["bytes_vs_bf16"] = round(row["weight_bytes"] / bf16_bytes, 3) if bf16_bytes else None
-        probe = {} if args.no_memory or "+" in name else _peak_memory(args, name)
+        row["decode_vs_default"] = round(median(decode[name]) / median(decode[default]), 2)
+        row["prefill_vs_default"] = round(median(prefill[name]) / median(prefill[default]), 2)
+        probe = {} if args.no_memory or row.get("adhoc") else _peak_memory(args, name)
         row["peak_rss_bytes"], row["build_rss_bytes"] = probe.get("peak_rss_bytes"), probe.get("build_rss_bytes")
         rss = f"{row['peak_rss_bytes'] / 1e6:6.0f}" if row["peak_rss_bytes"] else "     -"
         out(f"{name:>12}: {row['weight_bytes'] / 1e6:6.1f} MB ({row['bytes_vs_bf16']} of bf16)  build "
             f"{row['build_s']:5.2f} s  peak RSS {rss} MB  prefill {row['prefill_tps']:6.1f} tok/s  decode "
-            f"{row['decode_tps']:5.1f} tok/s  top-1 {row['top1_agreement']:.1%}  KL {row['mean_kl']:.4f}")
+            f"{row['decode_tps']:5.1f} tok/s ({row['decode_vs_default']:.2f}x {default})  top-1 "
+            f"{row['top1_agreement']:.1%}  KL {row['mean_kl']:.4f}")
+    out("weight-only kernels' one-time activation check (min µs of one 576 -> 1536 matmul): "
+        + ", ".join(f"{k[0]} {k[2]} {v}" for k, v in probe_results.items()))
     ratio = round(rows["nf4"]["weight_bytes"] / bf16_bytes, 3) if "nf4" in rows and bf16_bytes else None
-    return {"variants": rows, "ratio": ratio, "reference": variants.default_name, "device": str(lm.device),
+    return {"variants": rows, "ratio": ratio, "capabilities": capabilities.detect().summary(),
+            "weight_only_probe": {" ".join(k): v for k, v in probe_results.items()}, "reference": variants.default_name, "device": str(lm.device),
             "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "runs": args.runs,
             "prompts": args.prompts, "prefill_tokens": len(ids), "quality_positions": sum(len(r) for r in reference)}
 

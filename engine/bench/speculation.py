@@ -58,6 +58,9 @@ def compare(lm, prompts, mode: str, args, out, label: str) -> dict:
             f"tok/step {c['tokens_per_step']}  {row['tokens']} tok  identical {same}")
     ratio = math.exp(sum(math.log(r["ratio"]) for r in per_prompt) / len(per_prompt))
     rate = accepted / drafted if drafted else None
+    costs = c.get("cost_model") or {}
+    out(f"{label}: cost model (plain steps, measured once per process): verify = 1 + {costs.get('verify_fixed')} "
+        f"+ {costs.get('verify_per_token')} x k, draft token {costs.get('draft_cost')}, step {costs.get('step_ms')} ms")
     out(f"{label}: decode tok/s off {median(off_tps):.1f}, on {median(on_tps):.1f}, ratio {ratio:.2f} (geometric mean; "
         f"worst prompt {min(r['ratio'] for r in per_prompt):.2f}), "
         f"acceptance {rate if rate is None else round(rate, 3)}, tokens/step {steps_tokens / max(steps, 1):.2f}, "
@@ -66,7 +69,8 @@ def compare(lm, prompts, mode: str, args, out, label: str) -> dict:
             "worst_ratio": min(r["ratio"] for r in per_prompt),
             "identical": identical, "drafted": drafted, "accepted": accepted,
             "acceptance_rate": round(rate, 4) if rate is not None else None,
-            "tokens_per_step": round(steps_tokens / max(steps, 1), 3), "accepted_hist": hist, "per_prompt": per_prompt}
+            "tokens_per_step": round(steps_tokens / max(steps, 1), 3), "accepted_hist": hist, "per_prompt": per_prompt,
+            "cost_model": costs}
 
 
 def header(lm, args, out, what: str) -> None:

@@ -1,0 +1,50 @@
+"""One decode step per quantization variant, every variant alternating in one process: the decode
+ratio of each variant over the loaded model without whole replies (quick where `quant` is slow)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import load_model, median
+
+DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,nf4"  # --variants (a load flag) overrides
+
+
+def add_args(p):
+    p.add_argument("--context", type=int, default=64, help="tokens already in the cache")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--steps", type=int, default=4, help="decode steps per variant per round")
+
+
+def run(args, out):
+    from .. import capabilities
+    from ..quantize import build_variant
+
+    lm = load_model(args)
+    models = {lm.dtype_name: lm.model}
+    for name in [v.strip() for v in (args.variants or DEFAULT_VARIANTS).split(",") if v.strip()]:
+        models[name] = build_variant(lm, name).model
+    ids = torch.arange(100, 100 + args.context, device=lm.device)
+    caches = {}
+    for name, m in models.items():
+        caches[name] = m.new_cache(args.context + 2)
+        m.forward(ids, caches[name])
+    times = {name: [] for name in models}
+    for _ in range(args.rounds):
+        for name, m in models.items():  # alternate: each variant sees the same machine state
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                m.forward(ids[:1], caches[name])
+                times[name].append(time.perf_counter() - t0)
+                caches[name].crop(args.context)
+    out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {capabilities.detect().summary()}")
+    base = median(times[lm.dtype_name])
+    rows = {}
+    for name, ts in times.items():
+        rows[name] = {"step_ms": round(median(ts) * 1e3, 2), "decode_vs_default": round(base / median(ts), 2)}
+        out(f"{name:>12}: median decode step {rows[name]['step_ms']:7.1f} ms = {1 / median(ts):6.1f} tok/s, "
+            f"{rows[name]['decode_vs_default']:.2f}x {lm.dtype_name}")
+    best = max((r["decode_vs_default"] for n, r in rows.items() if n != lm.dtype_name), default=None)
+    return {"variants": rows, "ratio": best, "default": lm.dtype_name}

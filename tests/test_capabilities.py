@@ -1,0 +1,164 @@
+"""Every ISA-specific fast path has a fallback, and each fallback is forced here through
+`capabilities.forced(...)` and checked for right results, whatever CPU runs the tests. A test of
+the fast path itself skips, naming the capability, where this machine lacks it."""
+
+import pytest
+import torch
+from torch import nn
+
+from engine import capabilities, quantize
+from engine.errors import LoadError
+from engine.fast_llama import packed_weight, project
+from engine.loader import resolve_dtype
+from engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_variant
+
+CAPS = capabilities.detect()
+
+
+def test_detect_reports_this_machine_and_forced_changes_it_only_inside():
+    assert CAPS.torch_cpu_capability == torch.backends.cpu.get_cpu_capability()
+    assert CAPS.isa_level in CAPS.summary()
+    with capabilities.forced(onednn_bf16=False, weight_only_activations="model") as caps:
+        assert capabilities.detect() is caps and not caps.packed_bf16_weights
+    assert capabilities.detect() == CAPS
+
+
+# --- packed oneDNN bf16 weights (engine/fast_llama.py) ----------------------------------------------
+def test_packed_weights_fall_back_to_plain_linear_without_onednn_bf16():
+    lin = nn.Linear(64, 96, bias=True).to(torch.bfloat16)
+    x = torch.randn(1, 5, 64).to(torch.bfloat16)
+    with capabilities.forced(onednn_bf16=False):
+        assert packed_weight(lin) is None
+        assert torch.equal(project(lin, x), lin(x))
+
+
+@pytest.mark.skipif(not CAPS.packed_bf16_weights, reason="needs oneDNN bf16 (AVX512BW/VL/DQ or AVX-NE-CONVERT), "
+                    f"this CPU is {CAPS.isa_level}; the fallback test above covers it")
+def test_packed_weights_where_onednn_bf16_exists():
+    lin = nn.Linear(64, 96, bias=True).to(torch.bfloat16)
+    x = torch.randn(1, 5, 64).to(torch.bfloat16)
+    assert packed_weight(lin) is not None and torch.equal(project(lin, x), lin(x))
+
+
+def test_fast_llama_forward_is_right_without_packed_weights(tiny):
+    """The whole bf16 forward on the plain path gives the logits of the fp32 model, to bf16 precision."""
+    ids = torch.arange(100, 112)
+    want = tiny.model.forward(ids, tiny.model.new_cache(16), all_logits=True)
+    with capabilities.forced(onednn_bf16=False):
+        bf16 = build_variant(tiny, "bf16")
+        got = bf16.model.forward(ids, bf16.model.new_cache(16), all_logits=True)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+# --- the auto dtype (engine/loader.py) ----------------------------------------------------------------
+def test_auto_dtype_follows_native_bf16_and_cuda_bf16():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    with capabilities.forced(native_bf16=True):
+        assert resolve_dtype("auto", cpu) == torch.bfloat16
+    with capabilities.forced(native_bf16=False):  # AVX2 / plain AVX-512: bf16 is emulated
+        assert resolve_dtype("auto", cpu) == torch.float32
+        assert resolve_dtype("bf16", cpu) == torch.bfloat16  # asked for by name: given
+    with capabilities.forced(cuda_bf16=True):
+        assert resolve_dtype("auto", cuda) == torch.bfloat16
+    with capabilities.forced(cuda_bf16=False):  # pre-Ampere GPUs
+        assert resolve_dtype("auto", cuda) == torch.float16
+
+
+# --- torch's weight-only kernels (engine/quantize.py) ---------------------------------------------------
+def _layer(seed=0, n=96, k=128):
+    torch.manual_seed(seed)
+    return nn.Linear(k, n, bias=True), torch.randn(3, 5, k)
+
+
+@pytest.mark.parametrize("activations", ["model", "bf16", "auto"])
+@pytest.mark.parametrize("cls", [Int8WeightOnlyLinear, Int4WeightOnlyLinear])
+def test_weight_only_kernels_are_right_in_every_activation_dtype(cls, activations):
+    lin, x = _layer()
+    with capabilities.forced(weight_only_activations=activations):
+        q = cls.from_linear(lin, keep_unpacked=True)
+    if activations == "model":
+        assert q.compute_dtype == torch.float32  # the fallback: the model's own dtype
+    if activations == "bf16":
+        assert q.compute_dtype == torch.bfloat16
+    y = q(x)
+    assert y.dtype == x.dtype and y.shape == (3, 5, 96)  # cast back: the model keeps its dtype
+    want = x @ q.dequantized().T + q.bias
+    tol = 1e-4 if q.compute_dtype == torch.float32 else 2e-2
+    assert (y - want).abs().max() <= tol * want.abs().max()
+
+
+def test_weight_only_activation_dtype_measured_once_and_reported():
+    first = quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.float32)
+    assert quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.float32) is first
+    assert first in (torch.bfloat16, torch.float32)
+    assert ("int8wo", "cpu", quantize._dtype_name(first)) in quantize.probe_results
+    # a bf16 model needs no choice: its own dtype is the kernel's fast one
+    assert quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.bfloat16) == torch.bfloat16
+
+
+@pytest.mark.parametrize("method, field", [("int8wo", "int8_weight_only_kernel"), ("int4wo", "int4_weight_only_kernel")])
+def test_a_weight_only_variant_without_its_kernel_is_refused_with_advice(tiny, method, field):
+    with capabilities.forced(**{field: False}):
+        with pytest.raises(LoadError, match="lacks") as err:
+            build_variant(tiny, method)
+    assert "pick" in str(err.value)
+    assert build_variant(tiny, method).model.forward(torch.arange(4), tiny.model.new_cache(8)).isfinite().all()
+
+
+def test_a_kernel_that_fails_its_check_is_refused_before_building(tiny, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no kernel for this CPU")
+
+    quantize._probe.cache_clear()
+    monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", broken)
+    try:
+        with pytest.raises(LoadError, match="int4wo kernel cannot run.*no kernel for this CPU"):
+            build_variant(tiny, "int4wo")
+    finally:
+        monkeypatch.undo()
+        quantize._probe.cache_clear()
+    assert build_variant(tiny, "int4wo") is not None
+
+
+def test_int4_needs_input_sizes_divisible_by_its_group(odd_model):
+    with pytest.raises(LoadError, match=f"divisible by {quantize.INT4_GROUP_SIZE}.*Try int8wo"):
+        build_variant(odd_model, "int4wo")
+    assert build_variant(odd_model, "int8wo") is not None  # no such rule
+
+
+def test_lm_head_variants_quantize_a_copy_and_keep_the_embedding(tiny):
+    v = build_variant(tiny, "int8wo+head")
+    assert isinstance(v.model.lm_head, Int8WeightOnlyLinear)
+    assert v.model.embed.weight is tiny.model.embed.weight  # the lookup reads the original
+    ids = torch.arange(100, 110)
+    want = tiny.model.forward(ids, tiny.model.new_cache(16), all_logits=True)
+    got = v.model.forward(ids, v.model.new_cache(16), all_logits=True)
+    assert (got - want).abs().max() < 0.1 * want.abs().max()
+
+
+# --- bitsandbytes' 4-bit CPU kernel (AVX512-BF16 needs rows % 32) ------------------------------------------
+@pytest.fixture(scope="module")
+def odd_model(tmp_path_factory, tokenizer):
+    """A tiny Llama with 48-wide layers: neither bitsandbytes' AVX512-BF16 4-bit kernel nor int4wo take them."""
+    from conftest import build_tiny_model_dir
+    from engine.config import LoadConfig
+    from engine.loader import load
+
+    path = build_tiny_model_dir(tmp_path_factory.mktemp("odd-llama"), tokenizer, hidden_size=48)
+    return load(LoadConfig(model=str(path), dtype="fp32", progress=False))
+
+
+def test_bnb_4bit_shape_rule_is_checked_where_its_avx512bf16_kernel_runs(odd_model):
+    """Forced on, the rule refuses before any kernel runs, on any CPU."""
+    with capabilities.forced(bnb_cpu_avx512bf16=True):
+        with pytest.raises(LoadError, match="divisible by 32.*Try int8"):
+            build_variant(odd_model, "nf4")
+
+
+@pytest.mark.skipif(CAPS.bnb_cpu_avx512bf16, reason="this CPU has AVX512-BF16, where bitsandbytes' 4-bit kernel "
+                    "has the shape rule (the forced test above covers it)")
+def test_bnb_4bit_generic_kernel_takes_any_shape(odd_model):
+    v = build_variant(odd_model, "nf4")
+    logits = v.model.forward(torch.arange(4), v.model.new_cache(8))
+    assert logits.isfinite().all()
