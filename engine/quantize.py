@@ -51,7 +51,7 @@ from torch import nn
 
 from . import capabilities
 from .errors import InvalidRequest, LoadError
-from .loader import DTYPE_NAMES, LoadedModel, _first_line, _warm_up
+from .model import DTYPE_NAMES, LoadedModel, first_line, warm_up
 
 QUANTIZED = {
     "int8": "bitsandbytes LLM.int8 (int8 weights; int8 activations, outliers > 6 in fp16)",
@@ -98,10 +98,10 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
         model = _quantized(base, method, quantize_lm_head)
         dtype = base.dtype
     try:
-        _warm_up(model)  # a short prefill and a decode step: kernels and shapes are checked here
+        warm_up(model)  # a short prefill and a decode step: kernels and shapes are checked here
     except Exception as exc:
         raise LoadError(f"quantization {name!r} cannot run on {base.device} with this model: "
-                        f"{type(exc).__name__}: {_first_line(exc)}") from exc
+                        f"{type(exc).__name__}: {first_line(exc)}") from exc
     note = f"variant {name}: {METHODS[name]}{extra}" + (" (lm_head quantized, untied)" if quantize_lm_head else "")
     return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
 
@@ -178,7 +178,7 @@ def _check_bitsandbytes(name: str, base: LoadedModel) -> None:
         _import_bitsandbytes()
     except Exception as exc:
         raise LoadError(f"quantization {name!r} needs bitsandbytes, which failed to load: "
-                        f"{type(exc).__name__}: {_first_line(exc)}") from exc
+                        f"{type(exc).__name__}: {first_line(exc)}") from exc
     if name in ("nf4", "fp4") and base.device.type == "cpu" and capabilities.detect().bnb_cpu_avx512bf16:
         for _, attr, lin in quantizable_linears(base.model):
             if lin.out_features % BNB_CPU_4BIT_ROWS or lin.in_features % BNB_BLOCKSIZE:
@@ -313,7 +313,7 @@ def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...]) -
                 raise RuntimeError(f"wrong results (relative error {err:.2g})")
             layers[dt] = layer
         except Exception as exc:
-            errors[dt] = f"{type(exc).__name__}: {_first_line(exc)}"
+            errors[dt] = f"{type(exc).__name__}: {first_line(exc)}"
             probe_results[(kernel, device_type, _dtype_name(dt))] = errors[dt]
     if not layers:
         raise LoadError(f"torch's {kernel} kernel cannot run on this {device_type} ("
@@ -480,20 +480,3 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         return (self._q.float() - 8) * scale + zero
 
 
-def quant_state_tensors(module: nn.Module) -> list[torch.Tensor]:
-    """Tensors a bitsandbytes layer keeps outside its parameters and buffers (row scales,
-    block absmax, code books), so weight accounting can count them (loader.weight_bytes)."""
-    bnb = sys.modules.get("bitsandbytes")
-    if bnb is None:
-        return []
-    found = []
-    if isinstance(module, bnb.nn.Linear8bitLt):
-        found = [module.state.CB, module.state.SCB, getattr(module.weight, "SCB", None)]
-    elif isinstance(module, bnb.nn.Linear4bit):
-        qs = getattr(module.weight, "quant_state", None)
-        if qs is not None:
-            state2 = getattr(qs, "state2", None) if getattr(qs, "nested", False) else None
-            found = [qs.absmax, qs.code, getattr(qs, "offset", None)]
-            if state2 is not None:
-                found += [state2.absmax, state2.code]
-    return [t for t in found if isinstance(t, torch.Tensor)]

@@ -11,8 +11,9 @@ from . import capabilities
 from .config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, LoadConfig
 from .fast_llama import packed_bytes
 from .info import EngineInfo, SpeculationInfo
-from .loader import LoadedModel, cache_root, load
+from .loader import cache_root, load
 from .machine_limits import MachineLimits, load_or_measure, probe_dtypes
+from .model import LoadedModel
 from .prefix_cache import PrefixCache
 from .timeline import Timeline
 from .variants import VariantSet

@@ -27,7 +27,7 @@ from torch import nn
 
 from .errors import InvalidRequest, LoadError
 from .info import VariantInfo
-from .loader import LoadedModel, weight_bytes
+from .model import LoadedModel, weight_bytes
 from .quality import compare, next_token_logits, quality_inputs
 from .quantize import METHODS, build_variant, precheck
 

@@ -142,6 +142,7 @@ def test_lm_head_variants_quantize_a_copy_and_keep_the_embedding(tiny):
 def odd_model(tmp_path_factory, tokenizer):
     """A tiny Llama with 48-wide layers: neither bitsandbytes' AVX512-BF16 4-bit kernel nor int4wo take them."""
     from conftest import build_tiny_model_dir
+
     from engine.config import LoadConfig
     from engine.loader import load
 

@@ -13,13 +13,20 @@ import torch
 from conftest import build_tiny_model_dir
 from support import ask
 
+from engine import capabilities
 from engine.bench import run_request
 from engine.config import GenerationConfig, LoadConfig
 from engine.errors import InvalidRequest, LoadError
-from engine.loader import load, weight_bytes
-from engine import capabilities
-from engine.quantize import (INT4_GROUP_SIZE, QUANTIZED, Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_variant,
-                             quantizable_linears)
+from engine.loader import load
+from engine.model import weight_bytes
+from engine.quantize import (
+    INT4_GROUP_SIZE,
+    QUANTIZED,
+    Int4WeightOnlyLinear,
+    Int8WeightOnlyLinear,
+    build_variant,
+    quantizable_linears,
+)
 from engine.variants import VariantSet
 from engine.wire import Request
 from engine.worker import Worker

@@ -19,7 +19,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from support import ask
 
-from server.bench import load
 from engine.config import GenerationConfig, LoadConfig
 from engine.decoding import Decoding
 from engine.errors import InvalidRequest
@@ -27,6 +26,7 @@ from engine.prefix_cache import PrefixCache
 from engine.service import Engine
 from engine.worker import Worker
 from server.api import create_api
+from server.bench import load
 from server.run import BackgroundServer
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=6)

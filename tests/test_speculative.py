@@ -12,13 +12,21 @@ from support import ask
 
 from engine.config import GenerationConfig
 from engine.decoding import Decoding
-from engine.draft import load_draft
 from engine.errors import InvalidRequest, LoadError
 from engine.generate import build_prompt_ids, generate
+from engine.loader import load_draft
 from engine.prefix_cache import PrefixCache
 from engine.sampling import Sampler
-from engine.speculative import (CostModel, AdaptiveK, PromptLookup, SpeculativeDecoding, measured_costs,
-                                measured_draft_cost, verify_greedy, verify_sampling)
+from engine.speculative import (
+    AdaptiveK,
+    CostModel,
+    PromptLookup,
+    SpeculativeDecoding,
+    measured_costs,
+    measured_draft_cost,
+    verify_greedy,
+    verify_sampling,
+)
 from engine.timeline import Timeline
 from engine.wire import Request
 

@@ -108,8 +108,8 @@ def load_model(args, **overrides):
 
 def run_request(loaded, messages, config, prefix_cache=None, **request_kw):
     """Run one request through the decode loop on this thread; return the done event."""
-    from ..timeline import Timeline
     from ..generate import generate
+    from ..timeline import Timeline
     from ..wire import Request
 
     tl = Timeline()

@@ -51,8 +51,8 @@ def _generate_run(ref, tokenizer, prompt_ids, eos, n):
 
 def run(args, out):
     from ..config import GenerationConfig
-    from ..loader import load_reference
     from ..generate import build_prompt_ids
+    from ..loader import load_reference
 
     lm = load_model(args)
     ref = load_reference(lm)

@@ -40,8 +40,8 @@ def add_args(p):
 def run(args, out):
     from .. import capabilities
     from ..config import GenerationConfig
-    from ..quantize import QUANTIZED, build_variant, probe_results
     from ..quality import compare, next_token_logits, quality_inputs
+    from ..quantize import QUANTIZED, build_variant, probe_results
     from ..variants import VariantSet
 
     lm = load_model(args)
