@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(api.state.backends, app=api)
     if args.share:
         _share(args.host, args.port)
+    from engine import capabilities
+
+    print(f"this machine: {capabilities.detect().summary()}", file=sys.stderr)
     print(f"Latency Lab on http://{args.host}:{args.port}", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

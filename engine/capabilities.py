@@ -79,6 +79,7 @@ class Capabilities:
         d["cuda_capability"] = list(self.cuda_capability) if self.cuda_capability else None
         d["packed_bf16_weights"] = self.packed_bf16_weights
         d["isa_level"] = self.isa_level
+        d["summary"] = self.summary()
         return d
 
     def summary(self) -> str:

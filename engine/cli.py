@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _chat(engine, args, gen) -> int:
     info = engine.info()
+    if info.capabilities:
+        print(f"this machine: {info.capabilities['summary']}", file=sys.stderr)
     print(f"{info.name} ({info.dtype}, {info.device}, loaded in {info.load_s:.1f}s). "
           "Type a message; /reset starts over, Ctrl-D quits.", file=sys.stderr)
     # The conversation lives here, replies exactly as generated, in one prefix-cache session:

@@ -68,8 +68,11 @@ def parse_chat_request(body) -> ChatRequest:
         raise InvalidRequest("model must be a string", "model")
     unknown = sorted(set(body) - READ - IGNORED - set(UNSUPPORTED) - set(TOGGLES))
     if unknown:
-        raise InvalidRequest(f"unknown field {unknown[0]!r}: this server reads the OpenAI chat fields and its "
-                             f"toggles ({', '.join(TOGGLES)})", unknown[0])
+        name = unknown[0]
+        plain = name.isascii() and name.isprintable() and len(name) <= 64
+        raise InvalidRequest(f"unknown field {name!r}: " if plain else "a field name that is not plain text: "
+                             f"this server reads the OpenAI chat fields and its toggles ({', '.join(TOGGLES)})",
+                             name if plain else None)  # never echo what is not plain text
     messages = validate_messages(_messages(body.get("messages")))
     for name, allowed in UNSUPPORTED.items():
         if body.get(name) not in allowed:
