@@ -191,7 +191,7 @@ def test_our_api_can_serve_a_remote_engine(ours, bundled_engine):
 
 
 def test_the_remote_bench_scenario_prints_client_and_server_figures(ours):
-    from engine.bench import main
+    from server.bench import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
