@@ -271,14 +271,7 @@ class RemoteEngine:
             t = now_ns()
             if not line.strip():
                 continue
-            try:
-                payload = json.loads(line)
-            except ValueError:
-                raise RemoteError(f"the server sent a line that is not JSON: {line[:200]!r}") from None
-            if not isinstance(payload, dict):
-                raise RemoteError(f"the server sent an unexpected line: {line[:200]!r}")
-            if payload.get("error") is not None:
-                raise remote_error(502, payload)
+            payload = _json_object(line, "line")
             message = payload.get("message") or {}
             piece = message.get("content") if isinstance(message.get("content"), str) else ""
             reason = None
@@ -313,14 +306,7 @@ class RemoteEngine:
     @staticmethod
     def _read_chunk(tl: Timeline, data: str) -> tuple[str, str | None]:
         """One SSE payload: its text and finish_reason; usage and server timings go on the Timeline."""
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            raise RemoteError(f"the server sent a chunk that is not JSON: {data[:200]!r}") from None
-        if not isinstance(payload, dict):
-            raise RemoteError(f"the server sent an unexpected chunk: {data[:200]!r}")
-        if payload.get("error") is not None:
-            raise remote_error(502, payload)
+        payload = _json_object(data, "chunk")
         timings = server_timings(payload)
         if timings:
             tl.counters.setdefault("server_timings", {}).update(timings)
@@ -369,6 +355,19 @@ def ollama_body(model: str, messages: list[dict], cfg: GenerationConfig) -> dict
 def _root(base_url: str) -> str:
     """The server's root: the OpenAI-style base URL without its /v1."""
     return base_url[:-3] if base_url.endswith("/v1") else base_url
+
+
+def _json_object(text: str, what: str) -> dict:
+    """One streamed JSON object (an SSE chunk, an Ollama line); a server's error object raises."""
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        raise RemoteError(f"the server sent a {what} that is not JSON: {text[:200]!r}") from None
+    if not isinstance(payload, dict):
+        raise RemoteError(f"the server sent an unexpected {what}: {text[:200]!r}")
+    if payload.get("error") is not None:
+        raise remote_error(502, payload)
+    return payload
 
 
 def server_timings(payload: dict) -> dict:
