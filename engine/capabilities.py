@@ -49,6 +49,7 @@ class Capabilities:
     cuda_bf16: bool = False
     bitsandbytes: str | None = None  # its version, None if it does not import
     bnb_cpu_avx512bf16: bool = False  # its CPU 4-bit kernel's fast path (needs row counts % 32)
+    bnb_unusable: str | None = None  # why bitsandbytes must not even be imported here (None: it may)
     cuda_int4_weight_only_kernel: bool = False  # torch._weight_int4pack_mm on this GPU (sm80+, bf16)
     weight_only_activations: str = "auto"  # CPU int8/int4 kernels' activation dtype: auto | bf16 | model
     notes: tuple[str, ...] = field(default=())
@@ -128,22 +129,26 @@ def _native_bf16() -> bool:
         return False
 
 
-def _bitsandbytes() -> tuple[str | None, bool]:
+def _bitsandbytes_version() -> str | None:
+    """Its installed version, found without importing it: importing it loads its native library,
+    which on an x86 CPU without AVX2 kills the process with SIGILL (seen under `qemu-x86_64 -cpu
+    Nehalem`: "Fatal Python error: Illegal instruction" in bitsandbytes/cextension.py)."""
     import importlib.metadata
     import importlib.util
 
     if importlib.util.find_spec("bitsandbytes") is None:
-        return None, False
-    try:  # importing it is slow and noisy; the version and its own CPU check are enough here
-        version = importlib.metadata.version("bitsandbytes")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
+        return None
     try:
-        from bitsandbytes.functional import has_avx512bf16
+        return importlib.metadata.version("bitsandbytes")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
-        return version, bool(has_avx512bf16())
-    except Exception:
-        return version, False
+
+def _bitsandbytes_unusable(flags: set[str], cuda: bool) -> str | None:
+    if platform.machine() in ("x86_64", "AMD64") and flags and "avx2" not in flags and not cuda:
+        return ("bitsandbytes cannot run on this CPU: its native library needs AVX2, and loading it "
+                "without AVX2 crashes the process (illegal instruction).")
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -154,7 +159,7 @@ def detect() -> Capabilities:
     if cuda:
         name = torch.cuda.get_device_name(0)
         cap = tuple(torch.cuda.get_device_capability(0))
-    bnb_version, bnb_avx512bf16 = _bitsandbytes()
+    bnb_version = _bitsandbytes_version()
     return Capabilities(
         cpu_model=model,
         isa=tuple(f for f in ISA_FLAGS if f in flags),
@@ -171,7 +176,8 @@ def detect() -> Capabilities:
         # torch's CUDA int4 kernel (tinygemm) is built for sm80+ and takes bf16 activations only
         cuda_int4_weight_only_kernel=bool(cuda and hasattr(torch, "_weight_int4pack_mm") and cap >= (8, 0)),
         bitsandbytes=bnb_version,
-        bnb_cpu_avx512bf16=bnb_avx512bf16,
+        bnb_cpu_avx512bf16="avx512_bf16" in flags,  # what bitsandbytes' own has_avx512bf16() reads
+        bnb_unusable=_bitsandbytes_unusable(flags, cuda) if bnb_version else "bitsandbytes is not installed",
     )
 
 

@@ -174,6 +174,9 @@ def quantizable_linears(model: nn.Module, include_lm_head: bool = False):
 
 
 def _check_bitsandbytes(name: str, base: LoadedModel) -> None:
+    unusable = capabilities.detect().bnb_unusable
+    if unusable:  # checked before any import: on such a CPU importing it kills the process
+        raise LoadError(f"quantization {name!r}: {unusable} Try int8wo or int4wo (torch's own kernels).")
     try:
         _import_bitsandbytes()
     except Exception as exc:

@@ -163,3 +163,18 @@ def test_bnb_4bit_generic_kernel_takes_any_shape(odd_model):
     v = build_variant(odd_model, "nf4")
     logits = v.model.forward(torch.arange(4), v.model.new_cache(8))
     assert logits.isfinite().all()
+
+
+def test_bitsandbytes_is_refused_up_front_where_importing_it_would_crash(bundled):
+    """On an x86 CPU without AVX2, importing bitsandbytes dies with SIGILL: its variants must be
+    refused with the reason before anything imports it (the page then does not offer them)."""
+    from engine.quantize import precheck
+
+    reason = capabilities._bitsandbytes_unusable({"sse4_2", "avx"}, cuda=False)
+    assert reason and "AVX2" in reason
+    assert capabilities._bitsandbytes_unusable({"avx2", "fma"}, cuda=False) is None
+    with capabilities.forced(bnb_unusable=reason):
+        for name in ("int8", "nf4", "fp4"):
+            why = precheck(bundled, name)
+            assert why and "AVX2" in why and "int8wo" in why, name
+        assert precheck(bundled, "int8wo") is None
