@@ -144,8 +144,10 @@ def _bitsandbytes_version() -> str | None:
         return "unknown"
 
 
-def _bitsandbytes_unusable(flags: set[str], cuda: bool) -> str | None:
-    if platform.machine() in ("x86_64", "AMD64") and flags and "avx2" not in flags and not cuda:
+def _bitsandbytes_unusable(torch_cpu_capability: str, cuda: bool) -> str | None:
+    """From torch's own cpuid check, not /proc/cpuinfo: an emulator or a VM may show the host's flags
+    (qemu-user does) while the CPU that runs the code lacks them."""
+    if platform.machine() in ("x86_64", "AMD64") and torch_cpu_capability == "DEFAULT" and not cuda:
         return ("bitsandbytes cannot run on this CPU: its native library needs AVX2, and loading it "
                 "without AVX2 crashes the process (illegal instruction).")
     return None
@@ -177,7 +179,8 @@ def detect() -> Capabilities:
         cuda_int4_weight_only_kernel=bool(cuda and hasattr(torch, "_weight_int4pack_mm") and cap >= (8, 0)),
         bitsandbytes=bnb_version,
         bnb_cpu_avx512bf16="avx512_bf16" in flags,  # what bitsandbytes' own has_avx512bf16() reads
-        bnb_unusable=_bitsandbytes_unusable(flags, cuda) if bnb_version else "bitsandbytes is not installed",
+        bnb_unusable=(_bitsandbytes_unusable(torch.backends.cpu.get_cpu_capability(), cuda) if bnb_version
+                      else "bitsandbytes is not installed"),
     )
 
 

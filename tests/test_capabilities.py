@@ -150,6 +150,8 @@ def odd_model(tmp_path_factory, tokenizer):
     return load(LoadConfig(model=str(path), dtype="fp32", progress=False))
 
 
+@pytest.mark.skipif(CAPS.bnb_unusable is not None, reason="bitsandbytes cannot load on this CPU (no AVX2): "
+                    "test_bitsandbytes_is_refused_up_front_where_importing_it_would_crash covers it")
 def test_bnb_4bit_shape_rule_is_checked_where_its_avx512bf16_kernel_runs(odd_model):
     """Forced on, the rule refuses before any kernel runs, on any CPU."""
     with capabilities.forced(bnb_cpu_avx512bf16=True):
@@ -157,8 +159,9 @@ def test_bnb_4bit_shape_rule_is_checked_where_its_avx512bf16_kernel_runs(odd_mod
             build_variant(odd_model, "nf4")
 
 
-@pytest.mark.skipif(CAPS.bnb_cpu_avx512bf16, reason="this CPU has AVX512-BF16, where bitsandbytes' 4-bit kernel "
-                    "has the shape rule (the forced test above covers it)")
+@pytest.mark.skipif(CAPS.bnb_cpu_avx512bf16 or CAPS.bnb_unusable is not None,
+                    reason="this CPU has AVX512-BF16, where bitsandbytes' 4-bit kernel has the shape rule (the forced "
+                    "test above covers it), or no AVX2, where bitsandbytes cannot load (refused up front, tested)")
 def test_bnb_4bit_generic_kernel_takes_any_shape(odd_model):
     v = build_variant(odd_model, "nf4")
     logits = v.model.forward(torch.arange(4), v.model.new_cache(8))
@@ -170,9 +173,9 @@ def test_bitsandbytes_is_refused_up_front_where_importing_it_would_crash(bundled
     refused with the reason before anything imports it (the page then does not offer them)."""
     from engine.quantize import precheck
 
-    reason = capabilities._bitsandbytes_unusable({"sse4_2", "avx"}, cuda=False)
+    reason = capabilities._bitsandbytes_unusable("DEFAULT", cuda=False)
     assert reason and "AVX2" in reason
-    assert capabilities._bitsandbytes_unusable({"avx2", "fma"}, cuda=False) is None
+    assert capabilities._bitsandbytes_unusable("AVX2", cuda=False) is None
     with capabilities.forced(bnb_unusable=reason):
         for name in ("int8", "nf4", "fp4"):
             why = precheck(bundled, name)
