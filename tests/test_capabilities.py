@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine import capabilities, quantize
+from engine import capabilities, quantize, weight_only
 from engine.errors import LoadError
 from engine.fast_llama import packed_weight, project
 from engine.loader import resolve_dtype
@@ -92,7 +92,7 @@ def test_weight_only_activation_dtype_measured_once_and_reported():
     first = quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.float32)
     assert quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.float32) is first
     assert first in (torch.bfloat16, torch.float32)
-    assert ("int8wo", "cpu", quantize._dtype_name(first)) in quantize.probe_results
+    assert ("int8wo", "cpu", quantize.dtype_name(first)) in quantize.probe_results
     # a bf16 model needs no choice: its own dtype is the kernel's fast one
     assert quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.bfloat16) == torch.bfloat16
 
@@ -110,14 +110,14 @@ def test_a_kernel_that_fails_its_check_is_refused_before_building(tiny, monkeypa
     def broken(*args):
         raise RuntimeError("no kernel for this CPU")
 
-    quantize._probe.cache_clear()
+    weight_only._probe.cache_clear()
     monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", broken)
     try:
         with pytest.raises(LoadError, match="int4wo kernel cannot run.*no kernel for this CPU"):
             build_variant(tiny, "int4wo")
     finally:
         monkeypatch.undo()
-        quantize._probe.cache_clear()
+        weight_only._probe.cache_clear()
     assert build_variant(tiny, "int4wo") is not None
 
 

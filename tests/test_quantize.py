@@ -91,6 +91,8 @@ def test_weight_bytes_count_the_quantized_storage(variants, bf16):
     # +head: lm_head's own int8 copy beside the embedding, which stays
     head = bf16.model.lm_head
     assert variants.get("int8wo+head").weight_bytes == expected_wo + head.weight.numel() + 2 * head.out_features
+    # +head8: 4-bit blocks, lm_head's own int8 copy
+    assert variants.get("int4wo+head8").weight_bytes == expected_4 + head.weight.numel() + 2 * head.out_features
     # nf4: half a byte per weight plus block absmax, and no more than the targets allow
     nf4 = variants.get("nf4").weight_bytes
     assert rest + linear_bytes // 4 < nf4

@@ -1,0 +1,240 @@
+"""Weight-only int8 / int4 linears through PyTorch's own kernels, and the one-time choice of
+their activation dtype.
+
+Why torch's own kernels: they ship inside the torch we pin, so they need no extra package
+(torchao, which wraps these same ops, is not installed here) and run on every CPU torch runs on.
+Their activation dtype is the kernel's, not the model's: on CPU they are fast with bf16
+activations even when the model is fp32 (measured on the Zen 3, AVX2 only: one decode step's
+matmuls 6.7 ms with bf16 activations, 66.5 ms with fp32), so x is cast in and y cast back;
+`weight_only_compute_dtype` measures that once per process (capabilities
+`weight_only_activations` forces a choice). engine/quantize.py builds variants from these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+
+import torch
+from torch import nn
+
+from . import capabilities
+from .errors import LoadError
+from .model import DTYPE_NAMES, first_line
+
+
+@contextlib.contextmanager
+def onednn_on():
+    """Switch oneDNN back on inside a quantized matmul.
+
+    FastLlama routes one-row matmuls around oneDNN (its bf16 GEMV is slow), but the int8 kernels
+    are faster with it: measured here for one 1 x 576 -> 3072 product, `torch._int_mm`
+    (bitsandbytes int8) 3.6 vs 13.2 ms and `torch._weight_int8pack_mm` 1.2 vs 3.8 ms
+    (a loaded machine; the ratios are the point).
+    """
+    if torch._C._get_mkldnn_enabled():
+        yield
+        return
+    torch._C._set_mkldnn_enabled(True)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(False)
+
+
+
+INT4_GROUP_SIZE = 32  # input weights per scale+zero; 32 vs 64 measured in docs/quantization.md
+INT4_CUDA_INNER_K_TILES = 8  # the CUDA kernel's (tinygemm) layout: in_features % (16 * this) == 0
+_PROBE = (576, 1536)  # in, out features of the one-time kernel check: a SmolLM2-sized projection
+_PROBE_ROUNDS = 7
+PROBE_MARGIN = 1.2  # bf16 activations only if their kernel is at least this much faster (they cost precision)
+probe_results: dict = {}  # (kernel, device type, dtype name) -> median µs of one probe matmul, or the error
+
+
+def weight_only_compute_dtype(kernel: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """The activation dtype torch's `kernel` ('int8wo' or 'int4wo') runs in, for a model in `model_dtype`.
+
+    CPU: bf16 or the model's dtype, whichever the kernel is faster in on this machine — measured once
+    per process (`_probe`), unless capabilities `weight_only_activations` forces 'bf16' or 'model'.
+    CUDA: the model's dtype for int8; bf16 for int4 (the only one its kernel takes). Raises
+    LoadError if the kernel gives wrong results or fails in every candidate dtype.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        candidates = (torch.bfloat16,) if kernel == "int4wo" else (model_dtype,)
+    else:
+        choice = capabilities.detect().weight_only_activations
+        candidates = {"model": (model_dtype,), "bf16": (torch.bfloat16,)}.get(
+            choice, tuple(dict.fromkeys((torch.bfloat16, model_dtype))))
+    return _probe(kernel, device.type, candidates)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...]) -> torch.dtype:
+    """Run `kernel` on a probe layer in each candidate dtype: keep those whose result matches the
+    dequantized weights, and of those the fastest (median over alternating rounds)."""
+    cls = {"int8wo": Int8WeightOnlyLinear, "int4wo": Int4WeightOnlyLinear}[kernel]
+    gen = torch.Generator().manual_seed(0)
+    k, n = _PROBE
+    linear = nn.Linear(k, n, bias=False)
+    linear.weight.data = (torch.randn(n, k, generator=gen) * 0.02).to(device_type)
+    x = torch.randn(1, k, generator=gen).to(device_type)
+    layers, errors = {}, {}
+    for dt in candidates:
+        try:
+            layer = cls.from_linear(linear, compute_dtype=dt, keep_unpacked=True)
+            want = x @ layer.dequantized().T
+            got = layer(x).float()
+            err = float((got - want).abs().max() / want.abs().max())
+            if not err < 0.05:  # bf16 activations: ~1e-2 relative; a broken kernel: far more (or NaN)
+                raise RuntimeError(f"wrong results (relative error {err:.2g})")
+            layers[dt] = layer
+        except Exception as exc:
+            errors[dt] = f"{type(exc).__name__}: {first_line(exc)}"
+            probe_results[(kernel, device_type, dtype_name(dt))] = errors[dt]
+    if not layers:
+        raise LoadError(f"torch's {kernel} kernel cannot run on this {device_type} ("
+                        + "; ".join(f"{dtype_name(d)}: {e}" for d, e in errors.items())
+                        + "); pick int8 or nf4 (bitsandbytes) or an unquantized dtype")
+    if len(layers) == 1:
+        return next(iter(layers))
+    times = {dt: [] for dt in layers}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a shared, busy CPU a second thread mostly measures its waits
+    try:
+        with torch.inference_mode():
+            for _ in range(_PROBE_ROUNDS):  # alternate, so both dtypes see the same machine state
+                for dt, layer in layers.items():
+                    layer(x)
+                    t0 = time.perf_counter()
+                    layer(x)
+                    if device_type == "cuda":
+                        torch.cuda.synchronize()
+                    times[dt].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    best = {dt: min(ts) for dt, ts in times.items()}  # the least disturbed run: other load only adds
+    for dt, t in best.items():
+        probe_results[(kernel, device_type, dtype_name(dt))] = round(t * 1e6, 1)
+    first, *others = layers  # the first candidate (bf16) only where it clearly wins: a tie keeps precision
+    rest = min(others, key=best.get) if others else None
+    return first if rest is None or best[first] * PROBE_MARGIN < best[rest] else rest
+
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in DTYPE_NAMES.items()}[dtype]
+
+
+class _WeightOnlyLinear(nn.Module):
+    """A Linear whose weights stay quantized and go straight into one of torch's weight-only kernels.
+
+    The kernel runs in `compute_dtype` (see `weight_only_compute_dtype`): x is cast in, y cast back
+    to x's dtype, so the rest of the model keeps its own dtype.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features, self.compute_dtype = in_features, out_features, compute_dtype
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != self.compute_dtype:
+            x2 = x2.to(self.compute_dtype)
+        with onednn_on():
+            y = self._matmul(x2)
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"compute_dtype={dtype_name(self.compute_dtype)}")
+
+
+class Int8WeightOnlyLinear(_WeightOnlyLinear):
+    """y = x @ (W_int8 * scale).T + b: int8 weights with one scale per output channel, through
+    `torch._weight_int8pack_mm`, which reads the int8 weights directly: a decode step (memory-bound)
+    moves a quarter of fp32's bytes, half of bf16's."""
+
+    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 compute_dtype: torch.dtype):
+        super().__init__(weight_int8.shape[1], weight_int8.shape[0], bias, compute_dtype)
+        self.register_buffer("weight_int8", weight_int8)
+        self.register_buffer("scale", scale.to(compute_dtype))  # the kernel wants scales in x's dtype
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, name: str = "int8wo", device=None, dtype=None,
+                    compute_dtype: torch.dtype | None = None, keep_unpacked: bool = True) -> Int8WeightOnlyLinear:
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        compute = compute_dtype or weight_only_compute_dtype("int8wo", w.device, linear.weight.dtype)
+        return cls(q, scale, bias, compute)
+
+    def _matmul(self, x):
+        return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight_int8.float() * self.scale.float()[:, None]
+
+
+def int4_quantize(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit groups along the input dimension, in the layout torch's int4 kernels expect:
+    q in 0..15 (int32, [out, in]) and scales_and_zeros [in / group, out, 2] with
+    w ≈ (q - 8) * scale + zero (the zero is a float offset: the group's min plus 8 scales)."""
+    n, k = w.shape
+    groups = w.float().reshape(-1, group_size)
+    lo, hi = groups.amin(dim=1, keepdim=True), groups.amax(dim=1, keepdim=True)
+    scale = (hi - lo).clamp(min=1e-6) / 15
+    zero = lo + 8 * scale
+    q = groups.sub(lo).div(scale).round().clamp_(0, 15).to(torch.int32).reshape(n, k)
+    scales_and_zeros = torch.stack([scale.view(n, -1), zero.view(n, -1)], dim=2).transpose(0, 1).contiguous()
+    return q, scales_and_zeros
+
+
+class Int4WeightOnlyLinear(_WeightOnlyLinear):
+    """4-bit weights, a scale and a zero per group of `group_size` input weights, through torch's
+    `_weight_int4pack_mm_for_cpu` (CPU) or `_weight_int4pack_mm` (CUDA), which unpack them in the
+    kernel. Half a byte per weight plus 4 bytes (bf16 scale, zero) per group."""
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int,
+                 group_size: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
+        super().__init__(in_features, scales_and_zeros.shape[1], bias, compute_dtype)
+        self.group_size = group_size
+        self.register_buffer("weight_int4", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros.to(compute_dtype))
+        self._q = None  # the unpacked values, kept only by tests that ask for `dequantized`
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, name: str = "int4wo", device=None, dtype=None,
+                    compute_dtype: torch.dtype | None = None, group_size: int = INT4_GROUP_SIZE,
+                    keep_unpacked: bool = False) -> Int4WeightOnlyLinear:
+        w = linear.weight.detach()
+        q, sz = int4_quantize(w, group_size)
+        if w.device.type == "cuda":  # the CUDA packer takes two 4-bit values per byte
+            packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8),
+                                                       INT4_CUDA_INNER_K_TILES)
+        else:
+            packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # inner-k tiles: unused on CPU
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        compute = compute_dtype or weight_only_compute_dtype("int4wo", w.device, w.dtype)
+        layer = cls(packed, sz, w.shape[1], group_size, bias, compute)
+        layer._q = q if keep_unpacked else None
+        return layer
+
+    def _matmul(self, x):
+        if x.device.type == "cuda":
+            return torch._weight_int4pack_mm(x, self.weight_int4, self.group_size, self.scales_and_zeros)
+        return torch._weight_int4pack_mm_for_cpu(x, self.weight_int4, self.group_size, self.scales_and_zeros)
+
+    def dequantized(self) -> torch.Tensor:
+        if self._q is None:
+            raise ValueError("built without keep_unpacked=True: the packed layout is the kernel's own")
+        sz = self.scales_and_zeros.float()
+        scale, zero = sz[..., 0].T.repeat_interleave(self.group_size, 1), sz[..., 1].T.repeat_interleave(self.group_size, 1)
+        return (self._q.float() - 8) * scale + zero
