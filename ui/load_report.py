@@ -138,7 +138,12 @@ def fmt(v) -> str:
 
 
 def ratio(a, b) -> float | None:
-    return round(b / a, 2) if a and b is not None else None
+    return round(b / a, 4) if a and b is not None else None
+
+
+def fmt_ratio(r) -> str:
+    """2.21×; a small ratio keeps two significant digits (0.0045×, not 0.00×)."""
+    return "—" if r is None else f"{r:.2f}×" if r >= 0.1 else f"{r:.2g}×"
 
 
 def delta_html(one, two) -> str:
@@ -154,7 +159,7 @@ def delta_html(one, two) -> str:
         r = ratio(va, vb)
         hover = METRICS[metric].hover if metric in METRICS else label
         trs.append(f'<tr data-metric="{name}"><th title="{html.escape(hover)}">{html.escape(label)}</th>{cells}'
-                   f'<td>{"—" if r is None else f"{r:.2f}×"}</td></tr>')
+                   f'<td>{fmt_ratio(r)}</td></tr>')
     return ('<table class="lab-table lab-delta lab-load-delta"><thead><tr><th>figure</th>'
             f"<th>run 1: {html.escape(one.label)}</th><th>run 2: {html.escape(two.label)}</th><th>2 / 1</th></tr>"
             f'</thead><tbody>{"".join(trs)}</tbody></table>')
@@ -164,7 +169,7 @@ def pair_sentence(clients: int, one, two) -> str:
     """The trade-off in the measured numbers, in one sentence."""
     a, b = one.figures, two.figures
     r = ratio(a.output_tok_per_s, b.output_tok_per_s)
-    head = (f"{two.label.capitalize()} gave {fmt(r)}× the output tok/s of {one.label} at {clients} clients "
+    head = (f"{two.label.capitalize()} gave {fmt_ratio(r)} the output tok/s of {one.label} at {clients} clients "
             f"({fmt(b.output_tok_per_s)} vs {fmt(a.output_tok_per_s)})")
     lat = (f"p50 TTFT went from {fmt(a.ttft_ms_p50)} to {fmt(b.ttft_ms_p50)} ms, p50 queue from "
            f"{fmt(a.queue_ms_p50)} to {fmt(b.queue_ms_p50)} ms and p50 TPOT from {fmt(a.tpot_ms_p50)} to "

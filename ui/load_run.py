@@ -82,7 +82,7 @@ def parse_spec(values: dict, prompt_sets: dict, engines: dict) -> LoadSpec:
         t.check(value)
         got[t.name] = value
     prompt_set = values.get("prompt_set") or LOAD_POOL
-    if prompt_set != LOAD_POOL and prompt_set not in prompt_sets:
+    if prompt_set not in prompt_set_choices(prompt_sets):
         raise InvalidRequest(f"prompt_set must be one of {', '.join(prompt_set_choices(prompt_sets))}", "prompt_set")
     backend = values.get("backend") or next(iter(engines))
     if backend not in engines:
