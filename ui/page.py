@@ -60,7 +60,7 @@ def preset_settings(preset: dict, side: str, info: EngineInfo) -> dict:
 
 
 def head(presets: dict, info: EngineInfo) -> str:
-    """The <head> additions: the page's config, then our three scripts (inlined: one request less)."""
+    """The <head> additions: the page's config, then our scripts (inlined: one request less)."""
     config = {
         "fields": FIELDS,
         "loadFields": LOAD_FIELDS,
@@ -74,7 +74,8 @@ def head(presets: dict, info: EngineInfo) -> str:
     }
     scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
         (HERE / name).read_text() for name in ("overlays.js", "roofline.js", "markdown.js", "client_timing.js",
-                                              "smooth.js", "page.js", "load_plots.js", "load.js")]
+                                              "smooth.js", "page.js", "gradio_transport.js", "ab.js",
+                                              "load_plots.js", "load.js")]
     return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
 
 
