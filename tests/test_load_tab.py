@@ -131,11 +131,12 @@ def _result(outcome, tokens=8, ttft=100.0, tpot=20.0, queue=5.0, batch=(1, 2)):
                                                       "batch_size": list(batch)})
 
 
-def test_throughput_windows_count_exact_replies_only():
+def test_throughput_so_far_counts_exact_replies_and_ends_on_the_run_figure():
     points = [LoadPoint.of(_result("exact"), 0.2), LoadPoint.of(_result("exact"), 0.7),
               LoadPoint.of(_result("crossed"), 0.8)]
-    series = throughput_series(points, 1.0)
-    assert [(s.t_s, s.req_per_s, s.output_tok_per_s) for s in series] == [(0.5, 2.0, 16.0), (1.0, 2.0, 16.0)]
+    series = throughput_series(points, 1.0, steps=4)
+    assert [(s.t_s, s.req_per_s, s.output_tok_per_s) for s in series] == [
+        (0.25, 4.0, 32.0), (0.5, 2.0, 16.0), (0.75, 2.667, 21.33), (1.0, 2.0, 16.0)]
     assert throughput_series([], 0.0) == []
 
 

@@ -34,7 +34,7 @@
     return `<svg class="lab-svg ${cls}" viewBox="0 0 ${W} ${height}" role="img" aria-label="${esc(label)}">${body}</svg>`;
   }
 
-  // One metric over time: a step line per run (each run's own t=0), on one axis.
+  // One throughput over time: a line per run (each run's own t=0), on one axis, its latest value dotted.
   function series(runs, key, title, unit) {
     const H = 110, top = 8, bottom = H - 18;
     const tMax = O.niceMax(Math.max(1, ...runs.map((r) => r.elapsed_s || 0)));
@@ -45,12 +45,9 @@
       `<text x="4" y="${top + 24}" class="lab-tick">max ${esc(fmt(vMax, unit))}</text>`;
     runs.forEach((r, i) => {
       if (!r.throughput.length) return;
-      let d = `M${ax.x(0).toFixed(1)},${y(0).toFixed(1)}`;
-      let t0 = 0;
-      for (const p of r.throughput) {
-        d += `L${ax.x(t0).toFixed(1)},${y(p[key]).toFixed(1)}L${ax.x(p.t_s).toFixed(1)},${y(p[key]).toFixed(1)}`;
-        t0 = p.t_s;
-      }
+      const d = r.throughput.map((p, j) => `${j ? "L" : "M"}${ax.x(p.t_s).toFixed(1)},${y(p[key]).toFixed(1)}`).join("");
+      const end = r.throughput[r.throughput.length - 1];
+      body += `<circle cx="${ax.x(end.t_s).toFixed(1)}" cy="${y(end[key]).toFixed(1)}" r="3" fill="${COLORS[i]}"><title>${esc(r.label)}: ${esc(fmt(end[key], unit))} at ${end.t_s.toFixed(1)} s</title></circle>`;
       body += `<path class="lab-load-line" data-run="${i}" data-points="${r.throughput.length}" d="${d}" fill="none" stroke="${COLORS[i]}" stroke-width="2"><title>${esc(r.label)}: ${esc(title)}</title></path>`;
     });
     return svg(H, body, `lab-load-throughput lab-load-${key}`, title);
@@ -74,7 +71,7 @@
         body += `<circle class="lab-load-dot" data-run="${i}" cx="${ax.x(v).toFixed(1)}" cy="${(cy + jitter * (rowH - 10)).toFixed(1)}" r="3" fill="${bad ? BAD : COLORS[i]}" fill-opacity="0.65"><title>${esc(key)} ${esc(O.fmtMs(v))} (${esc(p.outcome)})</title></circle>`;
       });
       const m = p50(r.points.filter((p) => p.outcome === "exact").map((p) => num(p[key])));
-      if (m != null) body += `<line class="lab-load-p50" x1="${ax.x(m)}" x2="${ax.x(m)}" y1="${cy - rowH / 2 + 2}" y2="${cy + rowH / 2 - 2}" stroke="#0f172a" stroke-width="2"><title>p50 ${esc(O.fmtMs(m))}</title></line>`;
+      if (m != null) body += `<line class="lab-load-p50" x1="${ax.x(m)}" x2="${ax.x(m)}" y1="${cy - rowH / 2 + 2}" y2="${cy + rowH / 2 - 2}" stroke-width="2"><title>p50 ${esc(O.fmtMs(m))}</title></line>`;
     });
     const hover = (G[key] && G[key].hover) || key;
     return `<div class="lab-load-dist"><h5 title="${esc(hover)}">${esc(key)}</h5>${svg(H, body, `lab-load-${key}`, key)}</div>`;
@@ -105,7 +102,7 @@
     return legend(runs) +
       `<div class="lab-load-grid"><div class="lab-card"><h4>Throughput over time</h4>` +
       series(runs, "output_tok_per_s", "output tok/s", "tok/s") + series(runs, "req_per_s", "requests/s", "req/s") +
-      `<div class="lab-muted">completed (exact) replies per window of the run</div></div>` +
+      `<div class="lab-muted">completed (exact) replies so far ÷ time so far: the last point is the run's figure</div></div>` +
       `<div class="lab-card"><h4>Latency distributions</h4>` +
       ["ttft_ms", "tpot_ms", "queue_ms"].map((k) => distribution(runs, k, G || {})).join("") +
       `<div class="lab-muted">a dot per request (red: not exact); the bar is the p50</div></div></div>`;

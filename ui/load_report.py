@@ -5,6 +5,7 @@ states their trade-off. Unknown values are None (a dash on the page), never 0.""
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import asdict, dataclass
 
 from .glossary import METRICS
@@ -46,22 +47,21 @@ class ThroughputPoint:
         return asdict(self)
 
 
-def throughput_series(points: list[LoadPoint], elapsed_s: float, windows: int = 20) -> list[ThroughputPoint]:
-    """Requests and output tokens completed (judged exact) in each window of the run so far, per second.
-    The window is elapsed/`windows`, at least 0.5 s, so a short run still gets a few points."""
+def throughput_series(points: list[LoadPoint], elapsed_s: float, steps: int = 20) -> list[ThroughputPoint]:
+    """Throughput of the run so far, at `steps` times: requests and output tokens completed (judged
+    exact) up to t, divided by t. It settles on the run's figure (its last point is the delta
+    table's), where a per-window count would jump with every burst of replies finishing together."""
     if elapsed_s <= 0:
         return []
-    width = max(0.5, elapsed_s / windows)
-    n = max(1, int(elapsed_s // width + (elapsed_s % width > 1e-9)))
-    reqs, toks = [0] * n, [0] * n
-    for p in points:
-        if p.outcome != "exact":
-            continue
-        i = min(n - 1, int(p.t_s // width))
-        reqs[i] += 1
-        toks[i] += p.output_tokens or 0
-    return [ThroughputPoint(round(min((i + 1) * width, elapsed_s), 3), round(reqs[i] / width, 3),
-                            round(toks[i] / width, 2)) for i in range(n)]
+    width = max(0.25, elapsed_s / steps)
+    ends = [min((i + 1) * width, elapsed_s) for i in range(math.ceil(elapsed_s / width - 1e-9))]
+    done = sorted((p.t_s, p.output_tokens or 0) for p in points if p.outcome == "exact")
+    out, i, reqs, toks = [], 0, 0, 0
+    for t in ends:
+        while i < len(done) and done[i][0] <= t:
+            reqs, toks, i = reqs + 1, toks + done[i][1], i + 1
+        out.append(ThroughputPoint(round(t, 3), round(reqs / t, 3), round(toks / t, 2)))
+    return out
 
 
 @dataclass(frozen=True)
