@@ -30,6 +30,11 @@
     return { s, x };
   }
 
+  // One unit per axis (not "5,000 ms" beside "10.0 s").
+  function msTick(xMax) {
+    return xMax >= 10000 ? (t) => `${+(t / 1000).toFixed(1)} s` : (t) => `${+t.toFixed(1)} ms`;
+  }
+
   function svg(height, body, cls, label) {
     return `<svg class="lab-svg ${cls}" viewBox="0 0 ${W} ${height}" role="img" aria-label="${esc(label)}">${body}</svg>`;
   }
@@ -58,7 +63,7 @@
     const rowH = 26, top = 6, H = top + runs.length * rowH + 20, bottom = H - 18;
     const all = runs.flatMap((r) => r.points.map((p) => num(p[key]))).filter((v) => v != null);
     const xMax = O.niceMax(Math.max(1, ...all));
-    const ax = xAxis(xMax, bottom, top, O.fmtMs);
+    const ax = xAxis(xMax, bottom, top, msTick(xMax));
     let body = ax.s;
     runs.forEach((r, i) => {
       const cy = top + i * rowH + rowH / 2;
@@ -99,6 +104,9 @@
 
   function all(snapshot, G) {
     const runs = snapshot.runs;
+    if (runs.every((r) => r.status === "waiting")) {
+      return legend(runs) + `<div class="lab-muted">The plots start with run 1, once every request's reference is computed.</div>`;
+    }
     return legend(runs) +
       `<div class="lab-load-grid"><div class="lab-card"><h4>Throughput over time</h4>` +
       series(runs, "output_tok_per_s", "output tok/s", "tok/s") + series(runs, "req_per_s", "requests/s", "req/s") +
