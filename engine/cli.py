@@ -37,8 +37,8 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
                    help="draft for --speculative draft: a causal LM folder sharing the model's tokenizer "
                         "(default: the bundled distilled draft for the bundled model; 'none': no draft)")
     g.add_argument("--max-batch", type=int, default=LoadConfig.max_batch, metavar="N",
-                   help="continuous batching: decode up to N requests together in one forward (default: 1, "
-                        "one request at a time); speculative requests run unbatched beside the batch")
+                   help="continuous batching: decode up to N requests together in one forward (default: %(default)s; "
+                        "1: one request at a time); speculative requests run unbatched beside the batch")
 
 
 def load_config_from_args(args, progress: bool = True) -> LoadConfig:

@@ -17,6 +17,8 @@ Unbatched: speculative requests (their step is a draft + verify of several token
 without our Llama forward run beside the batch, one step of theirs per loop; their Timeline says
 `batching: unbatched (...)`. Cancellation is what it always was: the generator checks its handle
 before every step. With `max_batch` 1 the engine uses `Worker` (worker.py), not this.
+A request in a batch scope (`Worker.open_batch_scope`, the page's Load tab) is admitted only while
+fewer than its scope's limit of that scope run; requests behind it may go first meanwhile.
 """
 
 from __future__ import annotations
@@ -169,15 +171,28 @@ class BatchingWorker(Worker):
                     return None
                 for seq in self._active:
                     seq.handle.cancel()
-            admitted = []
+            admitted, held = [], []
             while self._queue and len(self._active) < self.max_batch and not self._stopping:
-                seq = Sequence(self._queue.popleft())
+                handle = self._queue.popleft()
+                if not self._scope_has_room(handle):  # its run is at its own limit: later ones may go first
+                    held.append(handle)
+                    continue
+                seq = Sequence(handle)
                 self._active.append(seq)
                 admitted.append(seq)
+            self._queue.extendleft(reversed(held))  # back in front, in arrival order
             waiting = list(self._queue) if admitted else []
         for position, behind in enumerate(waiting, start=len(self._active)):
             behind.push(Event("status", stage="queued", detail={"position": position}))
         return admitted
+
+    def _scope_has_room(self, handle: RequestHandle) -> bool:
+        """Under the lock: whether a request's batch scope (open_batch_scope) runs fewer than its limit."""
+        scope = handle.request.batch_scope
+        limit = self._scopes.get(scope) if scope is not None else None
+        if limit is None:
+            return True
+        return sum(s.handle.request.batch_scope == scope for s in self._active) < limit
 
     def _start(self, seq: Sequence) -> None:
         handle, tl = seq.handle, seq.handle.timeline

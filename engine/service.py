@@ -71,10 +71,17 @@ class Engine:
 
     def submit(self, messages: list[dict] | None = None, config: GenerationConfig | None = None, *,
                prompt_ids: list[int] | None = None, session: str | None = None,
-               timeline: Timeline | None = None) -> RequestHandle:
+               timeline: Timeline | None = None, batch_scope: str | None = None) -> RequestHandle:
         request = Request(messages=messages, prompt_ids=prompt_ids, config=config or GenerationConfig(),
-                          session=session)
+                          session=session, batch_scope=batch_scope)
         return self.worker.submit(request, timeline)
+
+    def open_batch_scope(self, limit: int) -> str:
+        """A run-scoped max batch for the requests that name the id (engine/worker.py)."""
+        return self.worker.open_batch_scope(limit)
+
+    def close_batch_scope(self, scope: str) -> None:
+        self.worker.close_batch_scope(scope)
 
     def complete(self, messages: list[dict], config: GenerationConfig | None = None, **kw) -> Event:
         """Blocking: the done event (text, token ids, timeline). Raises the request's error."""

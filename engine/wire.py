@@ -30,6 +30,7 @@ class Request:
     prompt_ids: list[int] | None = None
     config: GenerationConfig = field(default_factory=GenerationConfig)
     session: str | None = None  # prefix-cache scope (KV reuse); None: private to this request
+    batch_scope: str | None = None  # a run-scoped batch limit (Worker.open_batch_scope); None: the engine's own
     id: str = ""
 
 

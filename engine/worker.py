@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import threading
 from collections import deque
 
@@ -27,6 +28,8 @@ _ids = itertools.count(1)
 class Worker:
     """Runs requests one at a time on a thread of its own, in arrival order."""
 
+    max_batch = 1  # requests running at once (BatchingWorker: --max-batch)
+
     def __init__(self, loaded, max_queue: int | None = None, decoding_factory=None, prefix_cache=None,
                  variants=None):
         from .variants import VariantSet
@@ -41,6 +44,7 @@ class Worker:
         self._cv = threading.Condition()
         self._running: RequestHandle | None = None
         self._stopping = False
+        self._scopes: dict[str, int] = {}  # batch scope id -> its run's limit (open_batch_scope)
         self.completed = 0
         self.failed = 0
         self._thread = threading.Thread(target=self._loop, name="model-worker", daemon=True)
@@ -52,6 +56,9 @@ class Worker:
         self.variants.check(request.config.quantization)
         if request.prompt_ids is None and request.messages is None:
             raise InvalidRequest("a request needs messages or prompt_ids", "messages")
+        if request.batch_scope is not None and request.batch_scope not in self._scopes:
+            raise InvalidRequest("unknown batch_scope: a scope exists only while the load run that opened it "
+                                 "runs", "batch_scope")
         request.id = request.id or f"req-{next(_ids)}"
         timeline = timeline or Timeline()
         timeline.request_id = request.id
@@ -69,6 +76,24 @@ class Worker:
             self._queue.append(handle)
             self._cv.notify()
         return handle
+
+    def open_batch_scope(self, limit: int) -> str:
+        """A run-scoped batch limit: requests naming the returned id (`Request.batch_scope`) run at
+        most `limit` at once, while everyone else's requests keep the engine's own limit. The page's
+        Load tab compares max batch 1 and 8 this way on one running engine, without touching other
+        sessions' chats. Here (one request at a time) only 1 can be asked for."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= self.max_batch:
+            raise InvalidRequest(f"max batch must be 1 to {self.max_batch} on this engine (it was started with "
+                                 f"--max-batch {self.max_batch}), not {limit!r}", "max_batch")
+        scope = secrets.token_urlsafe(12)
+        with self._cv:
+            self._scopes[scope] = limit
+        return scope
+
+    def close_batch_scope(self, scope: str) -> None:
+        with self._cv:
+            self._scopes.pop(scope, None)
+            self._cv.notify_all()
 
     def queue_depth(self) -> int:
         with self._cv:

@@ -159,7 +159,13 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
         if name not in backends:
             raise _unknown_model(name, backends)
         session = None if chat.session is None else session_ids.engine_session(chat.session)
-        handle = backends[name].submit(chat.messages, chat.config, session=session, timeline=timeline)
+        scoped = {}
+        if chat.batch_scope is not None:  # only a local engine has run-scoped batch limits
+            if not hasattr(backends[name], "open_batch_scope"):
+                raise APIError(400, f"batch_scope applies to a local engine, not to {name!r}", param="batch_scope",
+                               code="invalid_value")
+            scoped["batch_scope"] = chat.batch_scope
+        handle = backends[name].submit(chat.messages, chat.config, session=session, timeline=timeline, **scoped)
         return await _respond(request, handle, chat, name)
 
     return app

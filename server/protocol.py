@@ -26,7 +26,7 @@ TOGGLES = tuple(t.name for t in CONFIG_TOGGLES if "local" in t.backends)
 # Fields we read; any other field is refused with a 400 that names it, except these standard
 # OpenAI fields, which are accepted and ignored (they change nothing a local engine does).
 READ = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-        "top_p", "top_k", "seed", "stop", "n", "response_format", "session"}
+        "top_p", "top_k", "seed", "stop", "n", "response_format", "session", "batch_scope"}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
            "safety_identifier", "prompt_cache_key", "verbosity", "web_search_options"}
 # Standard fields we cannot honour: refused when set to anything but their "off" value.
@@ -57,6 +57,7 @@ class ChatRequest:
     include_usage: bool
     session: str | None
     max_tokens_field: str  # the name the client used, so errors point at its own field
+    batch_scope: str | None = None  # a load run's batch limit (engine Worker.open_batch_scope), opened in-process
 
 
 def parse_chat_request(body) -> ChatRequest:
@@ -91,6 +92,9 @@ def parse_chat_request(body) -> ChatRequest:
     session = body.get("session")
     if session is not None and (not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION_CHARS):
         raise InvalidRequest(f"session must be a string of 1 to {MAX_SESSION_CHARS} characters", "session")
+    batch_scope = body.get("batch_scope")
+    if batch_scope is not None and (not isinstance(batch_scope, str) or not 0 < len(batch_scope) <= 64):
+        raise InvalidRequest("batch_scope must be a string of 1 to 64 characters", "batch_scope")
 
     # max_completion_tokens is the current name; max_tokens the older one that most servers take.
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -103,7 +107,7 @@ def parse_chat_request(body) -> ChatRequest:
         config.validate()
     except InvalidRequest as exc:
         raise in_api_terms(exc, field) from None
-    return ChatRequest(model, messages, config, stream, include_usage, session, field)
+    return ChatRequest(model, messages, config, stream, include_usage, session, field, batch_scope)
 
 
 def _messages(raw) -> list:

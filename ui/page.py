@@ -1,4 +1,4 @@
-"""The page: a gr.Blocks with Chat, A/B, Sweep and Glossary tabs.
+"""The page: a gr.Blocks with Chat, A/B, Sweep, Load and Glossary tabs.
 
 Gradio draws the controls and runs the sweep. The chat transcripts and live overlays are
 ours (ui/page.js, ui/overlays.js, ui/client_timing.js, loaded into the page's <head>): the
@@ -19,9 +19,10 @@ from engine.config import TOGGLES
 from engine.errors import LatencyLabError
 from engine.info import EngineInfo
 
-from . import engine_info, glossary, sweep
+from . import engine_info, glossary, load_tab, sweep
 from .chat import ChatStore
 from .controls import settings_controls
+from .load_run import LOAD_FIELDS
 from .presets import custom_prompt_set
 from .records import READING_PACE_TPS
 from .settings import FIELDS, PAGE_SETTINGS, SMOOTH_MAX_HOLD_MS
@@ -59,9 +60,10 @@ def preset_settings(preset: dict, side: str, info: EngineInfo) -> dict:
 
 
 def head(presets: dict, info: EngineInfo) -> str:
-    """The <head> additions: the page's config, then our three scripts (inlined: one request less)."""
+    """The <head> additions: the page's config, then our scripts (inlined: one request less)."""
     config = {
         "fields": FIELDS,
+        "loadFields": LOAD_FIELDS,
         "glossary": glossary.as_json(),
         "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, info) is None}
                     for k, p in presets.items()},
@@ -72,7 +74,8 @@ def head(presets: dict, info: EngineInfo) -> str:
     }
     scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
         (HERE / name).read_text() for name in ("overlays.js", "roofline.js", "markdown.js", "client_timing.js",
-                                              "smooth.js", "page.js")]
+                                              "smooth.js", "page.js", "gradio_transport.js", "ab.js",
+                                              "load_plots.js", "load.js")]
     return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
 
 
@@ -117,7 +120,7 @@ def settings_glossary_html() -> str:
             f"<th>what it does</th><th>moves</th><th>honoured by</th></tr></thead><tbody>{rows}</tbody></table>")
 
 
-def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
+def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: bool = False) -> gr.Blocks:
     info = store.info
     backends = list(store.engines)
 
@@ -260,6 +263,14 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
                 sweep_plot = gr.Plot(label="Distributions (every reply a point)", show_label=False)
                 sweep_files = gr.File(label="Export (CSV, JSON)", file_count="multiple")
 
+            with gr.Tab("Load", id="load"):
+                load_inputs = load_tab.build(store.engines, info, prompt_sets, load_ready)
+                with gr.Row():
+                    load_run = gr.Button("Run both (run 1, then run 2)", variant="primary", elem_id="lab-load-run")
+                    load_stop = gr.Button("Stop", variant="stop", elem_id="lab-load-stop")
+                gr.HTML('<div id="lab-load-status" class="lab-muted"></div><div id="lab-load-plots"></div>'
+                        '<p id="lab-load-sentence" class="lab-load-sentence"></p><div id="lab-load-delta"></div>')
+
             with gr.Tab("Glossary", id="glossary"):
                 gr.Markdown("Every number on the page, with the events it starts and ends at. Hover a number "
                             "anywhere to see its definition.")
@@ -300,6 +311,9 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict) -> gr.Blocks:
         gr_send.click(gradio_chat, [gr_payload], [gr_stream], js="() => window.lab.takeGradioPayload()",
                       api_name="chat", concurrency_limit=None, show_progress="hidden")
         gr_stream.change(None, [gr_stream], js="(v) => { window.lab.onGradioUpdate(v); }", **quick)
+
+        load_run.click(None, load_inputs, js="(...a) => { window.lab.load.start(a); }", **quick)
+        load_stop.click(None, js="() => { window.lab.load.stop(); }", **quick)
 
         sweep_event = sweep_run.click(run_sweep_event, [set_choice, custom, max_items, *both],
                                       [sweep_summary, sweep_plot, sweep_files], api_visibility="private")

@@ -6,6 +6,8 @@ import gradio as gr
 from fastapi import APIRouter, FastAPI
 
 from .chat import ChatStore
+from .load_api import load_router
+from .load_run import LoadRunner
 from .page import build_page, css, head
 from .presets import load_prompt_sets, teaching_presets
 from .stream_api import lab_router
@@ -22,9 +24,12 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
     app = app or FastAPI(title="Latency Lab", docs_url=None, redoc_url=None)
     app.state.store = store
     app.include_router(lab_router(store, presets))
+    # the Load tab's clients go through the API's /v1 routes, when this app has them (app.py mounts them)
+    has_api = any(getattr(r, "path", "") == "/v1/chat/completions" for r in app.routes)
+    app.include_router(load_router(LoadRunner(store.engines, prompt_sets), has_api))
     for router in routers:
         app.include_router(router)
-    page = build_page(store, prompt_sets, presets)
+    page = build_page(store, prompt_sets, presets, load_ready=has_api)
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
     return gr.mount_gradio_app(app, page, path="/", css=css(), head=head(presets, store.info), theme=theme,
                                footer_links=["api", "settings"], run_history=False)

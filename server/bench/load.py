@@ -64,14 +64,17 @@ def add_args(p):
 
 
 async def drive(url: str, pool: list[ScriptedConversation], clients: int, duration: float, max_requests: int,
-                cancel_every: int, deadline: float, api_key: str | None = None) -> tuple[list[Result], float]:
-    """`clients` clients play conversations until `duration` is up (then finish what they sent)."""
+                cancel_every: int, deadline: float, api_key: str | None = None, headers: dict | None = None,
+                on_result=None) -> tuple[list[Result], float]:
+    """`clients` clients play conversations until `duration` is up (then finish what they sent).
+    `headers`: sent with every request (the page forwards its own auth); `on_result(result)`: called
+    as each request is judged (the page's live plots)."""
     import httpx
 
     references = {t.key: t.ref_text for c in pool for t in c.turns}
     results: list[Result] = []
     sent = 0
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(deadline + 30, connect=10), limits=limits,
                                  headers=headers) as http:
@@ -98,6 +101,8 @@ async def drive(url: str, pool: list[ScriptedConversation], clients: int, durati
                     r = await one_request(http, url, turn, session, cancel, deadline, clients)
                     r.outcome = judge(r, turn, references)
                     results.append(r)
+                    if on_result is not None:
+                        on_result(r)
 
         await asyncio.gather(*(client(c) for c in range(clients)))
         return results, time.perf_counter() - t0

@@ -86,11 +86,13 @@ def build_pool(conversations: int, max_new_tokens: int, offers: dict) -> list[Sc
     return pool
 
 
-def compute_references(engine, pool: list[ScriptedConversation]) -> None:
+def compute_references(engine, pool: list[ScriptedConversation], progress=None) -> None:
     """Each turn alone, in-process, one at a time, no session: what the load's replies must equal.
-    Turn 2's history holds turn 1's reference reply, exactly as the clients will send it."""
+    Turn 2's history holds turn 1's reference reply, exactly as the clients will send it.
+    `progress(done, total)`: called after each turn."""
     from server.protocol import parse_chat_request
 
+    total, done_turns = sum(len(c.turns) for c in pool), 0
     for conv in pool:
         history = []
         for turn in conv.turns:
@@ -99,6 +101,9 @@ def compute_references(engine, pool: list[ScriptedConversation]) -> None:
             done = engine.complete(turn.body["messages"], config)
             turn.ref_text, turn.ref_prompt_tokens = done.text, done.timeline.prompt_tokens
             history = turn.body["messages"] + [{"role": "assistant", "content": done.text}]
+            done_turns += 1
+            if progress is not None:
+                progress(done_turns, total)
 
 
 # --- the clients -------------------------------------------------------------------------------

@@ -1,0 +1,167 @@
+"""The Load tab without a browser: run-scoped batch limits in the engine (a load run's max batch,
+other requests unaffected), the API's batch_scope field, the tab's settings, and its figures,
+delta table and sentence (ui/load_run.py, ui/load_report.py). The page itself: tests/ui_browser/test_ui_load.py."""
+
+import pytest
+from support import ask
+
+from engine.config import GenerationConfig
+from engine.errors import InvalidRequest
+from engine.service import Engine
+from server.bench.load_pool import Result
+from server.protocol import parse_chat_request
+from ui.load_report import LoadPoint, RunFigures, delta_html, pair_sentence, throughput_series
+from ui.load_run import LOAD_POOL, PAGE_MAX_BATCH, RunState, build_conversations, parse_spec
+
+LONG = GenerationConfig(temperature=0.0, max_new_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def batching_tiny(tiny):
+    engine = Engine(tiny, max_batch=4)
+    yield engine
+    engine.close()
+
+
+def _streamed(handle, tokens: int):
+    for event in handle.events(timeout=300):
+        if event.kind == "chunk" and event.output_tokens >= tokens or event.kind in ("done", "error"):
+            return handle
+    return handle
+
+
+def test_a_scope_of_one_runs_its_requests_one_at_a_time_while_others_still_batch(batching_tiny):
+    scope = batching_tiny.open_batch_scope(1)
+    try:
+        first = _streamed(batching_tiny.submit(ask("Write a long story."), LONG, batch_scope=scope), 1)
+        second = batching_tiny.submit(ask("Write a long poem."), LONG, batch_scope=scope)
+        other = batching_tiny.submit(ask("Write a long song."), LONG)  # another session's chat: no scope
+        a, b, c = first.result(timeout=300), second.result(timeout=300), other.result(timeout=300)
+    finally:
+        batching_tiny.close_batch_scope(scope)
+    assert b.timeline.started_ns >= a.timeline.done_ns  # the run's limit: one of its requests at a time
+    assert c.timeline.started_ns < a.timeline.done_ns  # the engine's limit for everyone else
+    assert max(c.timeline.batch_size) >= 2  # ...and it decoded in the same forwards as the run's request
+
+
+def test_a_larger_scope_batches_its_own_requests(batching_tiny):
+    scope = batching_tiny.open_batch_scope(3)
+    try:
+        first = _streamed(batching_tiny.submit(ask("Write a long story."), LONG, batch_scope=scope), 1)
+        second = batching_tiny.submit(ask("Write a long poem."), LONG, batch_scope=scope)
+        a, b = first.result(timeout=300), second.result(timeout=300)
+    finally:
+        batching_tiny.close_batch_scope(scope)
+    assert b.timeline.started_ns < a.timeline.done_ns and max(b.timeline.batch_size) >= 2
+
+
+def test_scopes_are_checked(batching_tiny, tiny):
+    with pytest.raises(InvalidRequest, match="1 to 4"):
+        batching_tiny.open_batch_scope(5)
+    with pytest.raises(InvalidRequest, match="unknown batch_scope"):
+        batching_tiny.submit(ask("Hi."), LONG, batch_scope="made-up")
+    one_at_a_time = Engine(tiny)  # --max-batch 1: only a scope of 1
+    try:
+        assert one_at_a_time.open_batch_scope(1)
+        with pytest.raises(InvalidRequest, match="--max-batch 1"):
+            one_at_a_time.open_batch_scope(2)
+    finally:
+        one_at_a_time.close()
+
+
+def test_the_api_reads_batch_scope_and_refuses_a_bad_one():
+    body = {"messages": ask("Hi."), "batch_scope": "abc"}
+    assert parse_chat_request(body).batch_scope == "abc"
+    assert parse_chat_request({"messages": ask("Hi.")}).batch_scope is None
+    with pytest.raises(InvalidRequest, match="batch_scope"):
+        parse_chat_request({**body, "batch_scope": 7})
+
+
+class _Local:
+    """An engine as parse_spec sees it: batch scopes, and a max batch in its info."""
+
+    def __init__(self, max_batch):
+        self.max_batch = max_batch
+
+    def open_batch_scope(self, limit):
+        return "s"
+
+    def info(self):
+        from engine.info import EngineInfo
+
+        return EngineInfo(name="m", source="bundled", batching={"max_batch": self.max_batch} if self.max_batch > 1 else None)
+
+
+class _Remote:
+    pass
+
+
+SETS = {"open_questions": {"title": "Open", "items": [{"turns": ["Why?"]}, {"turns": ["How?"]}]},
+        "long_history": {"title": "Long", "items": [{"history": [{"role": "user", "content": "x"}], "turns": ["a"]}]}}
+
+
+def test_settings_default_check_and_follow_the_backend():
+    engines = {"local": _Local(PAGE_MAX_BATCH), "remote": _Remote()}
+    spec = parse_spec({}, SETS, engines)
+    assert (spec.clients, spec.max_batches, spec.prompt_set, spec.backend) == (4, (1, PAGE_MAX_BATCH), LOAD_POOL, "local")
+    assert parse_spec({"clients": 16.0, "requests_per_client": 3}, SETS, engines).requests == 48  # a slider's float
+    assert parse_spec({"backend": "remote"}, SETS, engines).max_batches == (None, None)  # its server batches
+    for bad, param in (({"clients": 0}, "clients"), ({"max_batch_2": 9}, "max_batch_2"), ({"prompt_set": "x"}, "prompt_set"),
+                       ({"prompt_set": "long_history"}, "prompt_set"), ({"backend": "x"}, "backend"),
+                       ({"what": 1}, "settings"), ({"max_new_tokens": "ten"}, "max_new_tokens")):
+        with pytest.raises(InvalidRequest) as err:
+            parse_spec(bad, SETS, engines)
+        assert err.value.param == param
+    with pytest.raises(InvalidRequest, match="--max-batch 1"):
+        parse_spec({}, SETS, {"local": _Local(1)})
+
+
+def test_conversations_come_from_the_bench_pool_or_a_page_set():
+    spec = parse_spec({"clients": 2, "requests_per_client": 2, "max_new_tokens": 5}, SETS, {"local": _Local(8)})
+    pool = build_conversations(spec, SETS)
+    assert len(pool) == 2 and all(len(c.turns) == 2 for c in pool)  # two-turn conversations of the bench
+    assert all(t.body["max_tokens"] == 5 and "speculative" not in t.body for c in pool for t in c.turns)
+    page = build_conversations(parse_spec({"prompt_set": "open_questions"}, SETS, {"local": _Local(8)}), SETS)
+    assert [c.turns[0].body["messages"][0]["content"] for c in page] == ["Why?", "How?"]
+
+
+def _result(outcome, tokens=8, ttft=100.0, tpot=20.0, queue=5.0, batch=(1, 2)):
+    return Result("c0t1", 2, outcome=outcome, timings={"output_tokens": tokens, "ttft_ms": ttft, "tpot_ms": tpot,
+                                                      "queue_ms": queue, "e2e_ms": ttft + tpot * 7,
+                                                      "batch_size": list(batch)})
+
+
+def test_throughput_so_far_counts_exact_replies_and_ends_on_the_run_figure():
+    points = [LoadPoint.of(_result("exact"), 0.2), LoadPoint.of(_result("exact"), 0.7),
+              LoadPoint.of(_result("crossed"), 0.8)]
+    series = throughput_series(points, 1.0, steps=4)
+    assert [(s.t_s, s.req_per_s, s.output_tok_per_s) for s in series] == [
+        (0.25, 4.0, 32.0), (0.5, 2.0, 16.0), (0.75, 2.667, 21.33), (1.0, 2.0, 16.0)]
+    assert throughput_series([], 0.0) == []
+
+
+def _run(label, max_batch, results, wall):
+    run = RunState(label, max_batch, status="done", wall_s=wall)
+    run.figures = RunFigures.of(2, results, wall)
+    return run
+
+
+def test_figures_delta_table_and_sentence_state_the_measured_trade_off():
+    one = _run("max batch 1", 1, [_result("exact", ttft=900, tpot=20, queue=800) for _ in range(4)], 4.0)
+    two = _run("max batch 8", 8, [_result("exact", ttft=200, tpot=35, queue=10) for _ in range(4)], 2.0)
+    assert (one.figures.output_tok_per_s, two.figures.output_tok_per_s) == (8.0, 16.0)
+    assert one.figures.lost == one.figures.crossed == one.figures.mismatched == 0
+    assert one.figures.batch_size_mean == 1.5
+    sentence = pair_sentence(2, one, two)
+    assert sentence.startswith("Max batch 8 gave 2.00× the output tok/s of max batch 1 at 2 clients")
+    assert "p50 TTFT went from 900 to 200 ms" in sentence and "decode slower" in sentence
+    table = delta_html(one, two)
+    assert "run 1: max batch 1" in table and "run 2: max batch 8" in table and "2.00×" in table
+
+
+def test_unknown_figures_are_a_dash_never_zero():
+    remote = _run("run 1", None, [Result("c0t1", 2, outcome="exact", timings={"output_tokens": 4})], 1.0)
+    assert remote.figures.batch_size_mean is None and remote.figures.ttft_ms_p50 is None
+    table = delta_html(remote, remote)
+    assert '<tr data-metric="ttft_ms_p50"><th title="' in table and "<td>—</td><td>—</td><td>—</td>" in table
+    assert "noise" in pair_sentence(2, remote, remote) and "from — to — ms" in pair_sentence(2, remote, remote)

@@ -1,0 +1,70 @@
+"""The Load tab's endpoints under /lab/load: start a pair of runs, poll it, stop it.
+
+The runs' clients call this same server's API (/v1/chat/completions) on loopback, with the
+starting request's own credentials (cookie or bearer), so a server with --api-key works too."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+from pydantic import BaseModel, Field
+
+from engine.errors import LatencyLabError
+
+from .load_report import delta_html
+from .load_run import LoadBusy, LoadRunner
+
+FORWARDED = ("authorization", "cookie")
+
+
+class LoadIn(BaseModel):
+    settings: dict = Field(default_factory=dict)
+
+
+def loopback_url(request: Request) -> str:
+    """This server as its own clients reach it: the port it listens on, at 127.0.0.1 when it listens
+    on every address."""
+    host, port = request.scope.get("server") or ("127.0.0.1", 7860)
+    host = "127.0.0.1" if host in ("0.0.0.0", "", None) else "[::1]" if host == "::" else host
+    return f"http://{'[' + host + ']' if ':' in host and not host.startswith('[') else host}:{port}"
+
+
+def load_router(runner: LoadRunner, has_api: bool) -> APIRouter:
+    router = APIRouter(prefix="/lab/load")
+
+    def refuse(status: int, exc: Exception):
+        return HTTPException(status, {"message": str(exc), "param": getattr(exc, "param", None)})
+
+    @router.post("/start")
+    async def start(body: LoadIn, request: Request):
+        if not has_api:
+            raise HTTPException(400, {"message": "the Load tab needs the API on this server (/v1/chat/completions): "
+                                                 "start the page with app.py, which mounts it"})
+        headers = {k: v for k, v in request.headers.items() if k in FORWARDED}
+        try:
+            pair = runner.start(body.settings, loopback_url(request), headers)
+        except LoadBusy as exc:
+            raise refuse(409, exc) from exc
+        except LatencyLabError as exc:
+            raise refuse(400, exc) from exc
+        return {"id": pair.id}
+
+    @router.get("/{pair_id}")
+    async def poll(pair_id: str):
+        try:
+            pair = runner.get(pair_id)
+        except LatencyLabError as exc:
+            raise refuse(404, exc) from exc
+        out = pair.to_dict()
+        if out["sentence"]:
+            out["delta_html"] = delta_html(*pair.runs)
+        return out
+
+    @router.post("/{pair_id}/stop")
+    async def stop(pair_id: str):
+        try:
+            runner.get(pair_id).stop.set()
+        except LatencyLabError as exc:
+            raise refuse(404, exc) from exc
+        return {"stopping": True}
+
+    return router

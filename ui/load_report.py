@@ -1,0 +1,184 @@
+"""The Load tab's figures: a point per finished request, a run's figures (the load bench's
+`level_row`, typed), throughput over time, the delta table of two runs and the sentence that
+states their trade-off. Unknown values are None (a dash on the page), never 0."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import asdict, dataclass
+
+from .glossary import METRICS
+
+JUDGED = ("exact", "cancelled", "lost", "crossed", "mismatched", "stuck")  # the load bench's judge
+LATENCY = ("ttft_ms", "tpot_ms", "queue_ms")  # the distributions the tab plots (glossary names)
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One request of a run, when its client had the whole reply (seconds since the run started)."""
+
+    t_s: float
+    outcome: str  # the judge's verdict (exact, crossed…) or the HTTP failure (4xx, 429, 5xx)
+    output_tokens: int | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    queue_ms: float | None
+    e2e_ms: float | None
+
+    @classmethod
+    def of(cls, result, t_s: float) -> LoadPoint:
+        """From the bench's Result: the server's `timings` of the request."""
+        t = result.timings or {}
+        return cls(round(t_s, 3), result.outcome, t.get("output_tokens"), t.get("ttft_ms"), t.get("tpot_ms"),
+                   t.get("queue_ms"), t.get("e2e_ms"))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    t_s: float  # the end of the window
+    req_per_s: float
+    output_tok_per_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def throughput_series(points: list[LoadPoint], elapsed_s: float, steps: int = 20) -> list[ThroughputPoint]:
+    """Throughput of the run so far, at `steps` times: requests and output tokens completed (judged
+    exact) up to t, divided by t. It settles on the run's figure (its last point is the delta
+    table's), where a per-window count would jump with every burst of replies finishing together."""
+    if elapsed_s <= 0:
+        return []
+    width = max(0.25, elapsed_s / steps)
+    ends = [min((i + 1) * width, elapsed_s) for i in range(math.ceil(elapsed_s / width - 1e-9))]
+    done = sorted((p.t_s, p.output_tokens or 0) for p in points if p.outcome == "exact")
+    out, i, reqs, toks = [], 0, 0, 0
+    for t in ends:
+        while i < len(done) and done[i][0] <= t:
+            reqs, toks, i = reqs + 1, toks + done[i][1], i + 1
+        out.append(ThroughputPoint(round(t, 3), round(reqs / t, 3), round(toks / t, 2)))
+    return out
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """A run's figures: throughput over its wall time, percentiles of the server's timings (completed,
+    exact replies), and the judge's counts."""
+
+    clients: int
+    requests: int
+    wall_s: float
+    req_per_s: float | None
+    output_tok_per_s: float | None
+    ttft_ms_p50: float | None
+    ttft_ms_p90: float | None
+    tpot_ms_p50: float | None
+    tpot_ms_p90: float | None
+    queue_ms_p50: float | None
+    queue_ms_p90: float | None
+    e2e_ms_p50: float | None
+    batch_size_mean: float | None  # None: the server reported no batch sizes (a remote, say)
+    exact: int
+    cancelled: int
+    lost: int
+    crossed: int
+    mismatched: int
+    stuck: int
+    errors: int  # 4xx, 429 and 5xx answers
+
+    @classmethod
+    def of(cls, clients: int, results: list, wall_s: float) -> RunFigures:
+        from server.bench.load import level_row
+
+        row = level_row(clients, results, wall_s)
+        sizes = [b for r in results if r.outcome == "exact" for b in (r.timings or {}).get("batch_size") or []]
+        return cls(clients=clients, requests=row["requests"], wall_s=row["wall_s"], req_per_s=row["req_per_s"],
+                   output_tok_per_s=row["output_tok_per_s"],
+                   **{f"{m}_{q}": row[f"{m}_{q}"] for m in ("ttft_ms", "tpot_ms", "queue_ms") for q in ("p50", "p90")},
+                   e2e_ms_p50=row["e2e_ms_p50"],
+                   batch_size_mean=round(sum(sizes) / len(sizes), 2) if sizes else None,
+                   **{k: row[k] for k in JUDGED}, errors=row["4xx"] + row["429"] + row["5xx"])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# (field, label, glossary metric for the hover, higher is better)
+DELTA_ROWS = (
+    ("output_tok_per_s", "output tok/s", None, True),
+    ("req_per_s", "requests/s", None, True),
+    ("ttft_ms_p50", "TTFT p50 (ms)", "ttft_ms", False),
+    ("ttft_ms_p90", "TTFT p90 (ms)", "ttft_ms", False),
+    ("tpot_ms_p50", "TPOT p50 (ms)", "tpot_ms", False),
+    ("tpot_ms_p90", "TPOT p90 (ms)", "tpot_ms", False),
+    ("queue_ms_p50", "queue p50 (ms)", "queue_ms", False),
+    ("queue_ms_p90", "queue p90 (ms)", "queue_ms", False),
+    ("e2e_ms_p50", "total p50 (ms)", "e2e_ms", False),
+    ("batch_size_mean", "mean batch size", "batch_size", None),
+    ("requests", "requests", None, None),
+    ("exact", "exact (as alone)", None, None),
+    ("lost", "lost", None, False),
+    ("crossed", "crossed", None, False),
+    ("mismatched", "mismatched", None, False),
+    ("stuck", "stuck", None, False),
+    ("errors", "errors (4xx/5xx)", None, False),
+)
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return f"{v:,.2f}" if abs(v) < 10 else f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def ratio(a, b) -> float | None:
+    return round(b / a, 4) if a and b is not None else None
+
+
+def fmt_ratio(r) -> str:
+    """2.21×; a small ratio keeps two significant digits (0.0045×, not 0.00×)."""
+    return "—" if r is None else f"{r:.2f}×" if r >= 0.1 else f"{r:.2g}×"
+
+
+def delta_html(one, two) -> str:
+    """Run 1 against run 2 (RunState), a row per figure, the better of each marked."""
+    a, b = one.figures, two.figures
+    trs = []
+    for name, label, metric, higher in DELTA_ROWS:
+        va, vb = getattr(a, name), getattr(b, name)
+        better = None if higher is None or va is None or vb is None or va == vb else (
+            "b" if (vb > va) == higher else "a")
+        cells = "".join(f'<td{" class=lab-win" if better == side else ""}>{fmt(v)}</td>'
+                        for side, v in (("a", va), ("b", vb)))
+        r = ratio(va, vb)
+        hover = METRICS[metric].hover if metric in METRICS else label
+        trs.append(f'<tr data-metric="{name}"><th title="{html.escape(hover)}">{html.escape(label)}</th>{cells}'
+                   f'<td>{fmt_ratio(r)}</td></tr>')
+    return ('<table class="lab-table lab-delta lab-load-delta"><thead><tr><th>figure</th>'
+            f"<th>run 1: {html.escape(one.label)}</th><th>run 2: {html.escape(two.label)}</th><th>2 / 1</th></tr>"
+            f'</thead><tbody>{"".join(trs)}</tbody></table>')
+
+
+def pair_sentence(clients: int, one, two) -> str:
+    """The trade-off in the measured numbers, in one sentence."""
+    a, b = one.figures, two.figures
+    r = ratio(a.output_tok_per_s, b.output_tok_per_s)
+    head = (f"{two.label.capitalize()} gave {fmt_ratio(r)} the output tok/s of {one.label} at {clients} clients "
+            f"({fmt(b.output_tok_per_s)} vs {fmt(a.output_tok_per_s)})")
+    lat = (f"p50 TTFT went from {fmt(a.ttft_ms_p50)} to {fmt(b.ttft_ms_p50)} ms, p50 queue from "
+           f"{fmt(a.queue_ms_p50)} to {fmt(b.queue_ms_p50)} ms and p50 TPOT from {fmt(a.tpot_ms_p50)} to "
+           f"{fmt(b.tpot_ms_p50)} ms")
+    why = ""
+    if None not in (a.tpot_ms_p50, b.tpot_ms_p50, a.queue_ms_p50, b.queue_ms_p50):
+        if b.tpot_ms_p50 > a.tpot_ms_p50 and b.queue_ms_p50 < a.queue_ms_p50:
+            why = ": each step serves more requests and takes longer, so requests wait less to start but decode slower"
+        elif b.tpot_ms_p50 < a.tpot_ms_p50 and b.queue_ms_p50 > a.queue_ms_p50:
+            why = ": fewer requests per step, faster steps, longer waits to start"
+    same = "" if one.max_batch != two.max_batch else " (both runs had the same max batch: the difference is noise)"
+    return f"{head}; {lat}{why}{same}."

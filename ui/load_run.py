@@ -1,0 +1,282 @@
+"""The Load tab's runs: N simulated clients through the real API on loopback, two runs side by side.
+
+A pair of runs shares everything but its max batch. Both reuse the load bench: its clients
+(server/bench/load.py `drive`, HTTP streams to /v1/chat/completions, so the figures are the
+server's `timings`), its prompt pool and its judge (server/bench/load_pool.py: each reply must
+equal the same request alone, computed first, in-process).
+
+Max batch per run: the engine keeps its own limit (`--max-batch`; the page starts with
+`PAGE_MAX_BATCH`). Each run opens a batch scope with its own limit (engine Worker.open_batch_scope):
+its clients are admitted at most that many at once, while other sessions' chats keep the engine's
+limit (they still share the machine, and a batch, with the run). A remote backend batches as its
+server does: its runs' max batch is unknown (None, shown as a dash).
+
+A pair runs on a thread with its own event loop (the clients stay off the server's loop, as in the
+bench); the page polls `LoadRunner.snapshot`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+from engine.errors import InvalidRequest, LatencyLabError
+from engine.toggles import Toggle
+
+from .load_report import LoadPoint, RunFigures, pair_sentence, throughput_series
+
+PAGE_MAX_BATCH = 8  # app.py's default --max-batch: the page's engine batches, so the Load tab can compare 1 and 8
+LOAD_POOL = "load_pool"  # the load bench's own two-turn conversations
+REQUEST_DEADLINE_S = 300.0  # a request past this is "stuck" (the bench's default)
+MAX_CONVERSATIONS = 12  # distinct conversations (each needs its reference computed alone first)
+LOAD_SETTINGS = (
+    Toggle("clients", "int", 4, "Simulated clients",
+           "concurrent clients; each plays its conversations one request after another", lo=1, hi=32,
+           backends=("page",)),
+    Toggle("requests_per_client", "int", 2, "Requests per client",
+           "requests each client sends in a run (a two-turn conversation is 2)", lo=1, hi=16, backends=("page",)),
+    Toggle("max_new_tokens", "int", 16, "Max tokens", "output tokens per request, at most (greedy)",
+           lo=1, hi=256, backends=("page",)),
+    Toggle("max_batch_1", "int", 1, "Run 1: max batch",
+           "at most this many of the run's requests decode together (a limit of this run only)", lo=1,
+           hi=256, backends=("page",)),
+    Toggle("max_batch_2", "int", PAGE_MAX_BATCH, "Run 2: max batch",
+           "at most this many of the run's requests decode together (a limit of this run only)", lo=1,
+           hi=256, backends=("page",)),
+)
+LOAD_FIELDS = [*(t.name for t in LOAD_SETTINGS), "prompt_set", "backend"]
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What a pair of runs does, checked: everything but `max_batches` is shared by both runs."""
+
+    clients: int
+    requests_per_client: int
+    max_new_tokens: int
+    max_batches: tuple[int | None, int | None]  # None: the backend's own batching (a remote server)
+    prompt_set: str
+    backend: str
+
+    @property
+    def requests(self) -> int:
+        return self.clients * self.requests_per_client
+
+
+def parse_spec(values: dict, prompt_sets: dict, engines: dict) -> LoadSpec:
+    """The tab's values (as the page sends them) → a LoadSpec, or InvalidRequest naming the field."""
+    if not isinstance(values, dict):
+        raise InvalidRequest("settings must be an object of setting: value", "settings")
+    unknown = set(values) - set(LOAD_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(map(str, unknown)))}", "settings")
+    got = {}
+    for t in LOAD_SETTINGS:
+        value = values.get(t.name)
+        value = t.default if value is None or value == "" else t.coerce(value)
+        t.check(value)
+        got[t.name] = value
+    prompt_set = values.get("prompt_set") or LOAD_POOL
+    if prompt_set not in prompt_set_choices(prompt_sets):
+        raise InvalidRequest(f"prompt_set must be one of {', '.join(prompt_set_choices(prompt_sets))}", "prompt_set")
+    backend = values.get("backend") or next(iter(engines))
+    if backend not in engines:
+        raise InvalidRequest(f"backend must be one of {', '.join(engines)}", "backend")
+    limit = scope_limit(engines[backend])
+    batches = (got["max_batch_1"], got["max_batch_2"])
+    if limit is None:
+        batches = (None, None)
+    elif any(b > limit for b in batches):
+        raise InvalidRequest(f"max batch must be 1 to {limit} on this engine: it was started with --max-batch "
+                             f"{limit} (restart it with a larger --max-batch to compare more)", "max_batch_2")
+    return LoadSpec(got["clients"], got["requests_per_client"], got["max_new_tokens"], batches, prompt_set, backend)
+
+
+def scope_limit(engine) -> int | None:
+    """The largest run max batch a backend takes (its --max-batch), None when it has no batch scopes."""
+    if not hasattr(engine, "open_batch_scope"):
+        return None
+    return ((engine.info().batching or {}).get("max_batch")) or 1
+
+
+def prompt_set_choices(prompt_sets: dict) -> list[str]:
+    """The load bench's pool, then the page's sets of plain turns (a set with a seeded history is
+    left out: every request would prefill ~1,000 tokens of it)."""
+    return [LOAD_POOL] + [k for k, s in prompt_sets.items() if not any(i.get("history") for i in s["items"])]
+
+
+def build_conversations(spec: LoadSpec, prompt_sets: dict) -> list:
+    """The pool of conversations the clients cycle through (no speculation, no other weights: those run
+    beside the batch, and would measure something else than the batch limit)."""
+    from server.bench.load_pool import ScriptedConversation, Turn, build_pool
+
+    n = max(1, min(MAX_CONVERSATIONS, math.ceil(spec.requests / 2)))
+    if spec.prompt_set == LOAD_POOL:
+        return build_pool(n, spec.max_new_tokens, {"speculative": None, "quantization": None})
+    items = prompt_sets[spec.prompt_set]["items"][:n]
+    body = {"max_tokens": spec.max_new_tokens, "temperature": 0.0, "kv_reuse": True}
+    return [ScriptedConversation(i, with_session=True, turns=[
+        Turn(f"c{i}t{j + 1}", {**body, "messages": [{"role": "user", "content": text}]})
+        for j, text in enumerate(item["turns"])]) for i, item in enumerate(items)]
+
+
+def scoped(pool: list, backend: str, scope: str | None) -> list:
+    """The pool with every request naming the backend (the API's model) and the run's batch scope;
+    the references stay shared between the runs."""
+    extra = {"model": backend, **({"batch_scope": scope} if scope is not None else {})}
+    return [replace(c, turns=[replace(t, body={**t.body, **extra}) for t in c.turns]) for c in pool]
+
+
+@dataclass
+class RunState:
+    """One run of a pair, as it goes: its points (one per finished request) and, at the end, its figures."""
+
+    label: str
+    max_batch: int | None
+    status: str = "waiting"  # waiting | running | done | stopped | error
+    started: float | None = None
+    wall_s: float | None = None
+    points: list[LoadPoint] = field(default_factory=list)
+    figures: RunFigures | None = None
+
+    def elapsed(self) -> float:
+        if self.wall_s is not None:
+            return self.wall_s
+        return time.perf_counter() - self.started if self.started else 0.0
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "max_batch": self.max_batch, "status": self.status,
+                "elapsed_s": round(self.elapsed(), 2), "points": [p.to_dict() for p in self.points],
+                "throughput": [s.to_dict() for s in throughput_series(self.points, self.elapsed())],
+                "figures": self.figures.to_dict() if self.figures else None}
+
+
+@dataclass
+class LoadPair:
+    id: str
+    spec: LoadSpec
+    runs: list[RunState]
+    status: str = "references"  # references | running | done | stopped | error
+    message: str = ""
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def to_dict(self) -> dict:
+        figures = [r.figures for r in self.runs]
+        done = self.status in ("done", "stopped") and all(figures)
+        return {"id": self.id, "status": self.status, "message": self.message,
+                "spec": {"clients": self.spec.clients, "requests_per_client": self.spec.requests_per_client,
+                         "max_new_tokens": self.spec.max_new_tokens, "prompt_set": self.spec.prompt_set,
+                         "backend": self.spec.backend},
+                "runs": [r.to_dict() for r in self.runs],
+                "sentence": pair_sentence(self.spec.clients, *self.runs) if done else None}
+
+
+class LoadRunner:
+    """Pairs of load runs, one at a time on this app (they would measure each other otherwise)."""
+
+    def __init__(self, engines: dict, prompt_sets: dict, keep: int = 8):
+        self.engines = engines
+        self.prompt_sets = prompt_sets
+        self.pairs: OrderedDict[str, LoadPair] = OrderedDict()
+        self.keep = keep
+        self._references: dict[tuple, list] = {}  # (backend, prompt set, tokens, conversations) -> pool
+        self._lock = threading.Lock()
+
+    def start(self, values: dict, url: str, headers: dict | None = None) -> LoadPair:
+        spec = parse_spec(values, self.prompt_sets, self.engines)
+        with self._lock:
+            if any(p.status in ("references", "running") for p in self.pairs.values()):
+                raise LoadBusy("a load run is already going on this server (maybe from another tab): "
+                               "wait for it to finish, or stop it there")
+            label = "max batch {}" if spec.max_batches[0] is not None else "run {}"
+            runs = [RunState(label.format(b if b is not None else i + 1), b)
+                    for i, b in enumerate(spec.max_batches)]
+            pair = LoadPair(secrets.token_urlsafe(12), spec, runs)
+            self.pairs[pair.id] = pair
+            while len(self.pairs) > self.keep:
+                self.pairs.popitem(last=False)
+        threading.Thread(target=self._run, args=(pair, url, headers or {}), name="load-run", daemon=True).start()
+        return pair
+
+    def get(self, pair_id: str) -> LoadPair:
+        pair = self.pairs.get(pair_id)
+        if pair is None:
+            raise InvalidRequest("no such load run (the server keeps the latest few)", "id")
+        return pair
+
+    # --- the run thread ----------------------------------------------------------------------
+    def _run(self, pair: LoadPair, url: str, headers: dict) -> None:
+        try:
+            pool = self._pool(pair)
+            pair.status = "running"
+            for run in pair.runs:
+                if pair.stop.is_set():
+                    break
+                pair.message = f"{run.label}: {pair.spec.clients} clients, {pair.spec.requests} requests…"
+                self._one_run(pair, run, pool, url, headers)
+            pair.status = "stopped" if pair.stop.is_set() else "done"
+            pair.message = "stopped" if pair.stop.is_set() else ""
+        except LatencyLabError as exc:
+            pair.status, pair.message = "error", str(exc)
+        except Exception as exc:  # a bug or a backend down: said on the tab, never a traceback there
+            pair.status, pair.message = "error", f"the load run failed: {type(exc).__name__}: {exc}"
+
+    def _pool(self, pair: LoadPair) -> list:
+        from server.bench.load_pool import compute_references
+
+        spec = pair.spec
+        pool = build_conversations(spec, self.prompt_sets)
+        key = (spec.backend, spec.prompt_set, spec.max_new_tokens, len(pool))
+        if key not in self._references:
+            def progress(done, total):
+                pair.message = f"references: each request alone first, for the judge ({done} of {total})"
+
+            progress(0, sum(len(c.turns) for c in pool))
+            compute_references(self.engines[spec.backend], pool, progress=progress)
+            self._references[key] = pool
+        return self._references[key]
+
+    def _one_run(self, pair: LoadPair, run: RunState, pool: list, url: str, headers: dict) -> None:
+        from server.bench.load import drive, wait_idle
+
+        engine = self.engines[pair.spec.backend]
+        scope = engine.open_batch_scope(run.max_batch) if run.max_batch is not None else None
+        run.status, run.started = "running", time.perf_counter()
+        results = []
+
+        def on_result(r):
+            results.append(r)
+            run.points.append(LoadPoint.of(r, time.perf_counter() - run.started))
+
+        async def until_done_or_stopped():
+            task = asyncio.ensure_future(drive(url, scoped(pool, pair.spec.backend, scope), pair.spec.clients, REQUEST_DEADLINE_S * 4,
+                                               pair.spec.requests, 0, REQUEST_DEADLINE_S, headers=headers,
+                                               on_result=on_result))
+            while not task.done():
+                if pair.stop.is_set():
+                    task.cancel()  # closes the streams: the server cancels their generations
+                    break
+                await asyncio.sleep(0.1)
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+        try:
+            asyncio.run(until_done_or_stopped())
+        finally:
+            run.wall_s = time.perf_counter() - run.started
+            wait_idle(engine)  # cancelled requests leave before the next run starts
+            if scope is not None:
+                engine.close_batch_scope(scope)
+        run.figures = RunFigures.of(pair.spec.clients, results, run.wall_s)
+        run.status = "stopped" if pair.stop.is_set() else "done"
+
+
+class LoadBusy(LatencyLabError):
+    """A second load run while one is going (the page answers 409)."""
