@@ -3,9 +3,13 @@
 Design: a flat list of whole sequences per (model, scope), matched by longest common token
 prefix. Why not vLLM's hashed blocks or SGLang's radix tree: both share KV *in place* between
 sequences, which needs attention that reads scattered blocks (paged attention). Our forward keeps
-one contiguous KV buffer per sequence (kv_cache.py), so a hit must copy the matched prefix into the
-request's own buffer anyway — and that copy is cheap next to the prefill it saves (about 1 ms for
-1,500 tokens of SmolLM2 in bf16 vs ~1.4 s to prefill them). With a batch of one and a few sessions,
+one contiguous KV buffer per sequence (kv_cache.py), so a hit copies the matched prefix into the
+request's own buffer — cheap next to the prefill it saves (24.5 ms for 1,460 tokens of SmolLM2 in
+fp32, 68 MB, vs ~3 s to prefill them), but a large share of a warm turn's TTFT. So when a session
+continues its own conversation the entry is handed over instead (`Lease.take`): the prompt extends
+all of it, no other request holds it and only this session can ever ask for it, so the request
+takes the buffer itself, writes past it, and inserts the longer sequence when it ends (which would
+have replaced the old entry anyway). On an error the entry goes back into the cache as it was. With a batch of one and a few sessions,
 a scan over a handful of entries (vectorized with numpy) costs microseconds, so a tree would buy
 nothing but code. What a tree would buy is de-duplication; we get most of it by dropping an entry
 when a newer one in its scope extends it (a chat keeps one entry per session, not one per turn).
@@ -40,7 +44,9 @@ import torch
 
 DEFAULT_BUDGET_MB = 512  # MiB; ~22k positions of SmolLM2-135M KV in bf16 (23 KB per position)
 SHARED_SCOPE = "*shared*"
-COMPACT_SLACK = 0.125  # insert copies a buffer whose unused room exceeds this fraction of its bytes
+# insert copies a buffer tight when its unused room exceeds this fraction of its bytes. Not less:
+# a handed-over buffer's room is where the session's next turn grows without a reallocation.
+COMPACT_SLACK = 0.5
 
 
 @dataclass(eq=False)
@@ -71,6 +77,18 @@ class Lease:
         if self.entry is None or self.cached_tokens == 0:
             return None
         return self.entry.kv.copy_prefix(self.cached_tokens, capacity)
+
+    def take(self, capacity: int):
+        """The entry's own buffer grown to `capacity`, the entry leaving the cache — if the prompt
+        extends all of it, this lease is its only holder and its scope a session's (a shared
+        scope's entry may serve other users meanwhile); else None (then `copy`)."""
+        entry = self.entry
+        if entry is None or self.cached_tokens != entry.length or not self._cache._take(entry):
+            return None
+        self.entry = None  # nothing left to unpin: the entry is gone
+        kv = entry.kv
+        kv.ensure_capacity(capacity)
+        return kv
 
     def release(self) -> None:
         if self.entry is not None:
@@ -104,7 +122,7 @@ class PrefixCache:
         self._tick = itertools.count(1)  # a use counter: exact LRU order, unlike clock readings
         self._dead_keys: list[str] = []  # models garbage-collected; their entries go at the next call
         self._counts = dict(lookups=0, hits=0, query_tokens=0, hit_tokens=0, inserts=0, evictions=0,
-                            rejected=0, replaced=0, compactions=0)
+                            rejected=0, replaced=0, compactions=0, handovers=0)
 
     # --- keys ------------------------------------------------------------------------------
     def key_for(self, model) -> str:
@@ -150,6 +168,17 @@ class PrefixCache:
     def _unpin(self, entry: Entry) -> None:
         with self._lock:
             entry.pins -= 1
+
+    def _take(self, entry: Entry) -> bool:
+        """Remove `entry` for the one lease pinning it, if its scope is a session's."""
+        with self._lock:
+            if entry.pins != 1 or entry.scope == SHARED_SCOPE or entry not in self._entries.get(
+                    (entry.model_key, entry.scope), ()):
+                return False
+            entry.pins = 0
+            self._remove(entry)
+            self._counts["handovers"] += 1
+            return True
 
     # --- insert / evict --------------------------------------------------------------------
     def insert(self, model_key: str, scope: str | None, ids, kv) -> bool:
@@ -261,17 +290,20 @@ def _real_bytes(kv) -> int:
 class RequestReuse:
     """One request's use of the prefix cache: the seams of the decode loop.
 
-    At setup it looks up the prompt and copies the matched KV (`kv`, `cached_tokens`); at the end
-    `keep(decoding)` hands the finished sequence's KV to the cache (also after a cancel: the
-    sequence is consistent between steps); `release()` (always, in a finally) unpins the source
-    entry. After an error nothing is kept: the source entry is untouched, so the cache stays
-    consistent. `mode` says what happened: off (toggle), no_session, session, shared, no_cache.
+    At setup it looks up the prompt and takes over (a session's own entry) or copies the matched
+    KV (`kv`, `cached_tokens`, `handover`); at the end `keep(decoding)` hands the finished
+    sequence's KV to the cache (also after a cancel: the sequence is consistent between steps);
+    `release()` (always, in a finally) unpins the source entry, and after an error puts a taken
+    entry back, so the cache holds what it held before.
+    `mode` says what happened: off (toggle), no_session, session, shared, no_cache.
     """
 
     def __init__(self, cache: PrefixCache | None, model, session: str | None, enabled: bool,
                  prompt_ids: list[int], capacity: int):
         self.cache = cache
         self.kv, self.cached_tokens, self.copy_ms, self.kept = None, 0, 0.0, False
+        self.handover: str | None = None  # "taken" (the entry's own buffer) or "copied"
+        self._taken_ids = None  # the matched prefix's ids while this request owns a taken buffer
         self.lease: Lease | None = None
         self.scope = cache.scope_for(session) if cache is not None else None
         if cache is None:
@@ -288,7 +320,12 @@ class RequestReuse:
         # At least the last prompt token must run through the model to give the first logits.
         self.lease = cache.lookup(self.model_key, self.scope, prompt_ids, max_tokens=len(prompt_ids) - 1)
         t0 = time.perf_counter()
-        self.kv = self.lease.copy(capacity)
+        self.kv = self.lease.take(capacity)
+        if self.kv is not None:
+            self.handover, self._taken_ids = "taken", list(prompt_ids[: self.lease.cached_tokens])
+        else:
+            self.kv = self.lease.copy(capacity)
+            self.handover = "copied" if self.kv is not None else None
         device = getattr(model, "device", None)
         if device is not None and device.type == "cuda":  # the copy is asynchronous there: time all of it
             torch.cuda.synchronize(device)
@@ -303,6 +340,7 @@ class RequestReuse:
         """Hand the finished sequence's KV to the cache (the decoding loses its cache)."""
         if not self.active or decoding.cache is None:
             return False
+        self._taken_ids = None  # the buffer goes back as the longer sequence, not as the prefix
         self.release()  # first, so the entry this request extends can be replaced by it
         valid = min(decoding.cache.length, len(decoding.ids))  # ids[-1] may not have run yet
         kv, decoding.cache = decoding.cache, None
@@ -312,10 +350,16 @@ class RequestReuse:
     def release(self) -> None:
         if self.lease is not None:
             self.lease.release()
+        if self._taken_ids is not None:  # an error after taking: the entry goes back as it was
+            ids, self._taken_ids = self._taken_ids, None
+            self.kv.crop(len(ids))
+            self.cache.insert(self.model_key, self.scope, ids, self.kv)
 
     def counters(self) -> dict:
         """Figures for `Timeline.counters` (cached_tokens itself is a Timeline field)."""
         out = {"kv_reuse": self.mode}
         if self.active:
             out["kv_copy_ms"] = round(self.copy_ms, 3)
+            if self.handover:
+                out["kv_handover"] = self.handover
         return out

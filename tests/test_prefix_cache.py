@@ -109,7 +109,11 @@ def test_multi_turn_conversation_is_identical_and_prefills_only_new_tokens(bundl
         assert cur.timeline.cached_tokens >= held - 2  # re-tokenizing the reply may differ at its end only
         assert cur.timeline.prefill_tokens < cur.timeline.prompt_tokens / 2
         assert cur.timeline.counters["kv_reuse"] == "session"
+        # The session's own entry, all of it a prefix of the prompt: handed over, not copied.
+        whole = cur.timeline.cached_tokens == held
+        assert cur.timeline.counters["kv_handover"] == ("taken" if whole else "copied")
     assert len(cache.entries()) == 1  # each turn's entry replaced the one it extends
+    assert cache.stats()["handovers"] == sum(d.timeline.counters.get("kv_handover") == "taken" for d in dones) >= 1
     s = cache.stats()
     assert s["hits"] == 2 and s["lookups"] == 3 and 0 < s["token_hit_rate"] < 1
 
@@ -402,3 +406,51 @@ def test_session_store_ids_are_secret_and_dropping_forgets_kv():
     with pytest.raises(InvalidRequest, match="session"):
         store.get(a.session)
     assert store.get(b.session) is b
+
+
+def test_a_taken_entry_goes_back_whole_after_an_error(bundled):
+    cache = PrefixCache()
+    conv = Conversation("s")
+    conv.add_reply(run(bundled, cache, messages=conv.send("Tell me about owls.")))
+    (entry,) = cache.entries()
+    before = held_ids(cache)
+    messages = conv.send("And about bats?")
+    prompt = build_prompt_ids(bundled.tokenizer, messages)
+    assert common_prefix_length(entry.ids, np.asarray(prompt)) == entry.length  # the prompt extends all of it
+
+    class Exploding(Decoding):
+        def step(self):
+            raise RuntimeError("forced failure")
+
+    with pytest.raises(RuntimeError, match="forced failure"):
+        run(bundled, cache, messages=messages, decoding_factory=Exploding)
+    assert cache.stats()["handovers"] == 1
+    assert held_ids(cache) == before and cache.stats()["pinned"] == 0
+    done = run(bundled, cache, messages=messages)  # served from the entry that came back
+    assert done.timeline.cached_tokens == entry.length and done.timeline.counters["kv_handover"] == "taken"
+    assert done.token_ids == plain(bundled, messages=messages).token_ids
+
+
+def test_a_shared_scope_copies_and_keeps_its_entry():
+    cache = PrefixCache(shared=True)
+    kv = filled_kv(6)
+    cache.insert("m", cache.scope_for(None), list(range(6)), kv)
+    with cache.lookup("m", cache.scope_for(None), list(range(9))) as lease:
+        assert lease.cached_tokens == 6 and lease.take(12) is None  # other users may want it meanwhile
+        copy = lease.copy(12)
+    assert copy is not kv and copy.length == 6 and held_ids(cache) == [list(range(6))]
+
+
+def test_a_pinned_or_partly_matched_entry_is_copied():
+    cache = PrefixCache()
+    scope = cache.scope_for("s")
+    cache.insert("m", scope, list(range(6)), filled_kv(6))
+    with cache.lookup("m", scope, [0, 1, 2, 3, 9]) as partial:  # diverges at position 4
+        assert partial.cached_tokens == 4 and partial.take(8) is None
+    first, second = cache.lookup("m", scope, list(range(8))), cache.lookup("m", scope, list(range(8)))
+    assert first.take(8) is None  # two requests hold it: neither may take it
+    second.release()
+    taken = first.take(8)
+    assert taken is not None and taken.length == 6 and taken.capacity >= 8 and cache.entries() == []
+    first.release()
+    assert cache.stats()["pinned"] == 0 and cache.stats()["bytes"] == 0
