@@ -92,10 +92,10 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
     masks = [None if n == 1 or s == 0 else torch.ones(n, s + n, dtype=torch.bool, device=device).tril(diagonal=s)
              for s, n in zip(starts, lengths)]  # as FastLlama._blocks: new tokens see the prefix and each other
     for i, blk in enumerate(model.blocks):
-        q, k, v = _linear(blk.qkv, blk.attn_norm(x)).split([blk.q_size, blk.kv_size, blk.kv_size], dim=-1)
-        q = _rope(q.view(1, R, H, D).transpose(1, 2), cos, sin)  # [1, H, R, D]
-        k = _rope(k.view(1, R, KV, D).transpose(1, 2), cos, sin)
-        v = v.view(1, R, KV, D).transpose(1, 2)
+        qkv = _linear(blk.qkv, blk.attn_norm(x))
+        qk = _rope(qkv[..., : blk.q_size + blk.kv_size].view(1, R, H + KV, D).transpose(1, 2), cos, sin)
+        q, k = qk[:, :H], qk[:, H:]  # [1, heads, R, D], as FastLlama._qkv_roped
+        v = qkv[..., blk.q_size + blk.kv_size :].view(1, R, KV, D).transpose(1, 2)
         outs, row = [], 0
         for c, s, n, mask in zip(caches, starts, lengths, masks):
             c.k[i, :, :, s : s + n] = k[:, :, row : row + n]

@@ -63,6 +63,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
+        if x.dtype == torch.float32:  # one fused call, bit for bit the lines below in fp32 (tested)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -155,11 +157,11 @@ class FastLlama(nn.Module):
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)
         x = self.embed(ids[None])
         for i, blk in enumerate(self.blocks):
-            q, k, v = project(blk.qkv, blk.attn_norm(x)).split([blk.q_size, blk.kv_size, blk.kv_size], dim=-1)
-            cache.k[i, :, :, start:end] = _rope(k.view(1, T, KV, D).transpose(1, 2), cos, sin)
-            cache.v[i, :, :, start:end] = v.view(1, T, KV, D).transpose(1, 2)
+            q, k, v = _qkv_roped(blk, blk.attn_norm(x), H, KV, D, cos, sin)
+            cache.k[i, :, :, start:end] = k
+            cache.v[i, :, :, start:end] = v
             attn = F.scaled_dot_product_attention(
-                _rope(q.view(1, T, H, D).transpose(1, 2), cos, sin),
+                q,
                 cache.k[i, :, :, :end],
                 cache.v[i, :, :, :end],
                 attn_mask=mask,
@@ -234,6 +236,15 @@ def _gemm_backend(rows: int):
         yield
     finally:
         torch._C._set_mkldnn_enabled(previous)
+
+
+def _qkv_roped(blk: Block, h: torch.Tensor, H: int, KV: int, D: int, cos, sin):
+    """q, k, v as [1, heads, T, D] from the fused projection of `h` ([1, T, hidden]), with rotary
+    positions applied to q and k in one pass (they sit side by side in the fused output)."""
+    T = h.shape[1]
+    qkv = project(blk.qkv, h)
+    qk = _rope(qkv[..., : blk.q_size + blk.kv_size].view(1, T, H + KV, D).transpose(1, 2), cos, sin)
+    return qk[:, :H], qk[:, H:], qkv[..., blk.q_size + blk.kv_size :].view(1, T, KV, D).transpose(1, 2)
 
 
 def _rope(x, cos, sin):

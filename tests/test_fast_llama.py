@@ -108,3 +108,14 @@ def test_multi_row_projections_use_a_packed_weight_with_identical_results():
     lin.weight = nn.Parameter(torch.randn(96, 64).to(torch.bfloat16), requires_grad=False)
     assert packed_weight(lin) is not packed and torch.equal(project(lin, x), lin(x))
     assert packed_weight(nn.Linear(64, 96)) is None  # fp32: MKL's own path, nothing to pack
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 37, 576), (1, 5, 64)])
+def test_fp32_norm_is_bit_for_bit_the_transformers_formula(shape):
+    """RMSNorm takes torch's fused rms_norm in fp32 only because it gives the very same bits."""
+    from engine.fast_llama import RMSNorm
+
+    gen = torch.Generator().manual_seed(sum(shape))
+    x, w = torch.randn(shape, generator=gen) * 3, torch.randn(shape[-1], generator=gen)
+    xf = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert torch.equal(RMSNorm(w, 1e-5)(x), w * xf)
