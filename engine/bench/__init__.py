@@ -19,7 +19,7 @@ import time
 
 SCENARIOS = {
     "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
-    "bandwidth": "memory copy bandwidth vs decode bandwidth achieved",
+    "bandwidth": "memory copy bandwidth vs the bandwidth each weight variant's decode step achieves",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
     "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
     "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",

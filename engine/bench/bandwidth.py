@@ -1,8 +1,11 @@
-"""Memory bandwidth of this machine vs the bandwidth a decode step achieves.
+"""Memory bandwidth of this machine vs the bandwidth each weight variant's decode step achieves.
 
-Decode reads every weight once per token, so weight bytes x decode tok/s is the bandwidth the
-loop achieves (KV reads are left out: small for short prompts). The machine's figure is a large
-tensor copy (bytes read + bytes written, as STREAM counts it), with the same thread count.
+A decode step reads every weight it uses once, so bytes read per step ÷ step time is the bandwidth
+it achieves: the roofline's memory side. Bytes read per step: the variant's weights, less the
+embedding when lm_head has its own copy (a step then reads one row of it), plus the KV cache at the
+measured context. The machine's figure is a large tensor copy (bytes read + bytes written, as
+STREAM counts it) at the same thread count. Variants take turns (quant_steps.step_times), so the
+ratios between them are measured side by side; one that cannot run here is listed with the reason.
 """
 
 from __future__ import annotations
@@ -10,14 +13,19 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import nn
 
-from . import CHAT_PROMPTS, load_model, median, run_request
+from . import median
+from .quant_steps import step_times
+
+DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,int4wo+head8"
 
 
 def add_args(p):
     p.add_argument("--copy-mb", type=int, default=1024, help="size of the tensor copied")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--context", type=int, default=256, help="tokens already in the cache at each step")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--steps", type=int, default=4, help="decode steps per variant per round")
 
 
 def copy_bandwidth(mb: int, runs: int = 7) -> float:
@@ -33,23 +41,53 @@ def copy_bandwidth(mb: int, runs: int = 7) -> float:
     return 2 * n * 4 / median(times) / 1e9
 
 
+def bytes_read_per_step(model, context: int) -> int:
+    """Weight bytes a decode step reads (an untied embedding: one row), plus the KV at `context`."""
+    from ..model import weight_bytes
+    from ..roofline import ModelShape
+
+    total = weight_bytes(model)
+    head = getattr(model, "lm_head", None)
+    for emb in (m for m in model.modules() if isinstance(m, nn.Embedding)):
+        tied = isinstance(head, nn.Linear) and head.weight.untyped_storage().data_ptr() == emb.weight.untyped_storage().data_ptr()
+        if not tied:
+            row = emb.weight[0].numel() * emb.weight.element_size()
+            total -= emb.weight.numel() * emb.weight.element_size() - row
+    element = getattr(model, "dtype", torch.float32).itemsize
+    return total + ModelShape.of(model).kv_bytes_per_token(element) * context
+
+
 def run(args, out):
-    from ..config import GenerationConfig
+    from .. import capabilities
+    from ..errors import LatencyLabError
+    from ..variants import VariantSet
+    from . import load_model
 
     lm = load_model(args)
     threads = torch.get_num_threads()
+    variants = VariantSet(lm, budget_bytes=10**13, quality_texts=0)  # hold them all: this measures
+    models, refused = {lm.dtype_name: lm.model}, {}
+    for name in [v.strip() for v in (args.variants or DEFAULT_VARIANTS).split(",") if v.strip()]:
+        try:
+            models[name] = variants.get(name).loaded.model
+        except LatencyLabError as exc:
+            refused[name] = str(exc)
     machine = copy_bandwidth(args.copy_mb)
-    out(f"memory copy bandwidth ({threads} threads, {args.copy_mb} MB): {machine:.1f} GB/s")
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
-    tps = []
-    for i in range(args.runs):
-        done = run_request(lm, [{"role": "user", "content": CHAT_PROMPTS[i % len(CHAT_PROMPTS)]}], gen)
-        tps.append(done.timeline.decode_tps)
-    decode_tps = median(tps)
-    wbytes = lm.weight_bytes()
-    achieved = wbytes * decode_tps / 1e9
-    out(f"decode {decode_tps:.1f} tok/s x {wbytes / 1e6:.0f} MB of weights ({lm.dtype_name}) = {achieved:.1f} GB/s "
-        f"achieved, {achieved / machine:.0%} of the copy bandwidth")
-    return {"copy_gbps": round(machine, 2), "decode_tps": decode_tps, "weight_bytes": wbytes,
-            "achieved_gbps": round(achieved, 2), "ratio": round(achieved / machine, 3), "dtype": lm.dtype_name,
-            "threads": threads}
+    times = step_times(models, args.context, args.rounds, args.steps, lm.device)
+    out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
+    out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
+    rows = {}
+    for name, m in models.items():
+        step = median(times[name])
+        read = bytes_read_per_step(m, args.context)
+        gbps = read / step / 1e9
+        rows[name] = {"step_ms": round(step * 1e3, 2), "tok_s": round(1 / step, 1), "mb_per_step": round(read / 1e6, 1),
+                      "gbps": round(gbps, 2), "fraction_of_copy": round(gbps / machine, 3)}
+        out(f"{name:>13}: {rows[name]['step_ms']:6.1f} ms/step = {1 / step:5.1f} tok/s; reads {read / 1e6:6.1f} MB "
+            f"= {gbps:5.1f} GB/s, {gbps / machine:4.0%} of the copy bandwidth")
+    for name, why in refused.items():
+        out(f"{name:>13}: not measured: {why}")
+    default = rows[lm.dtype_name]
+    return {"copy_gbps": round(machine, 2), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
+            "variants": rows, "refused": refused, "ratio": default["fraction_of_copy"],
+            "capabilities": capabilities.detect().summary()}

@@ -26,19 +26,7 @@ def run(args, out):
     models = {lm.dtype_name: lm.model}
     for name in [v.strip() for v in (args.variants or DEFAULT_VARIANTS).split(",") if v.strip()]:
         models[name] = build_variant(lm, name).model
-    ids = torch.arange(100, 100 + args.context, device=lm.device)
-    caches = {}
-    for name, m in models.items():
-        caches[name] = m.new_cache(args.context + 2)
-        m.forward(ids, caches[name])
-    times = {name: [] for name in models}
-    for _ in range(args.rounds):
-        for name, m in models.items():  # alternate: each variant sees the same machine state
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                m.forward(ids[:1], caches[name])
-                times[name].append(time.perf_counter() - t0)
-                caches[name].crop(args.context)
+    times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {capabilities.detect().summary()}")
     base = median(times[lm.dtype_name])
     rows = {}
@@ -48,3 +36,23 @@ def run(args, out):
             f"{rows[name]['decode_vs_default']:.2f}x {lm.dtype_name}")
     best = max((r["decode_vs_default"] for n, r in rows.items() if n != lm.dtype_name), default=None)
     return {"variants": rows, "ratio": best, "default": lm.dtype_name}
+
+
+def step_times(models: dict, context: int, rounds: int, steps: int, device) -> dict[str, list[float]]:
+    """Seconds of single decode steps at `context` cached tokens, per model, the models taking
+    turns round after round so that each sees the same machine state (the cache is cropped back
+    after each step, so every step has the same context)."""
+    ids = torch.arange(100, 100 + context, device=device)
+    caches = {}
+    for name, m in models.items():
+        caches[name] = m.new_cache(context + 2)
+        m.forward(ids, caches[name])
+    times = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, m in models.items():
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                m.forward(ids[:1], caches[name])
+                times[name].append(time.perf_counter() - t0)
+                caches[name].crop(context)
+    return times
