@@ -13,11 +13,14 @@ step that verifies k guesses can yield up to k+1 tokens for about the price of o
   max(0, p - q) and stop; when all are accepted, draw a bonus token from p. The result is
   distributed exactly as the target's sampler (`Sampler.probs`) would draw.
 * Caches roll back on rejection: the target's to the accepted prefix, the draft's likewise.
-* `AdaptiveK` chooses how many tokens to guess each step from the measured acceptance and a
-  cost model of a verify pass and of a draft token (`CostModel`), measured on the loaded model
-  the first time it speculates and then fixed for the process (so that the same seed gives the
-  same reply); when guessing stops paying it guesses none, and the Timeline records each change
-  (`k_changes`).
+* When to guess, and how many: prompt lookup's `LookupPolicy` (lookup_policy.py) watches every
+  proposal for free and verifies only when the tokens it expects beat the verify's cost; a draft
+  model's `AdaptiveK` (policy.py) picks k from a decaying acceptance. Both price a verify with a
+  `CostModel` (costs.py) measured on the loaded model the first time it speculates and then fixed
+  for the process (so that the same seed gives the same reply); the Timeline records each change
+  of k (`k_changes`).
+
+Modules: proposers, verification, costs, lookup_policy, policy, decoding (`SpeculativeDecoding`).
 """
 
 from .costs import (
@@ -28,9 +31,10 @@ from .costs import (
     measured_draft_cost,
 )
 from .decoding import SpeculativeDecoding
+from .lookup_policy import LookupPolicy
 from .policy import AdaptiveK
 from .proposers import DraftModel, PromptLookup
 from .verification import verify_greedy, verify_sampling
 
-__all__ = ["AdaptiveK", "CostModel", "DEFAULT_COSTS", "DraftModel", "PromptLookup", "SpeculativeDecoding",
+__all__ = ["AdaptiveK", "CostModel", "DEFAULT_COSTS", "DraftModel", "LookupPolicy", "PromptLookup", "SpeculativeDecoding",
            "matmul_weight_ratio", "measured_costs", "measured_draft_cost", "verify_greedy", "verify_sampling"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from ..decoding import Decoding, cache_capacity
 from ..errors import InvalidRequest
-from .costs import DEFAULT_COSTS, CostModel, matmul_weight_ratio, measured_costs, measured_draft_cost
+from .costs import DEFAULT_COSTS, matmul_weight_ratio, measured_costs, measured_draft_cost
+from .lookup_policy import LookupPolicy
 from .policy import AdaptiveK
 from .proposers import DraftModel, PromptLookup
 from .verification import verify_greedy, verify_sampling
@@ -28,7 +30,7 @@ class SpeculativeDecoding(Decoding):
         costs = measured_costs(model) if config.speculative_adaptive else DEFAULT_COSTS
         if config.speculative == "prompt_lookup":
             self.proposer = PromptLookup()
-            prior, draft_cost = 0.5, 0.0
+            self.policy = LookupPolicy(config.num_speculative_tokens, costs, adaptive=config.speculative_adaptive)
         elif config.speculative == "draft":
             if draft is None:
                 raise InvalidRequest("speculative='draft' needs a draft model, and none is loaded: start the engine "
@@ -37,12 +39,11 @@ class SpeculativeDecoding(Decoding):
             prior = 0.4
             draft_cost = (measured_draft_cost(draft.model, model) if config.speculative_adaptive
                           else matmul_weight_ratio(draft.model, model))
-            costs = CostModel(costs.verify_fixed, costs.verify_per_token, costs.step_ms, draft_cost, costs.measured)
+            costs = replace(costs, draft_cost=draft_cost)
+            self.policy = AdaptiveK(config.num_speculative_tokens, adaptive=config.speculative_adaptive,
+                                    prior_acceptance=prior, draft_cost=draft_cost, costs=costs)
         else:
             raise InvalidRequest(f"speculative={config.speculative!r} is not a speculative mode", "speculative")
-        self.policy = AdaptiveK(config.num_speculative_tokens, adaptive=config.speculative_adaptive,
-                                prior_acceptance=prior, draft_cost=draft_cost,
-                                verify_fixed=costs.verify_fixed, verify_per_token=costs.verify_per_token)
         self.costs = costs
         self.drafted = self.accepted = self.steps = self.step_tokens = self.backoffs = 0
         self.accepted_hist = [0] * (config.num_speculative_tokens + 1)
@@ -52,24 +53,29 @@ class SpeculativeDecoding(Decoding):
         self._last_k = None
 
     def step(self) -> list[int]:
-        room = min(self.config.max_new_tokens - len(self.output_ids) - 1,  # the bonus token always comes
-                   self.model.max_context - len(self.ids) - 1)
-        guesses, q, key = [], None, None
-        if self.proposer.free_probe:  # look first (free), then decide how many of its guesses to check
-            guesses, q = self._propose(self.config.num_speculative_tokens)
-            key = self.proposer.matched_n
-            if not guesses:  # nothing to guess from: no decision to make
-                return self._plain_step()
-        k = self.policy.choose(max(room, 0), self.proposer.free_probe, key)
+        room = max(0, min(self.config.max_new_tokens - len(self.output_ids) - 1,  # the bonus token always comes
+                          self.model.max_context - len(self.ids) - 1))
+        if isinstance(self.policy, LookupPolicy):
+            return self._lookup_step(room)
+        k = self.policy.choose(room, False)
         if not self.policy.probing:
             self._note_k(k)
-        if self.proposer.free_probe:
-            guesses = guesses[:k]
-        elif k > 0:
-            guesses, q = self._propose(k)
-        if not guesses:
+        if k == 0:
             return self._plain_step()
-        return self._speculative_step(guesses, q, key)
+        guesses, q = self._propose(k)
+        return self._speculative_step(guesses, q) if guesses else self._plain_step()
+
+    def _lookup_step(self, room: int) -> list[int]:
+        """Look first (a few dict lookups), watch the proposal for free, then verify it only if
+        its kind of proposal is predicted to pay here (engine/speculative/lookup_policy.py)."""
+        guesses, _ = self._propose(self.config.num_speculative_tokens)
+        key = self.policy.key_for(self.proposer.matched_n)
+        self.policy.track(guesses, key)
+        if not guesses:  # nothing to guess from: no decision to make
+            return self._plain_step()
+        k = self.policy.choose(len(guesses), room, key)
+        self._note_k(k)
+        return self._speculative_step(guesses[:k], None, key) if k else self._plain_step()
 
     def _propose(self, k: int):
         """The proposer's guesses (up to k), timed as `draft_ms`."""
@@ -83,10 +89,8 @@ class SpeculativeDecoding(Decoding):
         out = super().step()
         self.steps += 1
         self.step_tokens += 1
-        if self.proposer.free_probe:  # would a guess have been right? (costs a dict lookup)
-            guess, _ = self.proposer.propose(self.ids[:-1], 1, self.sampler)
-            if guess:
-                self.policy.observe(1, int(guess[0] == out[0]), self.proposer.matched_n)
+        if isinstance(self.policy, LookupPolicy):  # score the watched proposals on the new token
+            self.policy.advance(out)
         return out
 
     def _speculative_step(self, guesses: list[int], q, key=None) -> list[int]:
@@ -100,7 +104,10 @@ class SpeculativeDecoding(Decoding):
         accepted = len(new) - 1
         self.cache.crop(before + accepted)  # keep the last committed token and the accepted guesses
         self.proposer.after_verify(before, accepted)
-        self.policy.observe(k, accepted, key)
+        if isinstance(self.policy, LookupPolicy):
+            self.policy.advance(new)
+        else:
+            self.policy.observe(k, accepted, key)
         self.drafted += k
         self.accepted += accepted
         self.accepted_hist[accepted] += 1

@@ -31,9 +31,10 @@ class AdaptiveK:
 
     def __init__(self, max_k: int, adaptive: bool = True, prior_acceptance: float = 0.6,
                  decay: float = 0.8, probe_every: int = 8, draft_cost: float = 0.0,
-                 verify_fixed: float | None = None, verify_per_token: float | None = None):
+                 verify_fixed: float | None = None, verify_per_token: float | None = None, costs=None):
         self.max_k, self.adaptive, self.decay, self.probe_every = max_k, adaptive, decay, probe_every
         self.draft_cost = draft_cost
+        self.costs = costs  # a CostModel: its measured verify table; None: the line below
         self.verify_fixed = VERIFY_FIXED_COST if verify_fixed is None else verify_fixed
         self.verify_per_token = VERIFY_COST_PER_TOKEN if verify_per_token is None else verify_per_token
         self.prior = prior_acceptance
@@ -64,7 +65,11 @@ class AdaptiveK:
 
     def cost(self, k: int) -> float:
         """A step guessing k tokens, in plain steps."""
-        return 1.0 + self.verify_fixed + k * (self.verify_per_token + self.draft_cost) if k else 1.0
+        if not k:
+            return 1.0
+        if self.costs is not None:
+            return self.costs.verify(k + 1) + k * self.draft_cost
+        return 1.0 + self.verify_fixed + k * (self.verify_per_token + self.draft_cost)
 
     def choose(self, room: int, free_probe: bool, key=None) -> int:
         """k for the next step (room: the most guesses still useful; key: what kind of guess)."""

@@ -14,7 +14,6 @@ class PromptLookup:
     """
 
     name = "prompt_lookup"
-    free_probe = True  # its guess can be checked against the real next token at no cost
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -51,7 +50,6 @@ class DraftModel:
     """Propose by running a small draft LM (`engine.draft.Draft`) k times; it keeps its own KV cache."""
 
     name = "draft"
-    free_probe = False
 
     def __init__(self, draft, capacity: int, target_vocab: int):
         self.model = draft.model
