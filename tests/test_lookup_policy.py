@@ -60,18 +60,18 @@ def test_it_speculates_inside_a_copy_at_full_k_and_backs_off_at_its_end():
 
 
 def test_open_text_with_occasional_right_first_guesses_is_never_verified_at_a_dear_cost():
-    """First guesses right 40% of the time, then wrong: at ~1.9 plain steps per verify, no k pays."""
+    """First guesses right half the time, then wrong: at ~1.9 plain steps per verify, no k pays."""
     text, rng = random_text(2), random.Random(3)
 
     def propose(pos):
-        first = text[pos] if rng.random() < 0.4 else rng.randrange(1000)
+        first = text[pos] if rng.random() < 0.5 else rng.randrange(1000)
         return [first] + [rng.randrange(1000) for _ in range(7)]
 
     assert not any(drive(LookupPolicy(8, DEAR), text, propose, steps=200))
-    # the same stream with a cheap verify: the first guess alone pays (1.4 tokens for 1.05 steps)
+    # the same stream with a cheap verify: the first guess alone pays (1.5 tokens for 1.05 steps)
     rng.seed(3)
     cheap = drive(LookupPolicy(8, CHEAP), text, propose, steps=200)
-    assert sum(k == 1 for k in cheap[-100:]) >= 80  # one guess, once positions 2+ are seen to fail
+    assert sum(k == 1 for k in cheap[-100:]) >= 70  # one guess, once positions 2+ are seen to fail
 
 
 def test_the_survival_curve_is_kept_per_position():
