@@ -13,8 +13,8 @@ first j guesses are all right is S_j = s_1 ... s_j, and guessing k yields 1 + S_
 That survival curve, not one per-token rate, is what lookup needs: in open text a 3-token match
 is often right once and then wrong; inside a copy it is right for dozens of tokens.
 
-The key is (match length n, `in_copy`): whether the previous step's proposal was right on every
-token that step emitted. Inside a copy a proposal is right far more often than just after one
+The key is (a 1-token match or a longer one, `in_copy`); `in_copy`: whether the previous step's
+proposal was right on every token that step emitted. Inside a copy a proposal is right far more often than just after one
 ended, so one miss switches to the pessimistic statistics at once (fast back-off), and one hit
 returns to the copy's (fast re-entry). Decisions depend on the tokens alone and on the cost model
 fixed for the process: a seeded reply is the same on every run.
@@ -40,7 +40,9 @@ class LookupPolicy:
         self._latest: list[int] = []  # this step's proposal (empty: none)
 
     def key_for(self, matched_n: int) -> tuple[int, bool]:
-        return (matched_n, self.in_copy)
+        # 2- and 3-token matches pooled: they predict alike, and pooled they learn twice as fast
+        # (replayed offline: copy-heavy 1.50x -> 1.57x, open-ended worst 0.98x -> 0.97x)
+        return (min(matched_n, 2), self.in_copy)
 
     def _positions(self, key) -> list[list[float]]:
         return self.stats.setdefault(key, [[PRIOR_RATE * PRIOR_WEIGHT, PRIOR_WEIGHT] for _ in range(self.max_k)])
