@@ -41,7 +41,8 @@ class SpeculativeDecoding(Decoding):
                           else matmul_weight_ratio(draft.model, model))
             costs = replace(costs, draft_cost=draft_cost)
             self.policy = AdaptiveK(config.num_speculative_tokens, adaptive=config.speculative_adaptive,
-                                    prior_acceptance=prior, draft_cost=draft_cost, costs=costs)
+                                    prior_acceptance=prior, draft_cost=draft_cost,
+                                    verify_fixed=costs.verify_fixed, verify_per_token=costs.verify_per_token)
         else:
             raise InvalidRequest(f"speculative={config.speculative!r} is not a speculative mode", "speculative")
         self.costs = costs
