@@ -90,6 +90,29 @@ def test_greedy_speculation_equals_plain_greedy(bundled, plain_greedy, mode):
     assert drafted > 0 and 0 < accepted < drafted  # guesses were made, some accepted, some rejected
 
 
+def test_adaptive_prompt_lookup_equals_plain_greedy_and_verifies_only_where_it_pays(bundled, plain_greedy):
+    """The adaptive policy decides when to verify (engine/speculative/lookup_policy.py); whatever it
+    decides, the reply is the plain greedy one, and on a copy it does verify."""
+    verified = 0
+    for prompt in PROMPTS[:6]:
+        done = run(bundled, ask(prompt), temperature=0.0, max_new_tokens=N_TOKENS, speculative="prompt_lookup",
+                   num_speculative_tokens=8)
+        assert done.token_ids == plain_greedy[prompt], prompt
+        c = done.timeline.counters
+        assert c["cost_model"]["measured"] and c["cost_model"]["verify_steps"]
+        verified += c["drafted"] > 0
+    assert verified >= 1
+
+
+def test_seeded_sampling_with_adaptive_prompt_lookup_is_reproducible(bundled):
+    cfg = dict(temperature=0.7, top_p=0.95, max_new_tokens=24, speculative="prompt_lookup",
+               num_speculative_tokens=8, seed=7)
+    a = run(bundled, ask(PROMPTS[0]), **cfg)
+    b = run(bundled, ask(PROMPTS[0]), **cfg)
+    assert a.token_ids == b.token_ids and len(a.token_ids) >= 8  # (the reply may end before 24)
+    assert a.timeline.counters["k_changes"] == b.timeline.counters["k_changes"]
+
+
 @pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
 def test_greedy_speculation_with_a_reused_prefix_cache(bundled, plain_greedy, mode):
     """KV reuse (#3) hands the speculative decoding a cache that already holds the conversation so

@@ -60,7 +60,8 @@ def compare(lm, prompts, mode: str, args, out, label: str) -> dict:
     rate = accepted / drafted if drafted else None
     costs = c.get("cost_model") or {}
     out(f"{label}: cost model (plain steps, measured once per process): verify = 1 + {costs.get('verify_fixed')} "
-        f"+ {costs.get('verify_per_token')} x k, draft token {costs.get('draft_cost')}, step {costs.get('step_ms')} ms")
+        f"+ {costs.get('verify_per_token')} x k, measured (T, steps) {costs.get('verify_steps')}, draft token "
+        f"{costs.get('draft_cost')}, step {costs.get('step_ms')} ms")
     out(f"{label}: decode tok/s off {median(off_tps):.1f}, on {median(on_tps):.1f}, ratio {ratio:.2f} (geometric mean; "
         f"worst prompt {min(r['ratio'] for r in per_prompt):.2f}), "
         f"acceptance {rate if rate is None else round(rate, 3)}, tokens/step {steps_tokens / max(steps, 1):.2f}, "

@@ -1,0 +1,140 @@
+"""What a speculative step costs on this machine, in plain decode steps: `CostModel`, measured
+once per process and model (`measured_costs`), then fixed so that seeded replies stay reproducible."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+# A verify pass over T = k + 1 tokens costs 1 + fixed + k * per_token plain steps. These defaults
+# (the AVX-512 BF16 Zen 5, packed weights: `python -m engine.bench verify` measured 1.10-1.29 for
+# T = 2, 1.25-1.38 for 3, 1.23-1.25 for 5, 1.38 for 9) serve only where nothing was measured:
+# a speculative decoding measures its model's own (`measured_costs`).
+VERIFY_FIXED_COST = 0.2
+VERIFY_COST_PER_TOKEN = 0.03
+
+# The calibration: forwards of T = 1 and each CALIBRATION_SIZES tokens after CALIBRATION_CONTEXT
+# cached ones, alternating, CALIBRATION_ROUNDS times (after one warm-up round). Each T is priced by
+# the median over rounds of its time / the same round's T = 1 time: paired, so a neighbour's load
+# that slows a whole round cancels out (these machines are shared). Measured on the AVX2 Zen 3 (fp32,
+# MKL): T = 2 costs ~1.9 plain steps, T = 3..9 ~2.1-2.6 — not a line through T = 2 and 9, hence a table.
+CALIBRATION_CONTEXT = 64
+CALIBRATION_SIZES = (2, 3, 5, 9)  # k = 8, the lookup default, is T = 9; larger T extrapolates the last slope
+CALIBRATION_T = CALIBRATION_SIZES[-1]
+CALIBRATION_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What one speculative step costs, in plain decode steps of this model on this machine."""
+
+    verify_fixed: float  # the line: a verify pass over T tokens ~ 1 + verify_fixed + (T - 1) * verify_per_token
+    verify_per_token: float
+    step_ms: float | None = None  # the median plain step (T = 1) it was measured against
+    draft_cost: float | None = None  # one draft token (a draft forward of T = 1), when a draft was measured
+    measured: bool = True
+    verify_steps: tuple[tuple[int, float], ...] | None = None  # measured (T, plain steps); None: the line only
+
+    def verify(self, tokens: int) -> float:
+        """A verify pass over `tokens` (= k + 1), in plain steps: the measured table, linear between
+        its points, the last segment's slope past its end; the line where nothing was measured."""
+        if tokens <= 1:
+            return 1.0
+        if not self.verify_steps:
+            return 1.0 + self.verify_fixed + (tokens - 1) * self.verify_per_token
+        points = [(1, 1.0), *self.verify_steps]
+        for (t0, c0), (t1, c1) in zip(points, points[1:]):
+            if tokens <= t1:
+                return c0 + (c1 - c0) * (tokens - t0) / (t1 - t0)
+        (t0, c0), (t1, c1) = points[-2], points[-1]
+        return c1 + max(0.0, (c1 - c0) / (t1 - t0)) * (tokens - t1)
+
+    def to_dict(self) -> dict:
+        d = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        if self.verify_steps is not None:
+            d["verify_steps"] = [[t, round(c, 3)] for t, c in self.verify_steps]
+        return d
+
+
+DEFAULT_COSTS = CostModel(VERIFY_FIXED_COST, VERIFY_COST_PER_TOKEN, measured=False)
+_MEASURED = WeakIdKeyDictionary()  # target model -> CostModel; (draft, target) below
+_MEASURED_DRAFT = WeakIdKeyDictionary()  # draft model -> {target model -> draft token cost}
+_MEASURE_LOCK = threading.Lock()
+
+
+def _timed_forwards(model, sizes: list[int], rounds: int) -> dict[int, list[float]]:
+    """Seconds of a forward of T tokens after CALIBRATION_CONTEXT cached ones: per T, one per round."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = getattr(model, "vocab_size", 1000)
+    context = torch.randint(0, vocab, (CALIBRATION_CONTEXT,), generator=gen).to(model.device)
+    cache = model.new_cache(CALIBRATION_CONTEXT + max(sizes) + 1)
+    model.forward(context, cache)
+    times = {t: [] for t in sizes}
+    for r in range(rounds + 1):  # round 0 warms up (first-call allocations, packing) and is dropped
+        for t in sizes:
+            cache.crop(CALIBRATION_CONTEXT)
+            ids = torch.randint(0, vocab, (t,), generator=gen).to(model.device)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.forward(ids, cache, all_logits=t > 1)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            if r:
+                times[t].append(time.perf_counter() - t0)
+    return times
+
+
+def cost_model_from_times(times: dict[int, list[float]]) -> CostModel:
+    """The cost model from per-round forward times (T = 1 and CALIBRATION_SIZES): paired ratios."""
+    one = times[1]
+    table = tuple((t, max(1.0, statistics.median(a / b for a, b in zip(times[t], one))))
+                  for t in sorted(times) if t > 1)
+    steps = dict(table)
+    first, last = table[0][0], table[-1][0]
+    per_token = max(0.0, (steps[last] - steps[first]) / (last - first)) if last > first else 0.0
+    fixed = max(0.0, steps[first] - 1.0 - per_token * (first - 1))
+    return CostModel(fixed, per_token, step_ms=statistics.median(one) * 1e3, verify_steps=table)
+
+
+def measured_costs(model) -> CostModel:
+    """The verify cost model of `model` on this machine: measured at its first use in this process
+    (~35 forwards, ~2-3 s on the Zen 3), then the same for every later request, so decisions stay
+    a function of the tokens alone. Each model object (a quantized variant too) gets its own."""
+    with _MEASURE_LOCK:
+        costs = _MEASURED.get(model)
+        if costs is None:
+            times = _timed_forwards(model, [1, *CALIBRATION_SIZES], CALIBRATION_ROUNDS)
+            costs = _MEASURED[model] = cost_model_from_times(times)
+        return costs
+
+
+def measured_draft_cost(draft_model, target_model) -> float:
+    """A draft token's cost in target decode steps: median draft step / median target step, both
+    measured here once per process (decode is memory-bound, but at this size per-step overhead
+    counts too: the weight ratio `matmul_weight_ratio` alone underestimates it)."""
+    target = measured_costs(target_model)
+    with _MEASURE_LOCK:
+        per_target = _MEASURED_DRAFT.setdefault(draft_model, WeakIdKeyDictionary())
+        cost = per_target.get(target_model)
+        if cost is None:
+            draft_step = statistics.median(_timed_forwards(draft_model, [1], CALIBRATION_ROUNDS)[1])
+            cost = per_target[target_model] = draft_step * 1e3 / target.step_ms
+        return cost
+
+
+def matmul_weight_ratio(draft_model, target_model) -> float:
+    """A draft token's cost relative to a target step, as the ratio of the weights their matmuls
+    read (decode is memory-bound: a step costs about the bytes it reads). The bundled draft: ~0.09;
+    measured time per token ~0.12 of a target step here."""
+    def linear_bytes(m):
+        return sum(mod.weight.numel() * mod.weight.element_size() for mod in m.modules()
+                   if isinstance(mod, torch.nn.Linear))
+
+    target = linear_bytes(target_model)
+    return linear_bytes(draft_model) / target if target else 0.15
