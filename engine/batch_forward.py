@@ -12,8 +12,9 @@ greedy output would depend on who else is running. MKL's fp32 GEMM is not batch-
 (AMD EPYC Zen 3, torch 2.13): a row computed with M=1 differs from M=2..3 and from M>=4 (by
 ~1e-6). oneDNN's fp32 matmul over a pre-packed weight gave the same row for every M from 1 to 16
 (checked per row; later up to M=300), so a batching engine routes every fp32 Linear of its
-forwards, prefill included, through a packed copy, also for one sequence alone: a request
-alone on a batching engine and the same request in a batch of 8 get identical
+forwards, prefill included, through a packed copy (fast_llama.packed_weight, the one cache of
+packed weights; FastLlama itself takes it from two rows on), also for one sequence alone: a
+request alone on a batching engine and the same request in a batch of 8 get identical
 logits. That copy costs the fp32 weights' size again in memory (`packed_mb` in engine info); a
 one-row step through it cost the same as ATen's GEMV here (100 vs 103 ms for all 121
 projections of SmolLM2, one thread, machine busy), eight rows 1.8x one row. Other dtypes and
@@ -25,12 +26,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
-from .fast_llama import FastLlama, _gemm_backend, _rope, project
+from .fast_llama import FastLlama, _gemm_backend, _rope, packed_weight, project
 from .kv_cache import KVCache
-
-_PACKED_FP32 = WeakIdKeyDictionary()  # weight tensor -> its oneDNN-packed copy (or False: cannot pack)
 
 
 def supports(model) -> bool:
@@ -38,36 +36,17 @@ def supports(model) -> bool:
     return isinstance(model, FastLlama)
 
 
-def _packed_fp32(linear: nn.Module):
-    if type(linear) is not nn.Linear or linear.weight.dtype != torch.float32 or linear.weight.device.type != "cpu" \
-            or not torch.backends.mkldnn.is_available():
-        return None
-    w = linear.weight
-    p = _PACKED_FP32.get(w)
-    if p is None:
-        try:
-            p = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-        except RuntimeError:
-            p = False
-        _PACKED_FP32[w] = p
-    return p if p is not False else None
-
-
 def pack(model) -> None:
-    """Pack every fp32 Linear now, not inside the first batched step."""
+    """Pack every Linear now, not inside the first batched step (FastLlama packs at load: a no-op then)."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            _packed_fp32(module)
-
-
-def packed_bytes() -> int:
-    return sum(p.numel() * p.element_size() for p in _PACKED_FP32.values() if p is not False)
+            packed_weight(module)
 
 
 def _linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    packed = _packed_fp32(linear)
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
+    """Every fp32 row through the packed copy, one row too (the same bits at any batch size)."""
+    if getattr(linear, "weight", None) is not None and linear.weight.dtype == torch.float32:
+        return project(linear, x, min_rows=1)
     with _gemm_backend(rows=x.shape[0] * x.shape[1]):
         return project(linear, x)
 

@@ -60,6 +60,12 @@ class Capabilities:
         return self.onednn and self.onednn_bf16
 
     @property
+    def packed_fp32_weights(self) -> bool:
+        """Pre-packed oneDNN fp32 weights for multi-row matmuls and batched steps (engine.fast_llama):
+        oneDNN's fp32 kernels run on every x86 CPU torch runs on, so only the build decides."""
+        return self.onednn
+
+    @property
     def isa_level(self) -> str:
         """The short name people use: AMX, AVX-512 BF16, AVX-512, AVX2, or baseline x86-64/other."""
         have = set(self.isa)
@@ -79,6 +85,7 @@ class Capabilities:
         d["notes"] = list(self.notes)
         d["cuda_capability"] = list(self.cuda_capability) if self.cuda_capability else None
         d["packed_bf16_weights"] = self.packed_bf16_weights
+        d["packed_fp32_weights"] = self.packed_fp32_weights
         d["isa_level"] = self.isa_level
         d["summary"] = self.summary()
         return d

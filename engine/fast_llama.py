@@ -175,43 +175,54 @@ class FastLlama(nn.Module):
         return x
 
 
-# oneDNN-packed copies of bf16 Linear weights, keyed by the weight tensor itself (so a module whose
+# oneDNN-packed copies of Linear weights, keyed by the weight tensor itself (so a module whose
 # weight is replaced, cast or quantized never meets a stale copy; variants pack their own on first use).
-_PACKED = WeakIdKeyDictionary()
+_PACKED = WeakIdKeyDictionary()  # weight -> packed copy, or False: this weight cannot be packed
 use_packed = True  # False: plain F.linear for every matmul (`python -m engine.bench verify` compares)
+MIN_PACKED_ROWS = {torch.bfloat16: 3, torch.float32: 2}  # from these rows on, `project` takes the packed copy
 
 
 def packed_weight(linear: nn.Module):
-    """The oneDNN-packed copy of a plain bf16 CPU Linear's weight (made once), else None.
+    """The oneDNN-packed copy of a plain bf16 or fp32 CPU Linear's weight (made once), else None.
 
-    Why: `F.linear` hands oneDNN a plain weight, which it reorders into its blocked layout on every
-    call; for a few rows that reordering is most of the cost. Measured here over the 120
-    projections of one SmolLM2 step: 3 rows 31.1 → 14.4 ms, 9 rows 34.6 → 18.9 ms, 256 rows
+    Why: `F.linear` hands oneDNN a plain bf16 weight, which it reorders into its blocked layout on
+    every call; for a few rows that reordering is most of the cost. Measured over the 120
+    projections of one SmolLM2 step (Zen 5): 3 rows 31.1 → 14.4 ms, 9 rows 34.6 → 18.9 ms, 256 rows
     271 → 212 ms, 1,500 rows 1,098 → 996 ms; results bitwise equal to `F.linear`'s oneDNN path.
-    So a speculative verify pass over k+1 tokens costs about one plain step, not two, and chunked
-    prefill loses most of its per-chunk cost. Price: a second copy of those weights in memory.
+    fp32 goes to MKL, whose few-row GEMM is slow here: on the Zen 3 (AVX2, 1 thread) a forward of
+    3 / 5 / 9 tokens cost 1.99 / 1.68 / 2.18 one-token steps through MKL and 1.14 / 1.25 / 1.57
+    through the packed copy, with 256 and 1,024 tokens on par (0.93x, 1.01x). So a speculative
+    verify of k+1 tokens costs about one plain step, not two, and so do a warm turn's few new
+    tokens. The packed fp32 kernel also gives each row the same bits whatever the row count, which
+    batching needs (batch_forward.py). Price: a second copy of those weights in memory.
     """
     if type(linear) is not nn.Linear:  # quantized modules are subclasses or others
         return None
     w = linear.weight
-    if w.dtype != torch.bfloat16 or w.device.type != "cpu":
+    if w.device.type != "cpu" or w.dtype not in MIN_PACKED_ROWS:
         return None
     p = _PACKED.get(w)
-    if p is None and not capabilities.detect().packed_bf16_weights:  # AVX2-only CPUs: plain F.linear
-        return None
     if p is None:
-        p = _PACKED[w] = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-    return p
+        caps = capabilities.detect()
+        if not (caps.packed_bf16_weights if w.dtype == torch.bfloat16 else caps.packed_fp32_weights):
+            return None  # e.g. AVX2-only CPUs for bf16: plain F.linear
+        try:
+            p = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+        except RuntimeError:  # a build or CPU whose oneDNN refuses it: the plain path, once decided
+            p = False
+        _PACKED[w] = p
+    return p if p is not False else None
 
 
 def packed_bytes() -> int:
     """Bytes held by packed weight copies (all live models)."""
-    return sum(p.numel() * p.element_size() for p in _PACKED.values())
+    return sum(p.numel() * p.element_size() for p in _PACKED.values() if p is not False)
 
 
-def project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """linear(x), through the packed weight when x has more than two rows (see `_gemm_backend`)."""
-    if x.shape[-2] > 2 and use_packed:
+def project(linear: nn.Module, x: torch.Tensor, min_rows: int | None = None) -> torch.Tensor:
+    """linear(x), through the packed weight from `MIN_PACKED_ROWS` rows on (or `min_rows`)."""
+    w = getattr(linear, "weight", None)
+    if use_packed and w is not None and x.shape[-2] >= (min_rows or MIN_PACKED_ROWS.get(w.dtype, 1 << 30)):
         packed = packed_weight(linear)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")

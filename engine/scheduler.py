@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from . import batch_forward
 from .decoding import Decoding
 from .errors import LatencyLabError
+from .fast_llama import packed_bytes
 from .generate import generate
 from .timeline import now_ns
 from .wire import Event, RequestHandle
@@ -134,7 +135,7 @@ class BatchingWorker(Worker):
             "unbatched_requests": s.unbatched_requests,
             "unbatched": "speculative requests and models without our Llama forward run beside the batch, "
                          "one step per scheduler loop",
-            "packed_mb": round(batch_forward.packed_bytes() / 1e6, 1),
+            "packed_mb": round(packed_bytes() / 1e6, 1),
             "exact": "fp32 on CPU: a request's tokens are the same batched and alone (oneDNN packed matmuls)",
             "interleave_chunk": INTERLEAVE_CHUNK,
         }

@@ -40,6 +40,28 @@ def test_packed_weights_where_onednn_bf16_exists():
     assert packed_weight(lin) is not None and torch.equal(project(lin, x), lin(x))
 
 
+# --- packed oneDNN fp32 weights (few-row forwards, batched steps) ------------------------------------
+def test_fp32_packed_weights_fall_back_to_plain_linear_without_onednn():
+    lin = nn.Linear(64, 96, bias=True)
+    x = torch.randn(1, 5, 64)
+    with capabilities.forced(onednn=False):
+        assert packed_weight(lin) is None
+        assert torch.equal(project(lin, x), lin(x))
+
+
+@pytest.mark.skipif(not CAPS.packed_fp32_weights, reason="this torch build has no oneDNN; the fallback test "
+                    "above covers it")
+def test_fp32_packed_weights_from_two_rows_on_give_each_row_the_same_bits_at_any_row_count():
+    lin = nn.Linear(64, 96, bias=True)
+    x = torch.randn(1, 9, 64)
+    assert packed_weight(lin) is not None and packed_weight(lin) is packed_weight(lin)  # made once
+    torch.testing.assert_close(project(lin, x), lin(x), atol=1e-5, rtol=1e-5)
+    assert torch.equal(project(lin, x[:, :1]), lin(x[:, :1]))  # one row: MKL's GEMV, as before
+    rows = project(lin, x)
+    for i in range(9):  # what batching's exactness rests on
+        assert torch.equal(project(lin, x[:, i : i + 1], min_rows=1), rows[:, i : i + 1])
+
+
 def test_fast_llama_forward_is_right_without_packed_weights(tiny):
     """The whole bf16 forward on the plain path gives the logits of the fp32 model, to bf16 precision."""
     ids = torch.arange(100, 112)

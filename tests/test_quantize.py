@@ -127,7 +127,10 @@ def test_quality_is_measured_and_int8_keeps_above_its_floor(variants):
         assert 0.0 <= r["top1_agreement"] <= 1.0 and r["mean_kl"] >= 0.0
     assert reports["int8wo"]["top1_agreement"] >= 0.90
     assert reports["int4wo"]["top1_agreement"] >= 0.80
-    assert reports["int8wo"]["mean_kl"] < reports["int4wo"]["mean_kl"]  # 4 bits lose more than 8
+    # Not "4 bits lose more than 8" here: the bundled blocks are Q4_1 (4-bit groups of 32), which
+    # int4wo's groups of 32 reproduce almost exactly, while int8wo re-rounds them per output channel
+    # (docs/quantization.md). Groups of 64 would re-round them too, and this would fail.
+    assert reports["int4wo"]["mean_kl"] < reports["int8wo"]["mean_kl"]
 
 
 @needs_bnb
