@@ -180,6 +180,9 @@ class FastLlama(nn.Module):
 _PACKED = WeakIdKeyDictionary()  # weight -> packed copy, or False: this weight cannot be packed
 use_packed = True  # False: plain F.linear for every matmul (`python -m engine.bench verify` compares)
 MIN_PACKED_ROWS = {torch.bfloat16: 3, torch.float32: 2}  # from these rows on, `project` takes the packed copy
+# ... and up to these: a long fp32 prefill is faster through MKL (1,390 rows, 2 threads, Zen 3:
+# 3.18 s MKL, 3.65 s packed), a short one through the packed copy (20 rows after 1,370: 212 vs 154 ms).
+MAX_PACKED_ROWS = {torch.bfloat16: 1 << 30, torch.float32: 128}
 
 
 def packed_weight(linear: nn.Module):
@@ -220,9 +223,12 @@ def packed_bytes() -> int:
 
 
 def project(linear: nn.Module, x: torch.Tensor, min_rows: int | None = None) -> torch.Tensor:
-    """linear(x), through the packed weight from `MIN_PACKED_ROWS` rows on (or `min_rows`)."""
+    """linear(x), through the packed weight for `MIN_PACKED_ROWS`..`MAX_PACKED_ROWS` rows (`min_rows`
+    given: from that many rows on, any number; batching's exactness needs every row packed)."""
     w = getattr(linear, "weight", None)
-    if use_packed and w is not None and x.shape[-2] >= (min_rows or MIN_PACKED_ROWS.get(w.dtype, 1 << 30)):
+    rows = x.shape[-2]
+    if use_packed and w is not None and (min_rows or MIN_PACKED_ROWS.get(w.dtype, 1 << 30)) <= rows and (
+            min_rows or rows <= MAX_PACKED_ROWS.get(w.dtype, 0)):
         packed = packed_weight(linear)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
