@@ -78,6 +78,14 @@ class Toggle:
             return None
         return value
 
+    def read(self, given: dict):
+        """This toggle's value in `given` (a form's or a request's values): the default when it is
+        missing or empty, else coerced and checked (InvalidRequest naming the field)."""
+        value = given.get(self.name)
+        value = self.default if value is None or value == "" else self.coerce(value)
+        self.check(value)
+        return value
+
     def describe(self, value) -> str | None:
         """A short label of a value for config labels ('prompt lookup', 'k=4'), or None for a default.
         A toggle that only matters with another (`only_with`) is labelled whenever that one is on."""

@@ -75,12 +75,7 @@ def parse_spec(values: dict, prompt_sets: dict, engines: dict) -> LoadSpec:
     unknown = set(values) - set(LOAD_FIELDS)
     if unknown:
         raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(map(str, unknown)))}", "settings")
-    got = {}
-    for t in LOAD_SETTINGS:
-        value = values.get(t.name)
-        value = t.default if value is None or value == "" else t.coerce(value)
-        t.check(value)
-        got[t.name] = value
+    got = {t.name: t.read(values) for t in LOAD_SETTINGS}
     prompt_set = values.get("prompt_set") or LOAD_POOL
     if prompt_set not in prompt_set_choices(prompt_sets):
         raise InvalidRequest(f"prompt_set must be one of {', '.join(prompt_set_choices(prompt_sets))}", "prompt_set")

@@ -90,10 +90,4 @@ def normalized(settings: dict | None) -> dict:
 def page_settings(settings: dict | None) -> dict:
     """The pane's own settings (smoothing...), checked against their declarations, defaults filled in."""
     s = settings or {}
-    out = {}
-    for t in PAGE_SETTINGS:
-        value = s.get(t.name)
-        value = t.default if value is None or value == "" else t.coerce(value)
-        t.check(value)
-        out[t.name] = value
-    return out
+    return {t.name: t.read(s) for t in PAGE_SETTINGS}
