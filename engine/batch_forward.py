@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fast_llama import FastLlama, _gemm_backend, _rope, packed_weight, project
+from .fast_llama import FastLlama, _gemm_backend, packed_weight, project, roped_heads
 from .kv_cache import KVCache
 
 
@@ -71,10 +71,7 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
     masks = [None if n == 1 or s == 0 else torch.ones(n, s + n, dtype=torch.bool, device=device).tril(diagonal=s)
              for s, n in zip(starts, lengths)]  # as FastLlama._blocks: new tokens see the prefix and each other
     for i, blk in enumerate(model.blocks):
-        qkv = _linear(blk.qkv, blk.attn_norm(x))
-        qk = _rope(qkv[..., : blk.q_size + blk.kv_size].view(1, R, H + KV, D).transpose(1, 2), cos, sin)
-        q, k = qk[:, :H], qk[:, H:]  # [1, heads, R, D], as FastLlama._qkv_roped
-        v = qkv[..., blk.q_size + blk.kv_size :].view(1, R, KV, D).transpose(1, 2)
+        q, k, v = roped_heads(blk, _linear(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)  # [1, heads, R, D]
         outs, row = [], 0
         for c, s, n, mask in zip(caches, starts, lengths, masks):
             c.k[i, :, :, s : s + n] = k[:, :, row : row + n]

@@ -157,7 +157,7 @@ class FastLlama(nn.Module):
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)
         x = self.embed(ids[None])
         for i, blk in enumerate(self.blocks):
-            q, k, v = _qkv_roped(blk, blk.attn_norm(x), H, KV, D, cos, sin)
+            q, k, v = roped_heads(blk, project(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)
             cache.k[i, :, :, start:end] = k
             cache.v[i, :, :, start:end] = v
             attn = F.scaled_dot_product_attention(
@@ -226,12 +226,15 @@ def project(linear: nn.Module, x: torch.Tensor, min_rows: int | None = None) -> 
     """linear(x), through the packed weight for `MIN_PACKED_ROWS`..`MAX_PACKED_ROWS` rows (`min_rows`
     given: from that many rows on, any number; batching's exactness needs every row packed)."""
     w = getattr(linear, "weight", None)
-    rows = x.shape[-2]
-    if use_packed and w is not None and (min_rows or MIN_PACKED_ROWS.get(w.dtype, 1 << 30)) <= rows and (
-            min_rows or rows <= MAX_PACKED_ROWS.get(w.dtype, 0)):
-        packed = packed_weight(linear)
-        if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
+    if not use_packed or w is None:
+        return linear(x)
+    if min_rows:
+        lo, hi = min_rows, 1 << 30
+    else:
+        lo, hi = MIN_PACKED_ROWS.get(w.dtype, 1 << 30), MAX_PACKED_ROWS.get(w.dtype, 0)
+    packed = packed_weight(linear) if lo <= x.shape[-2] <= hi else None
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
     return linear(x)
 
 
@@ -255,11 +258,10 @@ def _gemm_backend(rows: int):
         torch._C._set_mkldnn_enabled(previous)
 
 
-def _qkv_roped(blk: Block, h: torch.Tensor, H: int, KV: int, D: int, cos, sin):
-    """q, k, v as [1, heads, T, D] from the fused projection of `h` ([1, T, hidden]), with rotary
-    positions applied to q and k in one pass (they sit side by side in the fused output)."""
-    T = h.shape[1]
-    qkv = project(blk.qkv, h)
+def roped_heads(blk: Block, qkv: torch.Tensor, H: int, KV: int, D: int, cos, sin):
+    """q, k, v as [1, heads, T, D] from the fused q/k/v projection's output ([1, T, ...]), with
+    rotary positions applied to q and k in one pass (they sit side by side in that output)."""
+    T = qkv.shape[1]
     qk = _rope(qkv[..., : blk.q_size + blk.kv_size].view(1, T, H + KV, D).transpose(1, 2), cos, sin)
     return qk[:, :H], qk[:, H:], qkv[..., blk.q_size + blk.kv_size :].view(1, T, KV, D).transpose(1, 2)
 

@@ -143,12 +143,8 @@ class _WeightOnlyLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != self.compute_dtype:
             x2 = x2.to(self.compute_dtype)
-        was_on = torch._C._get_mkldnn_enabled()  # onednn_on() inlined: this runs 121 times a step
-        torch._C._set_mkldnn_enabled(True)
-        try:
+        with onednn_on():
             y = self._matmul(x2)
-        finally:
-            torch._C._set_mkldnn_enabled(was_on)
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
