@@ -166,7 +166,8 @@ class BatchingWorker(Worker):
         None: the worker is stopping and nothing runs any more."""
         with self._cv:
             while not self._queue and not self._active and not self._stopping:
-                self._cv.wait()
+                if not self._idle_work() and not self._queue and not self._stopping:
+                    self._cv.wait()  # re-checked: a request may have come while the lock was released
             if self._stopping:
                 if not self._active:
                     return None

@@ -142,6 +142,11 @@ class VariantSet:
             if timeline.prefill_ms and timeline.prefill_tokens:
                 variant.prefill_tps.append(timeline.prefill_tokens / (timeline.prefill_ms / 1e3))
 
+    def resident_models(self) -> list:
+        """The LoadedModel of every resident variant, the default first."""
+        with self._lock:
+            return [v.loaded for v in self._built.values()]
+
     def resident_bytes(self) -> int:
         with self._lock:
             models = [v.loaded.model for v in self._built.values()]

@@ -18,6 +18,7 @@ from collections import deque
 from . import roofline
 from .errors import InvalidRequest, LatencyLabError
 from .generate import generate
+from .speculative import calibrate_idle
 from .timeline import Timeline, now_ns
 from .wire import Event, QueueFull, Request, RequestHandle
 
@@ -132,9 +133,8 @@ class Worker:
         while True:
             with self._cv:
                 while not self._queue and not self._stopping:
-                    if self.variants.defer_quality and self._measure_quality_while_idle():
-                        continue
-                    self._cv.wait()
+                    if not self._idle_work() and not self._queue and not self._stopping:
+                        self._cv.wait()  # re-checked: a request may have come while the lock was released
                 if self._stopping:
                     return
                 handle = self._queue.popleft()
@@ -148,15 +148,19 @@ class Worker:
                 with self._cv:
                     self._running = None
 
-    def _measure_quality_while_idle(self) -> bool:
-        """With no request waiting, measure one variant's deferred quality (lock released meanwhile:
-        requests can queue, and wait at most one measurement)."""
+    def _idle_work(self) -> bool:
+        """Under the lock, with nothing queued or running: one piece of deferred work, with the lock
+        released meanwhile (requests can queue). Returns whether it did some (False: nothing left).
+        The work: the cost calibration of speculative decoding for each resident variant (it gives
+        way to a request within one round of forwards), then deferred variant quality."""
         self._cv.release()
         try:
-            return self.variants.measure_pending()
-        except Exception:  # a failed measurement leaves the quality unknown (None), never the worker down
-            log.exception("quality measurement failed")
-            return True
+            if calibrate_idle(self.variants.resident_models(), should_stop=lambda: bool(self._queue) or self._stopping):
+                return True
+            return self.variants.defer_quality and self.variants.measure_pending()
+        except Exception:  # a failed measurement leaves its figure unknown (None), never the worker down
+            log.exception("idle measurement failed")
+            return True  # what failed is marked done: look for the next piece
         finally:
             self._cv.acquire()
 

@@ -270,10 +270,11 @@ def test_cli_quantization_flag(tiny_model_dir):
     assert {v["name"] for v in out["model"]["variants"] if v["resident"]} == {"fp32", "int8wo"}
 
 
-def test_an_engine_measures_a_new_variants_quality_after_the_request_not_inside_it(tiny):
+@pytest.mark.parametrize("max_batch", [1, 4])  # the batching worker's idle loop measured nothing once
+def test_an_engine_measures_a_new_variants_quality_after_the_request_not_inside_it(tiny, max_batch):
     from engine.service import Engine
 
-    engine = Engine(tiny)
+    engine = Engine(tiny, max_batch=max_batch)
     try:
         done = engine.complete([{"role": "user", "content": "hi"}],
                                GenerationConfig(max_new_tokens=2, temperature=0.0, quantization="int8wo"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 
 import pytest
 import torch
@@ -182,6 +183,40 @@ def test_the_cost_model_is_measured_once_per_model_and_reported(tiny, tmp_path_f
     same = load_draft(str(build_tiny_model_dir(tmp_path_factory.mktemp("same"), tokenizer, seed=4)), tiny)
     cost = measured_draft_cost(same.model, tiny.model)
     assert cost > 0 and measured_draft_cost(same.model, tiny.model) == cost
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_an_idle_engine_calibrates_so_the_first_speculative_request_measures_nothing(tiny_model_dir, max_batch,
+                                                                                     monkeypatch):
+    """The cost table is measured by the idle worker (both workers), not in the first speculative
+    request's setup, where it cost ~5 s on the Zen 3; and a request that comes mid-calibration
+    interrupts it."""
+    from engine.config import LoadConfig
+    from engine.loader import load
+    from engine.service import Engine
+    from engine.speculative import costs
+
+    fresh = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))  # never measured
+    assert not costs.is_calibrated(fresh.model)
+    assert costs.calibrate_idle([fresh], should_stop=lambda: True) is False  # gives way at once
+    assert not costs.is_calibrated(fresh.model)
+    engine = Engine(fresh, max_batch=max_batch)
+    try:
+        deadline = time.time() + 120
+        while not costs.is_calibrated(fresh.model) and time.time() < deadline:
+            time.sleep(0.05)
+        assert costs.is_calibrated(fresh.model)
+        calibrated = measured_costs(fresh.model)
+
+        def no_measuring(*args, **kwargs):
+            raise AssertionError("a request measured the cost model")
+
+        monkeypatch.setattr(costs, "_timed_forwards", no_measuring)
+        done = engine.complete(ask("Repeat: one two three, one two three"),
+                               GenerationConfig(temperature=0.0, max_new_tokens=8, speculative="prompt_lookup"))
+        assert done.timeline.counters["cost_model"] == calibrated.to_dict()
+    finally:
+        engine.close()
 
 
 def test_adaptive_k_uses_the_cost_model_it_is_given():

@@ -26,6 +26,7 @@ Modules: proposers, verification, costs, lookup_policy, policy, decoding (`Specu
 from .costs import (
     DEFAULT_COSTS,
     CostModel,
+    calibrate_idle,
     matmul_weight_ratio,
     measured_costs,
     measured_draft_cost,
@@ -36,5 +37,5 @@ from .policy import AdaptiveK
 from .proposers import DraftModel, PromptLookup
 from .verification import verify_greedy, verify_sampling
 
-__all__ = ["AdaptiveK", "CostModel", "DEFAULT_COSTS", "DraftModel", "LookupPolicy", "PromptLookup", "SpeculativeDecoding",
+__all__ = ["AdaptiveK", "CostModel", "DEFAULT_COSTS", "calibrate_idle", "DraftModel", "LookupPolicy", "PromptLookup", "SpeculativeDecoding",
            "matmul_weight_ratio", "measured_costs", "measured_draft_cost", "verify_greedy", "verify_sampling"]

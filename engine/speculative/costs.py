@@ -65,20 +65,33 @@ DEFAULT_COSTS = CostModel(VERIFY_FIXED_COST, VERIFY_COST_PER_TOKEN, measured=Fal
 _MEASURED = WeakIdKeyDictionary()  # target model -> CostModel; (draft, target) below
 _MEASURED_DRAFT = WeakIdKeyDictionary()  # draft model -> {target model -> draft token cost}
 _MEASURE_LOCK = threading.Lock()
+_IDLE_FAILED = WeakIdKeyDictionary()  # models whose idle calibration raised (calibrate_idle skips them)
 
 
-def _timed_forwards(model, sizes: list[int], rounds: int) -> dict[int, list[float]]:
-    """Seconds of a forward of T tokens after CALIBRATION_CONTEXT cached ones: per T, one per round."""
+class Interrupted(Exception):
+    """A calibration gave way to a request (`calibrate(..., should_stop)`); nothing was kept."""
+
+
+def _timed_forwards(runs: list[tuple[object, int]], rounds: int, should_stop=None) -> list[list[float]]:
+    """Seconds of each run's forward — (model, T): T tokens after CALIBRATION_CONTEXT cached ones —
+    once per round, the runs alternating within each round (so ratios can be paired by round).
+    `should_stop()` true before a round raises Interrupted (a request came: it waits one round at most)."""
     gen = torch.Generator().manual_seed(0)
-    vocab = getattr(model, "vocab_size", 1000)
-    context = torch.randint(0, vocab, (CALIBRATION_CONTEXT,), generator=gen).to(model.device)
-    cache = model.new_cache(CALIBRATION_CONTEXT + max(sizes) + 1)
-    model.forward(context, cache)
-    times = {t: [] for t in sizes}
+    caches = {}
+    for model, _ in runs:
+        if id(model) not in caches:
+            vocab = getattr(model, "vocab_size", 1000)
+            context = torch.randint(0, vocab, (CALIBRATION_CONTEXT,), generator=gen).to(model.device)
+            caches[id(model)] = cache = model.new_cache(CALIBRATION_CONTEXT + max(t for _, t in runs) + 1)
+            model.forward(context, cache)
+    times = [[] for _ in runs]
     for r in range(rounds + 1):  # round 0 warms up (first-call allocations, packing) and is dropped
-        for t in sizes:
+        if should_stop is not None and should_stop():
+            raise Interrupted
+        for (model, t), out in zip(runs, times):
+            cache = caches[id(model)]
             cache.crop(CALIBRATION_CONTEXT)
-            ids = torch.randint(0, vocab, (t,), generator=gen).to(model.device)
+            ids = torch.randint(0, getattr(model, "vocab_size", 1000), (t,), generator=gen).to(model.device)
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -86,7 +99,7 @@ def _timed_forwards(model, sizes: list[int], rounds: int) -> dict[int, list[floa
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             if r:
-                times[t].append(time.perf_counter() - t0)
+                out.append(time.perf_counter() - t0)
     return times
 
 
@@ -102,30 +115,65 @@ def cost_model_from_times(times: dict[int, list[float]]) -> CostModel:
     return CostModel(fixed, per_token, step_ms=statistics.median(one) * 1e3, verify_steps=table)
 
 
-def measured_costs(model) -> CostModel:
-    """The verify cost model of `model` on this machine: measured at its first use in this process
-    (~35 forwards, ~2-3 s on the Zen 3), then the same for every later request, so decisions stay
-    a function of the tokens alone. Each model object (a quantized variant too) gets its own."""
+def measured_costs(model, should_stop=None) -> CostModel:
+    """The verify cost model of `model` on this machine: measured once per process (~35 forwards,
+    ~2-3 s on the Zen 3), then the same for every later request, so decisions stay a function of
+    the tokens alone. Each model object (a quantized variant too) gets its own. The engine's worker
+    measures it while idle (`calibrate_idle`); a speculative request that comes first measures it
+    in its setup. `should_stop` as in `_timed_forwards`."""
     with _MEASURE_LOCK:
         costs = _MEASURED.get(model)
         if costs is None:
-            times = _timed_forwards(model, [1, *CALIBRATION_SIZES], CALIBRATION_ROUNDS)
-            costs = _MEASURED[model] = cost_model_from_times(times)
+            sizes = [1, *CALIBRATION_SIZES]
+            runs = _timed_forwards([(model, t) for t in sizes], CALIBRATION_ROUNDS, should_stop)
+            costs = _MEASURED[model] = cost_model_from_times(dict(zip(sizes, runs)))
         return costs
 
 
-def measured_draft_cost(draft_model, target_model) -> float:
-    """A draft token's cost in target decode steps: median draft step / median target step, both
-    measured here once per process (decode is memory-bound, but at this size per-step overhead
-    counts too: the weight ratio `matmul_weight_ratio` alone underestimates it)."""
-    target = measured_costs(target_model)
+def measured_draft_cost(draft_model, target_model, should_stop=None) -> float:
+    """A draft token's cost in target decode steps: the median over rounds of a draft step / the
+    same round's target step, measured here once per process (paired, like the verify table: a
+    neighbour's load that slows a round slows both). Decode is memory-bound, but at this size
+    per-step overhead counts too: the weight ratio `matmul_weight_ratio` alone underestimates it."""
+    measured_costs(target_model, should_stop)
     with _MEASURE_LOCK:
         per_target = _MEASURED_DRAFT.setdefault(draft_model, WeakIdKeyDictionary())
         cost = per_target.get(target_model)
         if cost is None:
-            draft_step = statistics.median(_timed_forwards(draft_model, [1], CALIBRATION_ROUNDS)[1])
-            cost = per_target[target_model] = draft_step * 1e3 / target.step_ms
+            target, draft = _timed_forwards([(target_model, 1), (draft_model, 1)], CALIBRATION_ROUNDS, should_stop)
+            cost = per_target[target_model] = statistics.median(d / t for d, t in zip(draft, target))
         return cost
+
+
+def is_calibrated(model, draft_model=None) -> bool:
+    """Whether `model`'s cost model (and with a draft, the draft's cost against it) is measured."""
+    if model not in _MEASURED:
+        return False
+    return draft_model is None or model in _MEASURED_DRAFT.get(draft_model, {})
+
+
+def calibrate_idle(loaded_models, should_stop) -> bool:
+    """Measure the next uncalibrated model's costs (the worker's idle work: the first speculative
+    request then pays nothing for it; it cost that request ~5 s on the Zen 3). `loaded_models`:
+    LoadedModel-likes (`.model`, optional `.draft`). Returns whether it measured one (False: all
+    done, or `should_stop` interrupted it: a request came, and is served first)."""
+    for loaded in loaded_models:
+        model, draft = loaded.model, getattr(loaded, "draft", None)
+        draft_model = getattr(draft, "model", None)
+        if is_calibrated(model, draft_model) or model in _IDLE_FAILED:
+            continue
+        try:
+            if draft_model is not None:
+                measured_draft_cost(draft_model, model, should_stop)
+            else:
+                measured_costs(model, should_stop)
+        except Interrupted:
+            return False
+        except Exception:  # e.g. out of memory: not retried while idle; a request measures (or fails) on its own
+            _IDLE_FAILED[model] = True
+            raise
+        return True
+    return False
 
 
 def matmul_weight_ratio(draft_model, target_model) -> float:
