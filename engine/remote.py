@@ -11,8 +11,9 @@ server's tokens, so one chunk counts as one token: most servers send one token p
 server's own `usage.completion_tokens` is kept in `counters`). `ttft_ms`, `itl_ms`, `e2e_ms` are
 therefore client-measured. Whatever timings the server returns land raw in
 `counters["server_timings"]` and, mapped onto our glossary by `server_report` (one reader per
-server, each naming where its format is documented), in the Timeline's own fields: token counts
-(`prompt_tokens`, `cached_tokens`, `prefill_tokens`; None while unknown, never a guessed 0),
+server, each naming where its format is documented: engine/remote_dialects.py), in the Timeline's
+own fields: token counts (`prompt_tokens`, `cached_tokens`, `prefill_tokens`; None while unknown,
+never a guessed 0),
 speculation counts (`counters["drafted"]`, `["accepted"]`) and the server's intervals on its own
 clock (`counters["server_queue_ms"]`, `["server_ttft_ms"]`, `["server_prefill_ms"]`,
 `["server_decode_ms"]`, `["server_e2e_ms"]`). Where the server's time to first token from its
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import threading
 from collections import OrderedDict
@@ -48,27 +48,18 @@ from dataclasses import replace
 import httpx
 from httpx_sse import EventSource
 
-from .config import TOGGLES, GenerationConfig
+from .config import GenerationConfig
 from .errors import InvalidRequest, LatencyLabError
 from .info import EngineInfo
+from .remote_dialects import absorb, apply_usage, ollama_report, server_report, server_timings, server_ttft, tgi_headers
+from .remote_wire import FORWARDED, RemoteError, json_object, ollama_body, remote_error, request_body
 from .timeline import Timeline, now_ns
 from .wire import Event, Request, RequestHandle, validate_messages
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
-# The toggles another Latency Lab honours: derived from their one declaration (engine/config.py).
-FORWARDED = tuple(t.name for t in TOGGLES if "remote-lab" in t.backends)
 DIALECTS = ("auto", "openai", "ollama")  # auto: ask the server once, when the engine is made
 MAX_REMOTE_SESSIONS = 1024  # our session → the server's id, least recently used forgotten first
-
-
-class RemoteError(LatencyLabError):
-    """The remote server refused or failed a request; its HTTP status and error fields are kept."""
-
-    def __init__(self, message: str, status: int = 502, error_type: str = "server_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.error_type, self.param, self.code = status, error_type, param, code
 
 
 class RemoteHandle(RequestHandle):
@@ -212,7 +203,7 @@ class RemoteEngine:
                 tl.counters["response_headers_ms"] = (now_ns() - tl.received_ns) / 1e6
                 if resp.status_code != 200:
                     raise remote_error(resp.status_code, await resp.aread())
-                _absorb(tl, tgi_headers(resp.headers))
+                absorb(tl, tgi_headers(resp.headers))
                 handle.push(Event("status", stage="prefill"))  # accepted: the server works on token one
                 async for t, piece, reason in read(tl, resp):
                     finish = reason or finish
@@ -222,7 +213,7 @@ class RemoteEngine:
                         handle.push(Event("chunk", text=piece, output_tokens=len(parts)))
             tl.finish_reason = finish or "stop"
             tl.counters["chunks"] = len(parts)
-            _server_ttft(tl)
+            server_ttft(tl)
             tl.mark("done")
             self.completed += 1
             handle.push(Event("done", text="".join(parts), output_tokens=len(parts),
@@ -271,14 +262,14 @@ class RemoteEngine:
             t = now_ns()
             if not line.strip():
                 continue
-            payload = _json_object(line, "line")
+            payload = json_object(line, "line")
             message = payload.get("message") or {}
             piece = message.get("content") if isinstance(message.get("content"), str) else ""
             reason = None
             if payload.get("done"):
                 raw = {k: v for k, v in payload.items() if k.endswith(("_count", "_duration"))}
                 tl.counters.setdefault("server_timings", {}).update(raw)
-                _absorb(tl, ollama_report(payload))
+                absorb(tl, ollama_report(payload))
                 reason = {"stop": "stop", "length": "length"}.get(payload.get("done_reason"), "stop")
             yield t, piece, reason
 
@@ -306,13 +297,13 @@ class RemoteEngine:
     @staticmethod
     def _read_chunk(tl: Timeline, data: str) -> tuple[str, str | None]:
         """One SSE payload: its text and finish_reason; usage and server timings go on the Timeline."""
-        payload = _json_object(data, "chunk")
+        payload = json_object(data, "chunk")
         timings = server_timings(payload)
         if timings:
             tl.counters.setdefault("server_timings", {}).update(timings)
         if isinstance(payload.get("usage"), dict):
-            _apply_usage(tl, payload["usage"])
-        _absorb(tl, server_report(payload))
+            apply_usage(tl, payload["usage"])
+        absorb(tl, server_report(payload))
         text, finish = "", None
         for choice in payload.get("choices") or []:
             delta = choice.get("delta") or {}
@@ -322,229 +313,6 @@ class RemoteEngine:
         return text, finish
 
 
-def request_body(model: str, messages: list[dict], cfg: GenerationConfig, session: str | None,
-                 send_toggles: bool) -> dict:
-    body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
-            "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p}
-    if cfg.seed is not None:
-        body["seed"] = cfg.seed
-    if cfg.stop:
-        body["stop"] = list(cfg.stop)
-    if cfg.top_k:
-        body["top_k"] = cfg.top_k  # vLLM, SGLang and llama.cpp take it; OpenAI itself does not
-    if send_toggles:
-        default = GenerationConfig()
-        body.update({name: getattr(cfg, name) for name in FORWARDED if getattr(cfg, name) != getattr(default, name)})
-        if session:
-            body["session"] = session
-    return body
-
-
-def ollama_body(model: str, messages: list[dict], cfg: GenerationConfig) -> dict:
-    """Ollama's native /api/chat request (docs/api.md in ollama/ollama: "Generate a chat completion")."""
-    options = {"num_predict": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p}
-    if cfg.top_k:
-        options["top_k"] = cfg.top_k
-    if cfg.seed is not None:
-        options["seed"] = cfg.seed
-    if cfg.stop:
-        options["stop"] = list(cfg.stop)
-    return {"model": model, "messages": messages, "stream": True, "options": options}
-
-
 def _root(base_url: str) -> str:
     """The server's root: the OpenAI-style base URL without its /v1."""
     return base_url[:-3] if base_url.endswith("/v1") else base_url
-
-
-def _json_object(text: str, what: str) -> dict:
-    """One streamed JSON object (an SSE chunk, an Ollama line); a server's error object raises."""
-    try:
-        payload = json.loads(text)
-    except ValueError:
-        raise RemoteError(f"the server sent a {what} that is not JSON: {text[:200]!r}") from None
-    if not isinstance(payload, dict):
-        raise RemoteError(f"the server sent an unexpected {what}: {text[:200]!r}")
-    if payload.get("error") is not None:
-        raise remote_error(502, payload)
-    return payload
-
-
-def server_timings(payload: dict) -> dict:
-    """Timing fields a server put in a chunk or body, raw (ours and llama.cpp: `timings`; vLLM: `metrics`)."""
-    found = {}
-    for key in ("timings", "metrics"):
-        if isinstance(payload.get(key), dict):
-            found.update(payload[key])
-    return found
-
-
-# --- each server's report, mapped onto our glossary (the server's own clock) ---------------------
-# Keys: queue_ms, ttft_ms (from the server's receipt), ttft_source, prefill_ms, decode_ms, e2e_ms,
-# prompt_tokens, cached_tokens, prefill_tokens, output_tokens, drafted, accepted. A key is present
-# only when the server reported it; nothing is guessed.
-
-def server_report(payload: dict) -> dict:
-    """What one OpenAI-style chunk or body reports, whichever server sent it."""
-    timings = payload.get("timings") if isinstance(payload.get("timings"), dict) else {}
-    if "e2e_ms" in timings and "ttft_ms" in timings:  # another Latency Lab (it also speaks llama.cpp's names)
-        return latency_lab_report(timings)
-    report = llama_cpp_report(timings) if timings else {}
-    if isinstance(payload.get("metrics"), dict):
-        report.update(vllm_report(payload["metrics"]))
-    return report
-
-
-def latency_lab_report(t: dict) -> dict:
-    """Our own `timings` (docs/api.md): glossary names already."""
-    names = ("queue_ms", "ttft_ms", "prefill_ms", "decode_ms", "e2e_ms", "prompt_tokens", "cached_tokens",
-             "prefill_tokens", "output_tokens", "drafted", "accepted")
-    report = {k: t[k] for k in names if _num(t.get(k))}
-    if "ttft_ms" in report:
-        report["ttft_source"] = "ttft_ms"
-    return {**report, "dialect": "latency-lab"}
-
-
-def llama_cpp_report(t: dict) -> dict:
-    """llama.cpp server's `timings` (tools/server/README.md in ggml-org/llama.cpp): prompt_n tokens
-    prefilled in prompt_ms (up to the first token), predicted_n generated in predicted_ms, cache_n
-    reused from the KV cache, draft_n / draft_n_accepted for speculative decoding. It reports no
-    queue time, so its TTFT from receipt is unknown: prompt_ms stands in as a lower bound."""
-    report = {}
-    for ours, theirs in (("prefill_tokens", "prompt_n"), ("prefill_ms", "prompt_ms"), ("output_tokens", "predicted_n"),
-                         ("decode_ms", "predicted_ms"), ("cached_tokens", "cache_n"), ("drafted", "draft_n"),
-                         ("accepted", "draft_n_accepted")):
-        if _num(t.get(theirs)):
-            report[ours] = t[theirs]
-    if "prefill_tokens" in report and "cached_tokens" in report:
-        report["prompt_tokens"] = report["prefill_tokens"] + report["cached_tokens"]
-    if "prefill_ms" in report:
-        report["ttft_ms"], report["ttft_source"] = report["prefill_ms"], "prompt_ms"
-    return {**report, "dialect": "llama.cpp"} if report else report
-
-
-def vllm_report(m: dict) -> dict:
-    """vLLM's per-request `metrics` (docs/features/per_request_metrics.md in vllm-project/vllm, with
-    `--enable-per-request-metrics`): time_to_first_token_ms counts from *scheduling*, queue_time_ms
-    apart, generation_time_ms is first → last token. Its TTFT from receipt is their sum."""
-    report = {}
-    if _num(m.get("queue_time_ms")):
-        report["queue_ms"] = m["queue_time_ms"]
-    if _num(m.get("generation_time_ms")):
-        report["decode_ms"] = m["generation_time_ms"]
-    ttft = m.get("time_to_first_token_ms")
-    if _num(ttft):
-        if "queue_ms" in report:
-            report["ttft_ms"], report["ttft_source"] = report["queue_ms"] + ttft, "queue_time_ms+time_to_first_token_ms"
-        else:  # queue unknown: a lower bound
-            report["ttft_ms"], report["ttft_source"] = ttft, "time_to_first_token_ms"
-    return {**report, "dialect": "vllm"} if report else report
-
-
-def ollama_report(p: dict) -> dict:
-    """Ollama's native final object (docs/api.md in ollama/ollama): durations in ns; prompt_eval_count
-    counts the prompt tokens evaluated (a cached prefix is not evaluated, and not reported apart).
-    Its TTFT is not reported: load_duration + prompt_eval_duration stands in as a lower bound."""
-    ms = {k: p[k] / 1e6 for k in ("load_duration", "prompt_eval_duration", "eval_duration", "total_duration")
-          if _num(p.get(k))}
-    report = {}
-    if _num(p.get("prompt_eval_count")):
-        report["prefill_tokens"] = p["prompt_eval_count"]
-    if _num(p.get("eval_count")):
-        report["output_tokens"] = p["eval_count"]
-    if "prompt_eval_duration" in ms:
-        report["prefill_ms"] = ms["prompt_eval_duration"]
-        report["ttft_ms"] = ms["prompt_eval_duration"] + ms.get("load_duration", 0.0)
-        report["ttft_source"] = "load_duration+prompt_eval_duration"
-    if "eval_duration" in ms:
-        report["decode_ms"] = ms["eval_duration"]
-    if "total_duration" in ms:
-        report["e2e_ms"] = ms["total_duration"]
-    return {**report, "dialect": "ollama"} if report else report
-
-
-def tgi_headers(headers) -> dict:
-    """TGI's timing headers (router/src/server.rs in huggingface/text-generation-inference: x-queue-time,
-    x-inference-time, x-prompt-tokens, x-generated-tokens, in ms). TGI sets them on non-streamed
-    answers; a streamed chat carries only `usage`, so for it these stay unknown."""
-    report = {}
-    for ours, name in (("queue_ms", "x-queue-time"), ("inference_ms", "x-inference-time"),
-                       ("prompt_tokens", "x-prompt-tokens"), ("output_tokens", "x-generated-tokens")):
-        raw = headers.get(name)
-        if raw is not None:
-            try:
-                report[ours] = int(raw) if ours.endswith("tokens") else float(raw)
-            except ValueError:
-                pass
-    return {**report, "dialect": "tgi"} if report else report
-
-
-def _num(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _absorb(tl: Timeline, report: dict) -> None:
-    """A server's report onto the Timeline: token counts where still unknown, the rest in counters.
-    Another Latency Lab's own figures win over its vLLM-style `metrics` (which say less)."""
-    c = tl.counters
-    if not report or c.get("server_dialect") == "latency-lab" and report.get("dialect") != "latency-lab":
-        return
-    c["server_dialect"] = report.get("dialect")
-    for name in ("prompt_tokens", "cached_tokens", "prefill_tokens"):
-        if name in report and getattr(tl, name) is None:
-            setattr(tl, name, report[name])
-    if tl.prefill_tokens is None and tl.prompt_tokens is not None and tl.cached_tokens is not None:
-        tl.prefill_tokens = max(tl.prompt_tokens - tl.cached_tokens, 0)
-    for name in ("drafted", "accepted"):
-        if name in report:
-            c[name] = report[name]
-    if report.get("drafted"):
-        c["acceptance_rate"] = round(report.get("accepted", 0) / report["drafted"], 4)
-    for name in ("queue_ms", "ttft_ms", "prefill_ms", "decode_ms", "e2e_ms", "inference_ms", "output_tokens"):
-        if name in report:
-            c[f"server_{name}"] = report[name]
-    if "ttft_source" in report:
-        c["server_ttft_source"] = report["ttft_source"]
-
-
-def _apply_usage(tl: Timeline, usage: dict) -> None:
-    """OpenAI `usage`. A server that omits prompt_tokens_details (SGLang without --enable-cache-report,
-    llama-cpp-python) leaves cached_tokens unknown (None), not 0."""
-    prompt = usage.get("prompt_tokens")
-    if _num(prompt) and prompt > 0:  # no chat prompt has 0 tokens: a 0 means the server did not count
-        tl.prompt_tokens = int(prompt)
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if _num(cached):
-        tl.cached_tokens = int(cached)
-    if tl.prompt_tokens is not None and tl.cached_tokens is not None:
-        tl.prefill_tokens = max(tl.prompt_tokens - tl.cached_tokens, 0)
-    if _num(usage.get("completion_tokens")):
-        tl.counters["completion_tokens"] = usage["completion_tokens"]
-
-
-def _server_ttft(tl: Timeline) -> None:
-    """The overhead between the server's first token and ours: client ttft − server ttft (from its receipt)."""
-    server = tl.counters.get("server_ttft_ms")
-    if _num(server) and tl.ttft_ms is not None:
-        tl.counters["transport_overhead_ms"] = tl.ttft_ms - float(server)
-
-
-def remote_error(status: int, raw) -> RemoteError:
-    """An error answer (bytes or a parsed payload) → RemoteError with the server's own fields."""
-    payload = raw
-    if isinstance(raw, (bytes, str)):
-        try:
-            payload = json.loads(raw)
-        except ValueError:
-            text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-            return RemoteError(f"the remote server answered {status}: {text.strip()[:300]}", status)
-    err = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(err, str):  # some servers send {"error": "message"}
-        err = {"message": err}
-    if not isinstance(err, dict):
-        err = {"message": json.dumps(payload)[:300]}
-    return RemoteError(f"the remote server answered {status}: {err.get('message') or 'no message'}", status,
-                       err.get("type") or ("invalid_request_error" if status < 500 else "server_error"),
-                       err.get("param"), err.get("code"))
-

@@ -4,7 +4,7 @@ A toggle's declaration (name, kind, default, bounds, help, glossary entry, which
 it) is the metadata of its field in engine/config.py. Everything else derives from it:
 `GenerationConfig.validate`, the API's accepted extra fields (server/protocol.py), the CLI flags
 (engine/cli.py), the page's controls and labels (ui/controls.py, ui/records.py), the remote
-engine's forwarding (engine/remote.py), the sweep and the exports. Adding a toggle is one
+engine's forwarding (engine/remote_wire.py), the sweep and the exports. Adding a toggle is one
 `toggle(...)` field plus the code that honours it.
 """
 

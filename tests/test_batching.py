@@ -172,19 +172,20 @@ def test_under_load_batched_replies_are_exact_and_nothing_is_lost(bundled):
     clients, mixed toggles (reuse, sessions, seeded sampling, speculation), some disconnecting."""
     from engine.prefix_cache import PrefixCache
     from server.api import create_api
-    from server.bench import load
+    from server.bench import load_drive, load_figures, load_pool
     from server.run import BackgroundServer
 
     engine = Engine(bundled, prefix_cache=PrefixCache(12), max_batch=4)
     try:
-        with load.MemorySampler(engine.prefix_cache, every=0.1) as sampler, \
+        with load_drive.MemorySampler(engine.prefix_cache, every=0.1) as sampler, \
                 BackgroundServer(create_api(engine)) as url:
-            pool = load.build_pool(5, 6, load.offered_toggles(engine))
-            load.compute_references(engine, pool)
-            result = load.run_load(engine, url, pool, (6,), duration=6, max_requests=24, cancel_every=4,
-                                   deadline=300, repeat=1, sampler=sampler, out=lambda *a: None)
+            pool = load_pool.build_pool(5, 6, load_pool.offered_toggles(engine))
+            load_pool.compute_references(engine, pool)
+            result = load_drive.run_load(engine, url, pool, (6,), duration=6, max_requests=24, cancel_every=4,
+                                         deadline=300, repeat=1, sampler=sampler, out=lambda *a: None)
         t = result["totals"]
-        assert {k: t[k] for k in (*load.BAD, "4xx", "429")} == {k: 0 for k in (*load.BAD, "4xx", "429")}, result
+        bad = (*load_figures.BAD, "4xx", "429")
+        assert {k: t[k] for k in bad} == {k: 0 for k in bad}, result
         assert t["exact"] >= 6 and result["stuck_workers"] == 0 and result["server_5xx"] == 0
         assert result["rows"][0]["batch_size_mean"] > 1  # they were decoded together
     finally:

@@ -9,7 +9,7 @@ from engine.cli import build_parser, generation_config_from_args
 from engine.config import TOGGLES, GenerationConfig
 from engine.errors import InvalidRequest
 from engine.info import EngineInfo
-from engine.remote import FORWARDED, request_body
+from engine.remote_wire import FORWARDED, request_body
 from server.protocol import parse_chat_request
 from ui import controls, engine_info, glossary, records, settings
 from ui.page import preset_missing, preset_settings

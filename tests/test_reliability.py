@@ -26,7 +26,7 @@ from engine.prefix_cache import PrefixCache
 from engine.service import Engine
 from engine.worker import Worker
 from server.api import create_api
-from server.bench import load
+from server.bench import load_drive, load_figures, load_pool
 from server.run import BackgroundServer
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=6)
@@ -46,13 +46,14 @@ def loaded_api(bundled):
 
 def test_under_load_every_reply_is_exact_and_nothing_is_lost_crossed_or_stuck(loaded_api):
     engine, url = loaded_api
-    with load.MemorySampler(engine.prefix_cache, every=0.1) as sampler:
-        pool = load.build_pool(6, 8, load.offered_toggles(engine))
-        load.compute_references(engine, pool)
-        result = load.run_load(engine, url, pool, (8,), duration=10, max_requests=40, cancel_every=4, deadline=120,
-                               repeat=2, sampler=sampler, out=lambda *a: None)
+    with load_drive.MemorySampler(engine.prefix_cache, every=0.1) as sampler:
+        pool = load_pool.build_pool(6, 8, load_pool.offered_toggles(engine))
+        load_pool.compute_references(engine, pool)
+        result = load_drive.run_load(engine, url, pool, (8,), duration=10, max_requests=40, cancel_every=4,
+                                     deadline=120, repeat=2, sampler=sampler, out=lambda *a: None)
     t = result["totals"]
-    assert {k: t[k] for k in (*load.BAD, "4xx", "429")} == {k: 0 for k in (*load.BAD, "4xx", "429")}, result["rows"]
+    bad = (*load_figures.BAD, "4xx", "429")
+    assert {k: t[k] for k in bad} == {k: 0 for k in bad}, result["rows"]
     assert t["exact"] >= 8 and t["cancelled"] >= 2  # the checks above had replies to judge
     assert result["stuck_workers"] == 0  # after each level nothing stayed queued or running
     assert result["server_5xx"] == 0  # not even to a client that had already gone
@@ -63,7 +64,7 @@ def test_under_load_every_reply_is_exact_and_nothing_is_lost_crossed_or_stuck(lo
     assert cache["hits"] > 0 and cache["evictions"] > 0  # reuse happened, and the budget had to evict
     # A leak of each request's KV (~3 MB x ~20 requests a run) would show here; the cache itself is bounded.
     assert result["memory_ok"], result["runs"]
-    assert result["rss_growth_besides_kv_cache_mb"] < load.MEMORY_GROWTH_LIMIT_MB, result["runs"]
+    assert result["rss_growth_besides_kv_cache_mb"] < load_drive.MEMORY_GROWTH_LIMIT_MB, result["runs"]
 
 
 # --- faults --------------------------------------------------------------------------------------

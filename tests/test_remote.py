@@ -18,7 +18,8 @@ from support import ask, cancel_once_streaming, served
 
 from engine.config import GenerationConfig
 from engine.errors import InvalidRequest
-from engine.remote import RemoteEngine, RemoteError
+from engine.remote import RemoteEngine
+from engine.remote_wire import RemoteError
 from server.api import create_api
 from server.cli import add_server_args, build_backends
 from server.run import BackgroundServer

@@ -173,7 +173,7 @@ def test_the_openai_dialect_skips_the_ollama_probe():
     with BackgroundServer(app) as url:
         engine = RemoteEngine(url + "/v1", "m", dialect="openai")
         try:
-            from engine.remote import RemoteError
+            from engine.remote_wire import RemoteError
 
             with pytest.raises(RemoteError, match="native API"):
                 engine.complete(ask("hi"), GREEDY)

@@ -89,23 +89,23 @@ def test_limits_are_cached_per_machine_with_their_date(tmp_path, monkeypatch):
 
 
 def test_stats_line_dashes_unknowns_and_flags_fractions_above_the_roof():
-    from ui import records
+    from ui import compare, record_view
 
     remote = {"ttft_ms": 80.0, "e2e_ms": 200.0, "decode_tps": 30.0, "prompt_tokens": None, "output_tokens": 5,
               "context_tokens": None, "context_max": None, "prefill_tps": None, "measured_at": "client"}
-    line = records.stats_line_html(remote)
+    line = record_view.stats_line_html(remote)
     assert "prefill rate —" in line and "— → 5 tok" in line and "context — / — tok" in line
     assert "prefill % of matmul peak —" in line and "decode % of copy bandwidth —" in line
     assert "the remote server sent no usage" in line and " 0 tok" not in line
     local = {**remote, "prompt_tokens": 30, "context_tokens": 35, "context_max": 512, "prefill_tps": 1500.0,
              "measured_at": None, "prefill_tflops": 0.05, "prefill_compute_fraction": 1.6,
              "decode_gbps": 5.0, "decode_bandwidth_fraction": 0.25}
-    line = records.stats_line_html(local)
+    line = record_view.stats_line_html(local)
     assert "prefill 1,500.0 tok/s" in line and "context 35 / 512 tok" in line and "decode 25% of bandwidth" in line
     assert 'class="lab-over"' in line and "above the measured limit" in line  # 160% of the peak: flagged
     # int8 weights against fp32 in the A/B delta: bytes per token and the fraction side by side
     fp32 = {"decode_mb_per_token": 541.0, "decode_bandwidth_fraction": 0.30}
     int8 = {"decode_mb_per_token": 223.0, "decode_bandwidth_fraction": 0.12}
-    deltas = {d["metric"]: d for d in records.delta_rows(fp32, int8)}
+    deltas = {d["metric"]: d for d in compare.delta_rows(fp32, int8)}
     assert deltas["decode_mb_per_token"]["ratio"] == pytest.approx(223 / 541)
     assert deltas["decode_mb_per_token"]["winner"] == "B" and "decode_bandwidth_fraction" in deltas

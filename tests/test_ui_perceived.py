@@ -4,7 +4,7 @@ timeline, how the page shows them, and the smoothing / chunked-prefill settings 
 import pytest
 
 from engine.errors import InvalidRequest
-from ui import perceived, presets, records, settings
+from ui import perceived, presets, record_view, records, settings
 from ui.glossary import METRICS
 
 TEXT = "The cat sat. On the mat"  # five words; word ends at 3, 7, 12, 15, 19, 23
@@ -70,7 +70,7 @@ def test_join_client_adds_the_perceived_metrics():
                        "timeline": {**timeline(), "client": c}})
     assert row["paint_gap_max_ms"] == 50.0 and "smooth adaptive · by word" in row["config"]
     assert "chunked prefill" in row["config"]
-    line = records.perceived_line_html(row)
+    line = record_view.perceived_line_html(row)
     for name in ("client_feedback_ms", "client_first_word_ms", "paint_gap_cv", "paint_gap_max_ms", "reader_wait_ms",
                  "smoothing_hold_ms"):
         assert METRICS[name].start and f'title="{METRICS[name].hover}"'.replace("'", "&#x27;") in line

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine.errors import InvalidRequest
-from ui import presets, records, settings
+from ui import compare, presets, record_view, records, settings
 from ui.glossary import METRICS, as_json, hover
 
 
@@ -81,20 +81,20 @@ def test_row_reads_feature_counters_only_when_present():
 
 def test_stats_line_has_hover_definitions_and_the_key_numbers():
     r = records.row({"timeline": {**timeline(), "client": records.join_client(timeline(), CLIENT)}})
-    line = records.stats_line_html(r)
+    line = record_view.stats_line_html(r)
     assert "TTFT 80 ms" in line and "seen 101 ms" in line and "50.0 tok/s" in line and "1,312 cached" in line
     assert f'title="{hover("client_ttft_ms")}"' in line.replace("&#x27;", "'")
 
 
 def test_what_happened_names_the_dominant_stage_from_the_numbers():
     r = records.row({"timeline": {**timeline(), "client": records.join_client(timeline(), CLIENT)}})
-    text = records.what_happened(r)
+    text = record_view.what_happened(r)
     assert "mostly prefill (70 ms for 68 uncached tokens; 1,312 were cached)" in text
     assert "15 more tokens at 50.0 tok/s" in text and "Network and paint added 21 ms" in text
     queued = records.row({"timeline": timeline(queue_ms=900.0, prefill_ms=50.0, queue_position=2)})
-    assert "mostly the queue (900 ms behind 2 requests)" in records.what_happened(queued)
+    assert "mostly the queue (900 ms behind 2 requests)" in record_view.what_happened(queued)
     stopped = records.row({"timeline": timeline(finish_reason="cancelled")})
-    assert "Stopped after 16 tokens" in records.what_happened(stopped)
+    assert "Stopped after 16 tokens" in record_view.what_happened(stopped)
 
 
 @pytest.mark.parametrize("name, a, b, expected", [
@@ -108,27 +108,27 @@ def test_what_happened_names_the_dominant_stage_from_the_numbers():
     ("output_tokens", 10, 20, ""),  # no direction
 ])
 def test_winner(name, a, b, expected):
-    assert records.winner(name, a, b) == expected
+    assert compare.winner(name, a, b) == expected
 
 
 def test_delta_table_marks_the_winner_and_skips_missing_pairs():
     a = {"ttft_ms": 400.0, "decode_tps": 20.0, "cached_tokens": 0}
     b = {"ttft_ms": 100.0, "decode_tps": 40.0, "cached_tokens": 1000}
-    deltas = records.delta_rows(a, b)
+    deltas = compare.delta_rows(a, b)
     assert {d["metric"] for d in deltas} == {"ttft_ms", "decode_tps", "cached_tokens"}
     by = {d["metric"]: d for d in deltas}
     assert by["ttft_ms"]["delta"] == -300.0 and by["ttft_ms"]["ratio"] == 0.25 and by["ttft_ms"]["winner"] == "B"
-    html = records.delta_html(deltas, "no reuse", "reuse")
+    html = compare.delta_html(deltas, "no reuse", "reuse")
     assert html.count('class="lab-win"') == 3 and "B: reuse" in html
 
 
 def test_percentiles_and_summary_rows():
-    assert records.percentile([], 50) is None
-    assert records.percentile([5.0], 90) == 5.0
-    assert records.percentile([1, 2, 3, 4, None], 50) == pytest.approx(2.5)
-    assert records.percentile(list(range(1, 101)), 90) == pytest.approx(90.1)
+    assert compare.percentile([], 50) is None
+    assert compare.percentile([5.0], 90) == 5.0
+    assert compare.percentile([1, 2, 3, 4, None], 50) == pytest.approx(2.5)
+    assert compare.percentile(list(range(1, 101)), 90) == pytest.approx(90.1)
     rows = {"A": [{"ttft_ms": v} for v in (100, 110, 120)], "B": [{"ttft_ms": v} for v in (50, 60, 400)]}
-    s = records.summary_rows(rows, ["ttft_ms"])[0]
+    s = compare.summary_rows(rows, ["ttft_ms"])[0]
     assert s["A p50"] == 110 and s["B p50"] == 60 and s["winner"] == "B" and s["A n"] == 3
 
 
@@ -142,12 +142,12 @@ def test_csv_and_json_exports_round_trip():
 
 
 def test_fmt_units():
-    assert records.fmt("ttft_ms", 1234.4) == "1,234 ms"
-    assert records.fmt("ttft_ms", 4.56) == "4.6 ms"
-    assert records.fmt("decode_tps", 27.46) == "27.5 tok/s"
-    assert records.fmt("acceptance_rate", 0.734) == "73%"
-    assert records.fmt("cached_tokens", 1312) == "1,312 tok"
-    assert records.fmt("ttft_ms", None) == "—"
+    assert record_view.fmt("ttft_ms", 1234.4) == "1,234 ms"
+    assert record_view.fmt("ttft_ms", 4.56) == "4.6 ms"
+    assert record_view.fmt("decode_tps", 27.46) == "27.5 tok/s"
+    assert record_view.fmt("acceptance_rate", 0.734) == "73%"
+    assert record_view.fmt("cached_tokens", 1312) == "1,312 tok"
+    assert record_view.fmt("ttft_ms", None) == "—"
 
 
 def test_glossary_gives_every_metric_its_events():
@@ -186,12 +186,12 @@ def test_prompt_sets_and_presets_load():
 def test_the_ab_note_says_whether_the_replies_match_and_why_not():
     greedy = {"temperature": 0.0, "speculative": "off", "quantization": None}
     a = {"reply": "The capital is Paris.", "settings": greedy}
-    assert records.replies_note(a, dict(a)) == "The two replies are identical."
+    assert compare.replies_note(a, dict(a)) == "The two replies are identical."
     spec = {"reply": "The capital is Lyon.", "settings": {**greedy, "speculative": "prompt_lookup"}}
-    note = records.replies_note(a, spec)
+    note = compare.replies_note(a, spec)
     assert note.startswith("The replies part after 15 characters") and "multi-row matmul" in note
     quant = {"reply": "The capital", "settings": {**greedy, "quantization": "nf4"}}
-    assert "after 11 characters" in records.replies_note(a, quant) and "weights" in records.replies_note(a, quant)
+    assert "after 11 characters" in compare.replies_note(a, quant) and "weights" in compare.replies_note(a, quant)
     hot = {"reply": "Paris!", "settings": {**greedy, "temperature": 0.7}}
-    assert "sampling" in records.replies_note(a, hot)
-    assert records.replies_note({"reply": ""}, {"reply": ""}) == ""
+    assert "sampling" in compare.replies_note(a, hot)
+    assert compare.replies_note({"reply": ""}, {"reply": ""}) == ""

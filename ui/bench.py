@@ -32,7 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .records import percentile
+from .compare import percentile
 from .settings import defaults
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "js" / "traces" / "prompt_lookup_cpu.json"

@@ -107,7 +107,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
 
 
 # Other tools' names for ours (docs/api.md): what the API also answers under their names
-# (Timeline.llama_cpp_timings / vllm_metrics) and what engine/remote.py reads from their servers.
+# (Timeline.llama_cpp_timings / vllm_metrics) and what engine/remote_dialects.py reads from their servers.
 FOREIGN: dict[str, dict[str, str]] = {
     "llama.cpp timings": {"prompt_n": "prefill_tokens", "prompt_ms": "prefill_ms", "predicted_n": "output_tokens",
                           "predicted_ms": "decode_ms", "cache_n": "cached_tokens", "draft_n": "drafted",

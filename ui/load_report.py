@@ -92,7 +92,7 @@ class RunFigures:
 
     @classmethod
     def of(cls, clients: int, results: list, wall_s: float) -> RunFigures:
-        from server.bench.load import level_row
+        from server.bench.load_figures import level_row
 
         row = level_row(clients, results, wall_s)
         sizes = [b for r in results if r.outcome == "exact" for b in (r.timings or {}).get("batch_size") or []]

@@ -1,7 +1,7 @@
 """The Load tab's runs: N simulated clients through the real API on loopback, two runs side by side.
 
 A pair of runs shares everything but its max batch. Both reuse the load bench: its clients
-(server/bench/load.py `drive`, HTTP streams to /v1/chat/completions, so the figures are the
+(server/bench/load_drive.py `drive`, HTTP streams to /v1/chat/completions, so the figures are the
 server's `timings`), its prompt pool and its judge (server/bench/load_pool.py: each reply must
 equal the same request alone, computed first, in-process).
 
@@ -237,7 +237,7 @@ class LoadRunner:
         return self._references[key]
 
     def _one_run(self, pair: LoadPair, run: RunState, pool: list, url: str, headers: dict) -> None:
-        from server.bench.load import drive, wait_idle
+        from server.bench.load_drive import drive, wait_idle
 
         engine = self.engines[pair.spec.backend]
         scope = engine.open_batch_scope(run.max_batch) if run.max_batch is not None else None

@@ -25,7 +25,7 @@ from engine.errors import LatencyLabError
 from engine.timeline import Timeline
 from engine.wire import QueueFull
 
-from . import engine_info, network, records
+from . import compare, engine_info, network, record_view, records
 from .chat import ChatStore, check_id
 from .settings import page_settings
 
@@ -123,8 +123,8 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
     async def timing(body: TimingIn):
         reply = _call(store.join_timing, body.session, body.request_id, body.client)
         r = reply.row()
-        return {"row": r, "stats_html": records.stats_line_html(r), "perceived_html": records.perceived_line_html(r),
-                "what_happened": records.what_happened(r),
+        return {"row": r, "stats_html": record_view.stats_line_html(r),
+                "perceived_html": record_view.perceived_line_html(r), "what_happened": record_view.what_happened(r),
                 "client": reply.timeline.client}
 
     @router.get("/limits")
@@ -145,14 +145,14 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
     @router.get("/table")
     async def table(session: str, pane: str | None = None):
         rows = [r.row() for r in _call(store.replies, session, pane)]
-        return {"html": records.table_html(rows, TABLE_COLUMNS), "count": len(rows)}
+        return {"html": record_view.table_html(rows, TABLE_COLUMNS), "count": len(rows)}
 
     @router.get("/delta")
     async def delta(session: str, a: str, b: str):
         ra, rb = _call(store.reply, session, a), _call(store.reply, session, b)
         row_a, row_b = ra.row(), rb.row()
-        notes = [records.transport_lesson(ra.record(), rb.record()), records.replies_note(ra.record(), rb.record())]
-        return {"html": records.delta_html(records.delta_rows(row_a, row_b), row_a["config"], row_b["config"])
+        notes = [compare.transport_lesson(ra.record(), rb.record()), compare.replies_note(ra.record(), rb.record())]
+        return {"html": compare.delta_html(compare.delta_rows(row_a, row_b), row_a["config"], row_b["config"])
                 + "".join(f'<p class="lab-muted lab-replies-note">{html.escape(n)}</p>' for n in notes if n)}
 
     @router.get("/export/{session}.{fmt}")

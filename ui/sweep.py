@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine.errors import InvalidRequest
 
-from . import records
+from . import compare, record_view, records
 from .chat import ChatStore
 from .glossary import METRICS, hover
 
@@ -68,7 +68,7 @@ async def _one_turn(store: ChatStore, session: str, pane: str, message: str, set
 
 def summary(rows: list[dict]) -> list[dict]:
     by = {"A": [r for r in rows if r.get("pane") == "A"], "B": [r for r in rows if r.get("pane") == "B"]}
-    return records.summary_rows(by, SWEEP_METRICS)
+    return compare.summary_rows(by, SWEEP_METRICS)
 
 
 def summary_html(rows: list[dict]) -> str:
@@ -82,8 +82,8 @@ def summary_html(rows: list[dict]) -> str:
         cells = ""
         for side in ("A", "B"):
             win = ' class="lab-win"' if s.get("winner") == side else ""
-            cells += (f"<td{win}>{records.fmt(name, s[f'{side} p50'])}</td>"
-                      f"<td>{records.fmt(name, s[f'{side} p90'])}</td>")
+            cells += (f"<td{win}>{record_view.fmt(name, s[f'{side} p50'])}</td>"
+                      f"<td>{record_view.fmt(name, s[f'{side} p90'])}</td>")
         trs.append(f'<tr><th title="{html.escape(hover(name))}">{METRICS[name].label}</th>'
                    f'{cells}<td class="lab-winner">{s.get("winner", "")}</td><td>{s["A n"]} / {s["B n"]}</td></tr>')
     errors = sum(r.get("finish_reason") == "error" for r in rows)
