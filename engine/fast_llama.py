@@ -14,6 +14,8 @@ quantized module and this forward keeps working unchanged.
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +119,8 @@ class FastLlama(nn.Module):
         for module in self.modules():  # pack now, not inside the first request's prefill
             if isinstance(module, nn.Linear):
                 packed_weight(module)
+        self.packed_rows = dict(PACKED_ROWS)  # dtype -> (lo, hi): which projections take the packed copy
+        self.one_row_path: dict | None = None  # what `choose_one_row_path` measured (None: not measured)
 
     @property
     def device(self) -> torch.device:
@@ -128,6 +132,36 @@ class FastLlama(nn.Module):
 
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(len(self.blocks), self.n_kv_heads, self.head_dim, capacity, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def choose_one_row_path(self, rounds: int = 5, steps: int = 2) -> dict | None:
+        """Measure a one-token decode step through MKL's GEMV and through the packed fp32 weights,
+        alternating (paired per round: a neighbour's load slows both), and take the packed copy for
+        single rows too where it is at least 5% faster. Why measured: it depends on the thread count
+        (Zen 3, AVX2, after a 300-token context: at 2 threads packed 84 ms a step vs MKL 104 ms,
+        0.80x; at 1 thread 119 vs 100 ms, 1.2x). fp32 CPU models only; None where there is no choice."""
+        lo, hi = PACKED_ROWS[torch.float32]
+        if self.dtype != torch.float32 or self.device.type != "cpu" or packed_weight(self.lm_head) is None:
+            return None
+        cache = self.new_cache(32 + rounds * steps * 2 + steps + 2)
+        self.forward(torch.arange(32, device=self.device) % self.vocab_size, cache)
+        times = {1: [], lo: []}
+        for r in range(rounds + 1):  # round 0 warms both paths up and is dropped
+            for first in (1, lo):
+                self.packed_rows[torch.float32] = (first, hi)
+                cache.crop(32)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    self.forward(torch.tensor([7], device=self.device), cache)
+                if r:
+                    times[first].append((time.perf_counter() - t0) / steps)
+        ratio = statistics.median(a / b for a, b in zip(times[1], times[lo]))
+        packed = ratio <= ONE_ROW_PACKED_IF
+        self.packed_rows[torch.float32] = (1 if packed else lo, hi)
+        self.one_row_path = {"path": "packed" if packed else "gemv", "threads": torch.get_num_threads(),
+                             "packed_ms": round(statistics.median(times[1]) * 1e3, 2),
+                             "gemv_ms": round(statistics.median(times[lo]) * 1e3, 2), "ratio": round(ratio, 3)}
+        return self.one_row_path
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
@@ -146,7 +180,7 @@ class FastLlama(nn.Module):
         if not all_logits:
             x = x[:, -1:]
         with _gemm_backend(rows=x.shape[1]):
-            return project(self.lm_head, self.norm(x))[0].float()
+            return project(self.lm_head, self.norm(x), self.packed_rows)[0].float()
 
     def _blocks(self, ids, cache: KVCache, start: int, end: int) -> torch.Tensor:
         T = end - start
@@ -156,8 +190,9 @@ class FastLlama(nn.Module):
         if T > 1 and start > 0:  # new tokens see the whole cached prefix, and causally each other
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)
         x = self.embed(ids[None])
+        rows = self.packed_rows
         for i, blk in enumerate(self.blocks):
-            q, k, v = roped_heads(blk, project(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)
+            q, k, v = roped_heads(blk, project(blk.qkv, blk.attn_norm(x), rows), H, KV, D, cos, sin)
             cache.k[i, :, :, start:end] = k
             cache.v[i, :, :, start:end] = v
             attn = F.scaled_dot_product_attention(
@@ -169,9 +204,9 @@ class FastLlama(nn.Module):
                 scale=blk.scaling,
                 enable_gqa=H != KV,
             )
-            x = x + project(blk.o, attn.transpose(1, 2).reshape(1, T, H * D))
-            gate, up = project(blk.gate_up, blk.mlp_norm(x)).chunk(2, dim=-1)
-            x = x + project(blk.down, F.silu(gate) * up)
+            x = x + project(blk.o, attn.transpose(1, 2).reshape(1, T, H * D), rows)
+            gate, up = project(blk.gate_up, blk.mlp_norm(x), rows).chunk(2, dim=-1)
+            x = x + project(blk.down, F.silu(gate) * up, rows)
         return x
 
 
@@ -179,10 +214,13 @@ class FastLlama(nn.Module):
 # weight is replaced, cast or quantized never meets a stale copy; variants pack their own on first use).
 _PACKED = WeakIdKeyDictionary()  # weight -> packed copy, or False: this weight cannot be packed
 use_packed = True  # False: plain F.linear for every matmul (`python -m engine.bench verify` compares)
-MIN_PACKED_ROWS = {torch.bfloat16: 3, torch.float32: 2}  # from these rows on, `project` takes the packed copy
-# ... and up to these: a long fp32 prefill is faster through MKL (1,390 rows, 2 threads, Zen 3:
-# 3.18 s MKL, 3.65 s packed), a short one through the packed copy (20 rows after 1,370: 212 vs 154 ms).
-MAX_PACKED_ROWS = {torch.bfloat16: 1 << 30, torch.float32: 128}
+# dtype -> (lo, hi): from lo rows up to hi, `project` takes the packed copy. fp32 stops at 128: a
+# long prefill is faster through MKL (1,390 rows, 2 threads, Zen 3: 3.18 s MKL, 3.65 s packed), a
+# short one through the packed copy (20 rows after 1,370: 212 vs 154 ms). fp32's lo is 2 unless a
+# model measured one row faster packed too (`FastLlama.choose_one_row_path`).
+PACKED_ROWS = {torch.bfloat16: (3, 1 << 30), torch.float32: (2, 128)}
+ALL_ROWS = (1, 1 << 30)  # batching: every row packed (batch_forward.py)
+ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
 
 
 def packed_weight(linear: nn.Module):
@@ -202,7 +240,7 @@ def packed_weight(linear: nn.Module):
     if type(linear) is not nn.Linear:  # quantized modules are subclasses or others
         return None
     w = linear.weight
-    if w.device.type != "cpu" or w.dtype not in MIN_PACKED_ROWS:
+    if w.device.type != "cpu" or w.dtype not in PACKED_ROWS:
         return None
     p = _PACKED.get(w)
     if p is None:
@@ -222,16 +260,16 @@ def packed_bytes() -> int:
     return sum(p.numel() * p.element_size() for p in _PACKED.values() if p is not False)
 
 
-def project(linear: nn.Module, x: torch.Tensor, min_rows: int | None = None) -> torch.Tensor:
-    """linear(x), through the packed weight for `MIN_PACKED_ROWS`..`MAX_PACKED_ROWS` rows (`min_rows`
-    given: from that many rows on, any number; batching's exactness needs every row packed)."""
+def project(linear: nn.Module, x: torch.Tensor, rows: dict | tuple | None = None) -> torch.Tensor:
+    """linear(x), through the packed weight when x's row count is in range: `rows` is (lo, hi), or
+    a dtype -> (lo, hi) dict (a model's `packed_rows`), or None for `PACKED_ROWS`."""
     w = getattr(linear, "weight", None)
     if not use_packed or w is None:
         return linear(x)
-    if min_rows:
-        lo, hi = min_rows, 1 << 30
+    if rows is None or isinstance(rows, dict):
+        lo, hi = (rows or PACKED_ROWS).get(w.dtype, (1 << 30, 0))
     else:
-        lo, hi = MIN_PACKED_ROWS.get(w.dtype, 1 << 30), MAX_PACKED_ROWS.get(w.dtype, 0)
+        lo, hi = rows
     packed = packed_weight(linear) if lo <= x.shape[-2] <= hi else None
     if packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")

@@ -112,6 +112,11 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         bar.update(1)
         bar.set_postfix_str("warming up")
         warm_up(model)
+        one_row = model.choose_one_row_path() if fast else None
+        if one_row:
+            notes.append(f"fp32 one-row matmuls: {'packed oneDNN weights' if one_row['path'] == 'packed' else 'MKL GEMV'} "
+                         f"(a step {one_row['packed_ms']} ms packed, {one_row['gemv_ms']} ms GEMV, measured at load "
+                         f"with {one_row['threads']} threads)")
         bar.update(1)
     name = BUNDLED_NAME if source == "bundled" else Path(path).name if source != "hub" else path
     eos = _eos_ids(tokenizer, hf_model)

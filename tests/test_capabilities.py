@@ -8,7 +8,7 @@ from torch import nn
 
 from engine import capabilities, quantize, weight_only
 from engine.errors import LoadError
-from engine.fast_llama import packed_weight, project
+from engine.fast_llama import ALL_ROWS, packed_weight, project
 from engine.loader import resolve_dtype
 from engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_variant
 
@@ -59,7 +59,39 @@ def test_fp32_packed_weights_from_two_rows_on_give_each_row_the_same_bits_at_any
     assert torch.equal(project(lin, x[:, :1]), lin(x[:, :1]))  # one row: MKL's GEMV, as before
     rows = project(lin, x)
     for i in range(9):  # what batching's exactness rests on
-        assert torch.equal(project(lin, x[:, i : i + 1], min_rows=1), rows[:, i : i + 1])
+        assert torch.equal(project(lin, x[:, i : i + 1], ALL_ROWS), rows[:, i : i + 1])
+
+
+@pytest.mark.skipif(not CAPS.packed_fp32_weights, reason="this torch build has no oneDNN; the test below covers "
+                    "the model without packed weights")
+def test_the_one_row_path_is_measured_at_load_and_either_choice_keeps_greedy_exact(tiny, monkeypatch):
+    """`choose_one_row_path` takes the packed copy for single rows only where its paired timing
+    says so; whichever it picks, one-row logits are the batched forward's bits (packed) or MKL's,
+    and greedy decoding is unchanged."""
+    from engine import fast_llama
+    from engine.batch_forward import forward_batch
+
+    model = tiny.model
+    saved = dict(model.packed_rows)
+    try:
+        choice = model.choose_one_row_path(rounds=2, steps=1)
+        assert choice["path"] in ("packed", "gemv") and choice["packed_ms"] > 0 and choice["gemv_ms"] > 0
+        assert (choice["path"] == "packed") == (choice["ratio"] <= fast_llama.ONE_ROW_PACKED_IF)
+        assert model.packed_rows[torch.float32][0] == (1 if choice["path"] == "packed" else 2)
+        ids = torch.tensor([5, 9, 13])
+        outs = {}
+        for lo in (1, 2):  # both choices, forced
+            model.packed_rows[torch.float32] = (lo, 128)
+            cache = model.new_cache(16)
+            model.forward(ids, cache)
+            outs[lo] = model.forward(torch.tensor([21]), cache)
+        cache = model.new_cache(16)
+        forward_batch(model, [ids.tolist()], [cache])
+        assert torch.equal(outs[1], forward_batch(model, [[21]], [cache]))  # packed one row: batching's bits
+        torch.testing.assert_close(outs[1], outs[2], atol=1e-4, rtol=1e-4)
+        assert outs[1].argmax() == outs[2].argmax()
+    finally:
+        model.packed_rows = saved
 
 
 def test_fast_llama_forward_is_right_without_packed_weights(tiny):
