@@ -76,6 +76,10 @@ def run(args, out):
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
+    one_row = getattr(lm.model, "one_row_path", None)  # measured at load: which fp32 one-row kernel the steps use
+    if one_row:
+        out(f"fp32 one-row matmuls: {one_row['path']} (at load: packed {one_row['packed_ms']} ms, "
+            f"GEMV {one_row['gemv_ms']} ms a step)")
     rows = {}
     for name, m in models.items():
         step = median(times[name])
@@ -90,4 +94,4 @@ def run(args, out):
     default = rows[lm.dtype_name]
     return {"copy_gbps": round(machine, 2), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
             "variants": rows, "refused": refused, "ratio": default["fraction_of_copy"],
-            "capabilities": capabilities.detect().summary()}
+            "capabilities": capabilities.detect().summary(), "one_row_path": one_row}
