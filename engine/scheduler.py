@@ -211,6 +211,7 @@ class BatchingWorker(Worker):
             self._fail(seq, exc)
             return
         lm = seq.variant.loaded
+        tl.context_max = getattr(lm, "max_context", None)
         cfg = handle.request.config
         if cfg.speculative != "off":
             seq.why_unbatched = "speculative"
@@ -246,6 +247,7 @@ class BatchingWorker(Worker):
                 if event.kind == "done":
                     if not seq.batched:  # each of its tokens came from a forward of its own
                         tl.batch_size = [1] * tl.output_tokens
+                    self._annotate(tl, seq.variant, seq.handle.request.config)
                     self.completed += 1
                     self.variants.record(seq.variant.name, tl)
                 seq.handle.push(event)

@@ -180,9 +180,8 @@ class Worker:
             tl.context_max = getattr(lm, "max_context", None)
             for event in generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
                                   should_stop=lambda: handle.cancelled, draft=getattr(lm, "draft", None), **kwargs):
-                if event.kind == "done":  # the roofline's figures ride on the done event's timeline
-                    roofline.annotate(tl, lm.model, variant.weight_bytes, self.machine_limits,
-                                      getattr(lm, "dtype_name", None), handle.request.config)
+                if event.kind == "done":
+                    self._annotate(tl, variant, handle.request.config)
                 handle.push(event)
             self.completed += 1
             self.variants.record(variant.name, tl)
@@ -200,6 +199,12 @@ class Worker:
                 "user_error": user_error,
                 "exception": exc,
             }))
+
+    def _annotate(self, tl: Timeline, variant, config) -> None:
+        """The roofline's figures ride on the done event's timeline (both workers call this)."""
+        lm = variant.loaded
+        roofline.annotate(tl, lm.model, variant.weight_bytes, self.machine_limits, getattr(lm, "dtype_name", None),
+                          config)
 
     def _variant(self, name, tl: Timeline):
         """The model variant the request asked for; building one here counts in its setup_ms."""

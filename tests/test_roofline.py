@@ -33,8 +33,9 @@ def test_shape_and_hand_counted_flops(tiny):
     assert roofline.decode_bytes(WEIGHT_BYTES, KV_PER_TOKEN, 4, 10, 5) == 4 * WEIGHT_BYTES + KV_PER_TOKEN * 50
 
 
-def test_a_reply_carries_its_fractions(tiny):
-    engine = Engine(tiny, machine_limits=LIMITS)
+@pytest.mark.parametrize("max_batch", [1, 4])  # the batching worker (the app's default) once left them all null
+def test_a_reply_carries_its_fractions(tiny, max_batch):
+    engine = Engine(tiny, machine_limits=LIMITS, max_batch=max_batch)
     try:
         done = engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=6),
                                prompt_ids=list(range(100, 110)))
