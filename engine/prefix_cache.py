@@ -44,6 +44,11 @@ import torch
 
 DEFAULT_BUDGET_MB = 512  # MiB; ~22k positions of SmolLM2-135M KV in bf16 (23 KB per position)
 SHARED_SCOPE = "*shared*"
+# The chat template's preamble with no user content (its default system prompt): the same for every
+# user, so one entry serves all of them, and its timing reveals nothing about anyone's prompt. It
+# is prefilled by the idle worker (engine/public_prefix.py) and served only when a prompt extends
+# all of it; never handed over (it stays for the next user).
+PUBLIC_SCOPE = "*public*"
 # insert copies a buffer tight when its unused room exceeds this fraction of its bytes. Not less:
 # a handed-over buffer's room is where the session's next turn grows without a reallocation.
 COMPACT_SLACK = 0.5
@@ -157,6 +162,10 @@ class PrefixCache:
                 n = min(common_prefix_length(entry.ids, prompt), limit)
                 if n > best_n or (n == best_n and n > 0 and entry.last_used > best.last_used):
                     best, best_n = entry, n
+            for entry in self._entries.get((model_key, PUBLIC_SCOPE), ()):  # whole, or not at all
+                n = min(common_prefix_length(entry.ids, prompt), limit)
+                if n == entry.length and n > best_n:
+                    best, best_n = entry, n
             if best is None:
                 return Lease(self, None, 0)
             best.pins += 1
@@ -172,7 +181,7 @@ class PrefixCache:
     def _take(self, entry: Entry) -> bool:
         """Remove `entry` for the one lease pinning it, if its scope is a session's."""
         with self._lock:
-            if entry.pins != 1 or entry.scope == SHARED_SCOPE or entry not in self._entries.get(
+            if entry.pins != 1 or entry.scope in (SHARED_SCOPE, PUBLIC_SCOPE) or entry not in self._entries.get(
                     (entry.model_key, entry.scope), ()):
                 return False
             entry.pins = 0
@@ -249,6 +258,10 @@ class PrefixCache:
             return len(doomed)
 
     # --- figures ---------------------------------------------------------------------------
+    def has_public(self, model_key: str) -> bool:
+        with self._lock:
+            return bool(self._entries.get((model_key, PUBLIC_SCOPE)))
+
     def entries(self) -> list[Entry]:
         with self._lock:
             return [e for b in self._entries.values() for e in b]
@@ -295,7 +308,8 @@ class RequestReuse:
     sequence's KV to the cache (also after a cancel: the sequence is consistent between steps);
     `release()` (always, in a finally) unpins the source entry, and after an error puts a taken
     entry back, so the cache holds what it held before.
-    `mode` says what happened: off (toggle), no_session, session, shared, no_cache.
+    `mode` says what happened: off (toggle), no_session, session, shared, no_cache. Every mode but
+    off and no_cache may be served the public preamble (`public`, counter `kv_from`).
     """
 
     def __init__(self, cache: PrefixCache | None, model, session: str | None, enabled: bool,
@@ -303,6 +317,7 @@ class RequestReuse:
         self.cache = cache
         self.kv, self.cached_tokens, self.copy_ms, self.kept = None, 0, 0.0, False
         self.handover: str | None = None  # "taken" (the entry's own buffer) or "copied"
+        self.public = False  # served from the public preamble's entry (PUBLIC_SCOPE)
         self._taken_ids = None  # the matched prefix's ids while this request owns a taken buffer
         self.lease: Lease | None = None
         self.scope = cache.scope_for(session) if cache is not None else None
@@ -314,9 +329,12 @@ class RequestReuse:
             self.mode = "no_session"
         else:
             self.mode = "shared" if cache.shared else "session"
-        if self.mode not in ("session", "shared"):
+        if self.mode not in ("session", "shared", "no_session"):
             return
         self.model_key = cache.key_for(model)
+        if self.mode == "no_session" and not cache.has_public(self.model_key):
+            self.lease = None  # nothing this request could be served: no reuse, as before
+            return
         # At least the last prompt token must run through the model to give the first logits.
         self.lease = cache.lookup(self.model_key, self.scope, prompt_ids, max_tokens=len(prompt_ids) - 1)
         t0 = time.perf_counter()
@@ -331,6 +349,7 @@ class RequestReuse:
             torch.cuda.synchronize(device)
         self.copy_ms = (time.perf_counter() - t0) * 1e3
         self.cached_tokens = self.lease.cached_tokens if self.kv is not None else 0
+        self.public = self.lease.entry is not None and self.lease.entry.scope == PUBLIC_SCOPE
 
     @property
     def active(self) -> bool:
@@ -362,4 +381,6 @@ class RequestReuse:
             out["kv_copy_ms"] = round(self.copy_ms, 3)
             if self.handover:
                 out["kv_handover"] = self.handover
+            if self.public:
+                out["kv_from"] = "public_prefix"  # the template's preamble, prefilled once for everyone
         return out

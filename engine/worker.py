@@ -15,7 +15,7 @@ import secrets
 import threading
 from collections import deque
 
-from . import roofline
+from . import public_prefix, roofline
 from .errors import InvalidRequest, LatencyLabError
 from .generate import generate
 from .speculative import calibrate_idle
@@ -151,10 +151,13 @@ class Worker:
     def _idle_work(self) -> bool:
         """Under the lock, with nothing queued or running: one piece of deferred work, with the lock
         released meanwhile (requests can queue). Returns whether it did some (False: nothing left).
-        The work: the cost calibration of speculative decoding for each resident variant (it gives
-        way to a request within one round of forwards), then deferred variant quality."""
+        The work: the public preamble's KV for each resident variant (public_prefix.py), the cost
+        calibration of speculative decoding (it gives way to a request within one round of
+        forwards), then deferred variant quality."""
         self._cv.release()
         try:
+            if public_prefix.warm_idle(self.prefix_cache, self.variants.resident_models()):
+                return True
             if calibrate_idle(self.variants.resident_models(), should_stop=lambda: bool(self._queue) or self._stopping):
                 return True
             return self.variants.defer_quality and self.variants.measure_pending()

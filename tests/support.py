@@ -45,3 +45,19 @@ def cancel_once_streaming(handle, after_tokens: int = 2, timeout: float = 120):
         if event.kind == "chunk" and event.output_tokens >= after_tokens:
             handle.cancel()
     return handle
+
+
+def public_preamble(engine, timeout: float = 120) -> int:
+    """The length of the public preamble's entry (engine/public_prefix.py) once the engine's idle
+    worker has prefilled it: what any request with KV reuse on is served, whoever sent it."""
+    import time
+
+    from engine.public_prefix import preamble_ids
+
+    model = engine.loaded.model
+    key = engine.prefix_cache.key_for(model)
+    deadline = time.time() + timeout
+    while not engine.prefix_cache.has_public(key) and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.prefix_cache.has_public(key), "the idle worker never prefilled the public preamble"
+    return len(preamble_ids(engine.loaded.tokenizer))

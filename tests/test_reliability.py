@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
-from support import ask
+from support import ask, public_preamble
 
 from engine.config import GenerationConfig, LoadConfig
 from engine.decoding import Decoding
@@ -291,17 +291,18 @@ def chat(url, session, text="Tell me about the sea in one sentence.", **extra):
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
 
 
-def test_the_prefix_cache_is_per_session_and_sessions_cannot_be_chosen(served):
+def test_the_prefix_cache_is_per_session_and_sessions_cannot_be_chosen(served, bundled_engine):
     a, b = (httpx.post(served + "/v1/sessions").json()["id"] for _ in range(2))
     assert a != b and len(a) > 40
+    public = public_preamble(bundled_engine)  # the template's preamble: the same for everyone, served to all
     first = chat(served, a).json()
     again = chat(served, a).json()
     other = chat(served, b).json()
-    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # same session: reused
-    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # another session sees none of it
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == public
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > public  # same session: its own prefix
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == public  # another session: none of a's
     no_session = chat(served, None).json()
-    assert no_session["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert no_session["usage"]["prompt_tokens_details"]["cached_tokens"] == public
     # A session the server did not issue is refused: guessed, forged, another run's, or the engine's own name.
     nonce = a[len("sess_"):].split(".")[0]
     for guess in ("demo", "tab-1", "sess_" + nonce, f"sess_{nonce}.AAAAAAAAAAAAAAAAAAAAAA", "api:" + nonce,
@@ -366,6 +367,7 @@ def test_a_remote_engine_never_sends_our_session_strings(served, bundled_engine)
     itself (one per session of ours, so KV reuse still works there); other servers get none."""
     from engine.remote import RemoteEngine
 
+    public = public_preamble(bundled_engine)
     remote = RemoteEngine(served + "/v1", bundled_engine.info().name)
     try:
         text = "Tell me about the moon in one sentence."
@@ -374,8 +376,8 @@ def test_a_remote_engine_never_sends_our_session_strings(served, bundled_engine)
         other = remote.complete(ask(text), GREEDY, session="another-tab/chat")
     finally:
         remote.close()
-    assert (first.timeline.cached_tokens, other.timeline.cached_tokens) == (0, 0)
-    assert again.timeline.cached_tokens > 0 and again.text == first.text
+    assert (first.timeline.cached_tokens, other.timeline.cached_tokens) == (public, public)
+    assert again.timeline.cached_tokens > public and again.text == first.text
 
     bodies = []
     fake = FastAPI()
