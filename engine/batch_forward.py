@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fast_llama import ALL_ROWS, FastLlama, _gemm_backend, packed_weight, project, roped_heads
+from .fast_llama import BATCH_ROWS, FastLlama, _gemm_backend, packed_weight, project, roped_heads
 from .kv_cache import KVCache
 
 
@@ -45,10 +45,8 @@ def pack(model) -> None:
 
 def _linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Every fp32 row through the packed copy, one row too (the same bits at any batch size)."""
-    if getattr(linear, "weight", None) is not None and linear.weight.dtype == torch.float32:
-        return project(linear, x, ALL_ROWS)
     with _gemm_backend(rows=x.shape[0] * x.shape[1]):
-        return project(linear, x)
+        return project(linear, x, BATCH_ROWS)
 
 
 @torch.inference_mode()

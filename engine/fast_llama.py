@@ -219,7 +219,7 @@ use_packed = True  # False: plain F.linear for every matmul (`python -m engine.b
 # short one through the packed copy (20 rows after 1,370: 212 vs 154 ms). fp32's lo is 2 unless a
 # model measured one row faster packed too (`FastLlama.choose_one_row_path`).
 PACKED_ROWS = {torch.bfloat16: (3, 1 << 30), torch.float32: (2, 128)}
-ALL_ROWS = (1, 1 << 30)  # batching: every row packed (batch_forward.py)
+BATCH_ROWS = {**PACKED_ROWS, torch.float32: (1, 1 << 30)}  # batching: every fp32 row packed (batch_forward.py)
 ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
 
 
@@ -260,16 +260,13 @@ def packed_bytes() -> int:
     return sum(p.numel() * p.element_size() for p in _PACKED.values() if p is not False)
 
 
-def project(linear: nn.Module, x: torch.Tensor, rows: dict | tuple | None = None) -> torch.Tensor:
-    """linear(x), through the packed weight when x's row count is in range: `rows` is (lo, hi), or
-    a dtype -> (lo, hi) dict (a model's `packed_rows`), or None for `PACKED_ROWS`."""
+def project(linear: nn.Module, x: torch.Tensor, rows: dict | None = None) -> torch.Tensor:
+    """linear(x), through the packed weight when x's row count is in its dtype's (lo, hi) range of
+    `rows` (a model's `packed_rows`, `BATCH_ROWS`; None: `PACKED_ROWS`)."""
     w = getattr(linear, "weight", None)
     if not use_packed or w is None:
         return linear(x)
-    if rows is None or isinstance(rows, dict):
-        lo, hi = (rows or PACKED_ROWS).get(w.dtype, (1 << 30, 0))
-    else:
-        lo, hi = rows
+    lo, hi = (rows or PACKED_ROWS).get(w.dtype, (1 << 30, 0))
     packed = packed_weight(linear) if lo <= x.shape[-2] <= hi else None
     if packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")

@@ -333,8 +333,7 @@ class RequestReuse:
             return
         self.model_key = cache.key_for(model)
         if self.mode == "no_session" and not cache.has_public(self.model_key):
-            self.lease = None  # nothing this request could be served: no reuse, as before
-            return
+            return  # nothing this request could be served: no reuse (and no lookup counted), as before
         # At least the last prompt token must run through the model to give the first logits.
         self.lease = cache.lookup(self.model_key, self.scope, prompt_ids, max_tokens=len(prompt_ids) - 1)
         t0 = time.perf_counter()

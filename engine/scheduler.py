@@ -211,7 +211,6 @@ class BatchingWorker(Worker):
             self._fail(seq, exc)
             return
         lm = seq.variant.loaded
-        tl.context_max = getattr(lm, "max_context", None)
         cfg = handle.request.config
         if cfg.speculative != "off":
             seq.why_unbatched = "speculative"

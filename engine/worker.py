@@ -156,9 +156,10 @@ class Worker:
         forwards), then deferred variant quality."""
         self._cv.release()
         try:
-            if public_prefix.warm_idle(self.prefix_cache, self.variants.resident_models()):
+            models = self.variants.resident_models()
+            if public_prefix.warm_idle(self.prefix_cache, models):
                 return True
-            if calibrate_idle(self.variants.resident_models(), should_stop=lambda: bool(self._queue) or self._stopping):
+            if calibrate_idle(models, should_stop=lambda: bool(self._queue) or self._stopping):
                 return True
             return self.variants.defer_quality and self.variants.measure_pending()
         except Exception:  # a failed measurement leaves its figure unknown (None), never the worker down
@@ -180,7 +181,6 @@ class Worker:
         try:
             variant = self._variant(handle.request.config.quantization, tl)
             lm = variant.loaded
-            tl.context_max = getattr(lm, "max_context", None)
             for event in generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
                                   should_stop=lambda: handle.cancelled, draft=getattr(lm, "draft", None), **kwargs):
                 if event.kind == "done":
@@ -214,6 +214,7 @@ class Worker:
         t0, resident = now_ns(), self.variants.is_resident(name)
         variant = self.variants.get(name)
         tl.counters["quantization"] = variant.name
+        tl.context_max = getattr(variant.loaded, "max_context", None)
         if not resident:
             tl.counters["variant_build_ms"] = round((now_ns() - t0) / 1e6, 1)
         return variant

@@ -8,7 +8,7 @@ from torch import nn
 
 from engine import capabilities, quantize, weight_only
 from engine.errors import LoadError
-from engine.fast_llama import ALL_ROWS, packed_weight, project
+from engine.fast_llama import BATCH_ROWS, packed_weight, project
 from engine.loader import resolve_dtype
 from engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_variant
 
@@ -59,7 +59,7 @@ def test_fp32_packed_weights_from_two_rows_on_give_each_row_the_same_bits_at_any
     assert torch.equal(project(lin, x[:, :1]), lin(x[:, :1]))  # one row: MKL's GEMV, as before
     rows = project(lin, x)
     for i in range(9):  # what batching's exactness rests on
-        assert torch.equal(project(lin, x[:, i : i + 1], ALL_ROWS), rows[:, i : i + 1])
+        assert torch.equal(project(lin, x[:, i : i + 1], BATCH_ROWS), rows[:, i : i + 1])
 
 
 @pytest.mark.skipif(not CAPS.packed_fp32_weights, reason="this torch build has no oneDNN; the test below covers "
