@@ -184,29 +184,32 @@ class FastLlama(nn.Module):
 
     def _blocks(self, ids, cache: KVCache, start: int, end: int) -> torch.Tensor:
         T = end - start
-        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
-        cos, sin = self.cos[start:end], self.sin[start:end]
         mask = None
         if T > 1 and start > 0:  # new tokens see the whole cached prefix, and causally each other
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)
-        x = self.embed(ids[None])
         rows = self.packed_rows
-        for i, blk in enumerate(self.blocks):
-            q, k, v = roped_heads(blk, project(blk.qkv, blk.attn_norm(x), rows), H, KV, D, cos, sin)
+
+        def attend(i: int, blk: Block, q, k, v):
             cache.k[i, :, :, start:end] = k
             cache.v[i, :, :, start:end] = v
-            attn = F.scaled_dot_product_attention(
-                q,
-                cache.k[i, :, :, :end],
-                cache.v[i, :, :, :end],
-                attn_mask=mask,
-                is_causal=T > 1 and start == 0,
-                scale=blk.scaling,
-                enable_gqa=H != KV,
-            )
-            x = x + project(blk.o, attn.transpose(1, 2).reshape(1, T, H * D), rows)
-            gate, up = project(blk.gate_up, blk.mlp_norm(x), rows).chunk(2, dim=-1)
-            x = x + project(blk.down, F.silu(gate) * up, rows)
+            return F.scaled_dot_product_attention(
+                q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask,
+                is_causal=T > 1 and start == 0, scale=blk.scaling, enable_gqa=self.n_heads != self.n_kv_heads)
+
+        return self.run_blocks(self.embed(ids[None]), self.cos[start:end], self.sin[start:end],
+                               lambda linear, x: project(linear, x, rows), attend)
+
+    def run_blocks(self, x, cos, sin, linear, attend) -> torch.Tensor:
+        """The decoder blocks over hidden states x ([1, T, hidden]): `linear(module, x)` runs a
+        projection and `attend(layer, block, q, k, v)` stores k, v and returns attention. One loop for
+        the eager forward and the compiled decode step (engine/compiled_step.py), so they cannot drift."""
+        T = x.shape[1]
+        H, KV, D = self.n_heads, self.n_kv_heads, self.head_dim
+        for i, blk in enumerate(self.blocks):
+            q, k, v = roped_heads(blk, linear(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)
+            x = x + linear(blk.o, attend(i, blk, q, k, v).transpose(1, 2).reshape(1, T, H * D))
+            gate, up = linear(blk.gate_up, blk.mlp_norm(x)).chunk(2, dim=-1)
+            x = x + linear(blk.down, F.silu(gate) * up)
         return x
 
 

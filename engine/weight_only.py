@@ -140,12 +140,15 @@ class _WeightOnlyLinear(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with onednn_on():
+            return self.compute(x)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        """forward, for a caller that already runs with oneDNN on (a compiled graph cannot switch it)."""
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != self.compute_dtype:
             x2 = x2.to(self.compute_dtype)
-        with onednn_on():
-            y = self._matmul(x2)
-        y = y.to(x.dtype)
+        y = self._matmul(x2).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
