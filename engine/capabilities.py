@@ -13,6 +13,8 @@ Why each flag matters here:
 - `int8_weight_only_kernel` / `int4_weight_only_kernel` / `cuda_int4_weight_only_kernel`: torch's own
   weight-only matmuls (engine/quantize.py's int8wo / int4wo); a variant whose kernel is missing is
   refused before it is built.
+- `cpp_compiler` / `triton`: what torch.compile generates code with (C++ on CPU, Triton on CUDA),
+  needed by the compiled decode step (engine/compiled_step.py); without them it is refused.
 - `weight_only_activations`: the dtype those kernels get their activations in on CPU. "auto" lets
   engine/quantize.py measure it once per process (on the Zen 3, AVX2 only, `_weight_int8pack_mm`
   with fp32 activations was ~10x slower than with bf16); "bf16" or "model" (the model's own dtype,
@@ -23,7 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
+import os
 import platform
+import shutil
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -52,6 +57,8 @@ class Capabilities:
     bnb_unusable: str | None = None  # why bitsandbytes must not even be imported here (None: it may)
     cuda_int4_weight_only_kernel: bool = False  # torch._weight_int4pack_mm on this GPU (sm80+, bf16)
     weight_only_activations: str = "auto"  # CPU int8/int4 kernels' activation dtype: auto | bf16 | model
+    cpp_compiler: str | None = None  # the C++ compiler torch.compile (Inductor) needs on CPU; None: none found
+    triton: bool = False  # Triton imports: torch.compile's code generator on CUDA
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -99,6 +106,7 @@ class Capabilities:
         else:
             parts.append("CUDA none")
         parts.append(f"bitsandbytes {self.bitsandbytes or 'missing'}")
+        parts.append(f"compiler {os.path.basename(self.cpp_compiler) if self.cpp_compiler else 'none'}")
         return " · ".join(parts)
 
 
@@ -185,6 +193,8 @@ def detect() -> Capabilities:
         # torch's CUDA int4 kernel (tinygemm) is built for sm80+ and takes bf16 activations only
         cuda_int4_weight_only_kernel=bool(cuda and hasattr(torch, "_weight_int4pack_mm") and cap >= (8, 0)),
         bitsandbytes=bnb_version,
+        cpp_compiler=shutil.which(os.environ.get("CXX") or "g++"),  # what Inductor calls on CPU
+        triton=bool(cuda and importlib.util.find_spec("triton")),
         bnb_cpu_avx512bf16="avx512_bf16" in flags,  # what bitsandbytes' own has_avx512bf16() reads
         bnb_unusable=(_bitsandbytes_unusable(torch.backends.cpu.get_cpu_capability(), cuda) if bnb_version
                       else "bitsandbytes is not installed"),

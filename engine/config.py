@@ -96,6 +96,11 @@ class GenerationConfig:
     prefill_chunk_tokens: int = toggle(
         PREFILL_CHUNK_TOKENS, "int", "Chunk tokens", "prompt tokens per prefill chunk (with chunked prefill)",
         lo=16, hi=65536, glossary="prefill_ms", only_with="chunked_prefill", short="chunk")
+    compiled_decode: bool = toggle(
+        False, "bool", "Compiled step", "decode each token through one torch.compile graph of the whole step "
+        "(norms, rotary positions and adds fused; one call instead of ~900): it pays where the matmuls are "
+        "cheap (weight-only int4/int8), and the first request per weights variant compiles it (tens of "
+        "seconds of setup)", glossary="tpot_ms")
     extra: dict = field(default_factory=dict, compare=False)  # room for features still to come
 
     @property
@@ -131,6 +136,9 @@ class GenerationConfig:
                 raise InvalidRequest(f"each stop string must have 1 to {MAX_STOP_CHARS} characters", "stop")
         for t in TOGGLES:
             t.check(getattr(self, t.name))
+        if self.compiled_decode and self.speculative != "off":
+            raise InvalidRequest("compiled_decode compiles the plain one-token step; speculation verifies several "
+                                 "tokens per forward, which it does not cover: turn one of them off", "compiled_decode")
         return self
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
+from . import compiled_step
 from .config import GenerationConfig
 from .errors import ContextOverflow, InvalidRequest
 from .sampling import Sampler
@@ -90,7 +91,8 @@ class Decoding:
 
     def step(self) -> list[int]:
         """One decode step: feed the last token, return the next (speculation returns several)."""
-        logits = self.model.forward(self._tensor(self.ids[-1:]), self.cache)
+        forward = compiled_step.for_model(self.model).forward if self.config.compiled_decode else self.model.forward
+        logits = forward(self._tensor(self.ids[-1:]), self.cache)
         self.forward_passes += 1
         return self._accept([self.sampler.sample(logits)])
 

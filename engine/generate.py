@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 
+from . import compiled_step
 from .config import GenerationConfig
 from .decoding import Decoding, cache_capacity, check_lengths
 from .detokenize import IncrementalDetokenizer, StopStrings
@@ -77,6 +78,11 @@ def generate(
 
 def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop, decoding_factory):
     """generate's body once the prompt is known and the cache looked up: prefill, decode, stop."""
+    if cfg.compiled_decode:  # compiled on the first request that asks, in its setup (InvalidRequest: cannot here)
+        t0 = now_ns()
+        if compiled_step.for_model(model).prepare(tokenizer):
+            timeline.counters["compile_ms"] = round((now_ns() - t0) / 1e6, 1)
+        timeline.counters["decode_step"] = "compiled"
     dec = decoding_factory(model, prompt_ids, cfg, cache=reuse.kv, cached_tokens=reuse.cached_tokens)
     timeline.prompt_tokens = len(prompt_ids)
     timeline.cached_tokens = dec.cached_tokens

@@ -13,8 +13,8 @@ prefix-cache lease; what changes is who drives it. The scheduler loop, between d
    its chunk and either waits for the next step or finishes, freeing its slot and its KV (or
    handing the KV to the prefix cache) on its own.
 
-Unbatched: speculative requests (their step is a draft + verify of several tokens) and models
-without our Llama forward run beside the batch, one step of theirs per loop; their Timeline says
+Unbatched: speculative requests (their step is a draft + verify of several tokens), requests
+with the compiled step (its graph steps one sequence) and models without our Llama forward run beside the batch, one step of theirs per loop; their Timeline says
 `batching: unbatched (...)`. Cancellation is what it always was: the generator checks its handle
 before every step. With `max_batch` 1 the engine uses `Worker` (worker.py), not this.
 A request in a batch scope (`Worker.open_batch_scope`, the page's Load tab) is admitted only while
@@ -133,7 +133,7 @@ class BatchingWorker(Worker):
             "max_batch_size_seen": s.max_rows,
             "batch_size_histogram": dict(sorted(s.histogram.items())),
             "unbatched_requests": s.unbatched_requests,
-            "unbatched": "speculative requests and models without our Llama forward run beside the batch, "
+            "unbatched": "speculative requests, compiled steps and models without our Llama forward run beside the batch, "
                          "one step per scheduler loop",
             "packed_mb": round(packed_bytes() / 1e6, 1),
             "exact": "fp32 on CPU: a request's tokens are the same batched and alone (oneDNN packed matmuls)",
@@ -214,6 +214,8 @@ class BatchingWorker(Worker):
         cfg = handle.request.config
         if cfg.speculative != "off":
             seq.why_unbatched = "speculative"
+        elif cfg.compiled_decode:
+            seq.why_unbatched = "compiled step"  # its graph is a one-sequence step
         elif not batch_forward.supports(lm.model):
             seq.why_unbatched = "model without the batched forward"
         custom = self.decoding_factory  # tests inject one; a BatchedDecoding subclass still batches

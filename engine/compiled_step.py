@@ -1,0 +1,230 @@
+"""The `compiled_decode` toggle: a one-token decode step compiled by torch.compile (Inductor).
+
+Why: a decode step of the bundled model is ~900 small ATen calls around 121 matmuls, each
+dispatched from Python. With 4-bit weights the matmuls take about half of the step (Zen 3,
+AVX2, 2 threads: int4wo+head 27.7 ms a step, its kernel 52%), so the rest — norms, rotary
+positions, residual adds, casts, and the calls themselves — bounds the speed. Inductor fuses
+that glue into a few C++ kernels and calls the graph as one unit: measured side by side on the
+same machine, int4wo+head 38.7 → 26.2 ms a step (0.68x). With fp32 weights the matmuls are ~90%
+of the step and the compiled step bought nothing (`python -m engine.bench bandwidth --compiled`
+prints both on the machine at hand).
+
+Design:
+- The graph is the model's own block loop (`FastLlama.run_blocks`), so eager and compiled cannot
+  drift. Its inputs are the token and its position, both one-element tensors: its shapes never
+  change, so it never recompiles.
+- Writing the new key/value into the cache and attending over its valid prefix stay outside the
+  graph as one opaque op per layer (`latency_lab::decode_attend`), which finds the cache through
+  `_CACHES`: the prefix grows every step and the cache may be reallocated, and neither is a shape
+  the graph sees. The write is in place (a write into the cache inside the graph made Inductor copy
+  the whole cache per layer: 73 ms a step).
+- Projections call torch's weight-only kernels (int8wo / int4wo) or F.linear (MKL on CPU).
+- Fused kernels round in their own order: the compiled step agrees with the eager one closely,
+  not bit for bit, so its top-1 agreement with the eager step is measured when it is built
+  (`info`), shown in engine info, and tested; greedy output may differ after many tokens.
+- Compiled once per model object, on the first request that asks (its setup stage shows the
+  cost: ~10 s with Inductor's on-disk cache warm, 45–80 s cold on the 2-core Zen 3), then kept.
+
+Not compiled (a request asking gets an InvalidRequest saying why): the generic transformers
+forward, bitsandbytes layers, bf16 on CPU (its one-row matmuls need oneDNN switched off, which a
+graph cannot do), and machines without a C++ compiler (CPU) or Triton (CUDA).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import capabilities
+from .errors import InvalidRequest
+from .fast_llama import FastLlama
+from .model import first_line
+from .quality import quality_inputs
+from .weight_only import _WeightOnlyLinear
+
+_LIB = torch.library.Library("latency_lab", "DEF")
+_LIB.define("decode_attend(Tensor q, Tensor k, Tensor v, int step, int layer, Tensor pos, float scale) -> Tensor")
+_CACHES: dict[int, object] = {}  # CompiledDecode.slot -> the KVCache its graph is stepping now
+
+
+def _decode_attend(q, k, v, step: int, layer: int, pos_t, scale: float):
+    """Store one token's k, v at position `pos_t` of layer `layer` of the cache that compiled step
+    `step` is running on; attend q over positions [0, pos]. The cache is not an input of the graph:
+    its capacity, and whether it was allocated in inference mode, would each be a guard, and a
+    failed guard recompiles. `pos_t` is a one-element tensor, not an int, for the same reason."""
+    cache, pos = _CACHES[step], int(pos_t[0])
+    keys, values = cache.k[layer], cache.v[layer]
+    keys[:, :, pos] = k[:, :, 0]
+    values[:, :, pos] = v[:, :, 0]
+    return F.scaled_dot_product_attention(q, keys[:, :, : pos + 1], values[:, :, : pos + 1], scale=scale,
+                                          enable_gqa=q.shape[1] != keys.shape[1])
+
+
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("decode_attend", _decode_attend, _key)
+_LIB.impl("decode_attend", lambda q, k, v, step, layer, pos, scale: torch.empty_like(q), "Meta")
+
+
+def unavailable_reason(model) -> str | None:
+    """Why `model` cannot take a compiled decode step here (None: it can)."""
+    if not isinstance(model, FastLlama):
+        return "the compiled step needs our Llama-family forward; this model runs the generic transformers one"
+    kinds = {type(m).__name__ for m in model.modules() if _is_projection(m)
+             and not isinstance(m, _WeightOnlyLinear) and type(m) is not nn.Linear}
+    if kinds:
+        return f"the compiled step does not trace {', '.join(sorted(kinds))} layers (bitsandbytes); pick int8wo or int4wo"
+    caps = capabilities.detect()
+    if model.device.type == "cpu":
+        if model.dtype == torch.bfloat16:
+            return ("bf16 on CPU takes its one-row matmuls with oneDNN switched off, which a compiled graph "
+                    "cannot do; use fp32 weights or a weight-only variant")
+        if not caps.cpp_compiler:
+            return "torch.compile needs a C++ compiler on CPU (g++, or $CXX); none was found"
+    elif not caps.triton:
+        return "torch.compile needs Triton on CUDA; it does not import here"
+    return None
+
+
+def _is_projection(m) -> bool:
+    return hasattr(m, "in_features") and hasattr(m, "out_features")
+
+
+class CompiledDecode:
+    """A model's compiled one-token step. `prepare()` compiles it (once); `forward(ids, cache)`
+    is FastLlama.forward for one token without all_logits, through the graph."""
+
+    def __init__(self, model: FastLlama):
+        self.model = model
+        self.slot = id(self)  # a constant of its graph: which cache the attention op writes (_CACHES)
+        self.info: dict | None = None  # what prepare() measured
+        self._graph = None
+        self._failed: str | None = None  # why compiling failed (then it is not tried again)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _linear(module, x):
+        """A projection inside the graph: torch's weight-only kernels (oneDNN is on: the graph runs
+        outside FastLlama's one-row routing), else F.linear (MKL on CPU). Not the packed oneDNN copy
+        that the eager fp32 step may take: Inductor's lowering of that op asserts on weights it did
+        not pack itself (seen with torch 2.13)."""
+        if isinstance(module, _WeightOnlyLinear):
+            return module.compute(x)
+        return F.linear(x, module.weight, module.bias)
+
+    def _step(self, ids, pos_t):
+        m = self.model
+        cos, sin = m.cos.index_select(0, pos_t), m.sin.index_select(0, pos_t)
+
+        def attend(i, blk, q, k, v):
+            return torch.ops.latency_lab.decode_attend(q, k, v, self.slot, i, pos_t, blk.scaling)
+
+        x = m.run_blocks(m.embed(ids[None]), cos, sin, self._linear, attend)
+        return self._linear(m.lm_head, m.norm(x))[0].float()
+
+    def _run(self, graph, ids, cache) -> torch.Tensor:
+        """One step of `graph` on `cache` (in inference mode: the graph's inputs are made here, so
+        they are always inference tensors and never fail a guard)."""
+        start = cache.length
+        if start + 1 > self.model.max_context:
+            raise ValueError(f"position {start + 1} is beyond the context window ({self.model.max_context})")
+        cache.ensure_capacity(start + 1)
+        _CACHES[self.slot] = cache
+        try:
+            logits = graph(ids.clone(), torch.tensor([start], device=ids.device))
+        finally:
+            del _CACHES[self.slot]
+        cache.length = start + 1
+        return logits
+
+    def __deepcopy__(self, memo):
+        """None: a variant is built by deep-copying the loaded model, and its copy compiles its own
+        step (a graph, and this lock, cannot be copied)."""
+        return None
+
+    def new_cache(self, capacity: int):
+        return self.model.new_cache(capacity)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache, all_logits: bool = False) -> torch.Tensor:
+        """FastLlama.forward; one token without all_logits goes through the graph (once prepared)."""
+        if ids.shape[0] != 1 or all_logits or self._graph is None:
+            return self.model.forward(ids, cache, all_logits)
+        return self._run(self._graph, ids, cache)
+
+    def prepare(self, tokenizer) -> float:
+        """Compile (first call only) and check the graph against the eager step; returns the seconds
+        it took (0.0 when already compiled). Raises InvalidRequest when it cannot be built here."""
+        with self._lock:
+            if self._graph is not None:
+                return 0.0
+            reason = unavailable_reason(self.model)
+            if reason:
+                raise InvalidRequest(f"compiled decode: {reason}. Turn Compiled step off.", "compiled_decode")
+            if self._failed:  # it failed once: not again for every request
+                raise InvalidRequest(self._failed, "compiled_decode")
+            t0 = time.perf_counter()
+            # Dynamo keeps compiled graphs per code object, at most `recompile_limit` (8) each: a copy
+            # of _step's code per model keeps one model's graph from counting against another's
+            own_step = types.FunctionType(CompiledDecode._step.__code__.replace(), globals(), "_step")
+            graph = torch.compile(types.MethodType(own_step, self), dynamic=False)
+            try:
+                self.info = self._check(graph, tokenizer)
+            except Exception as exc:  # a compiler or lowering failure: the eager step keeps serving
+                self._failed = (f"compiled decode could not be built here ({type(exc).__name__}: "
+                                f"{first_line(exc)[:300]}). Turn Compiled step off.")
+                raise InvalidRequest(self._failed, "compiled_decode") from exc
+            self.info["compile_s"] = round(time.perf_counter() - t0, 1)
+            self._graph = graph
+            return self.info["compile_s"]
+
+    def _check(self, graph, tokenizer, steps: int = 32) -> dict:
+        """Teacher-force one quality text (engine/quality.py) through the eager and the compiled step
+        from the same prefix: how often they rank the same token first, the largest logit
+        difference, and both steps' times (medians, alternating). Fused kernels round in their own
+        order, so the two agree closely but not bit for bit (measured, never assumed)."""
+        m = self.model
+        ids = quality_inputs(tokenizer, 1)[0][: 16 + steps]
+        prefix, steps = 16, len(ids) - 16
+        eager_cache, graph_cache = m.new_cache(len(ids) + 1), m.new_cache(len(ids) + 1)
+        for cache in (eager_cache, graph_cache):
+            m.forward(torch.tensor(ids[:prefix], device=m.device), cache)
+        diff, same, times = 0.0, 0, {"eager": [], "compiled": []}
+        with torch.inference_mode():
+            for s, tok in enumerate(ids[prefix:]):
+                tok = torch.tensor([tok], device=m.device)
+                t0 = time.perf_counter()
+                want = m.forward(tok, eager_cache)
+                t1 = time.perf_counter()
+                got = self._run(graph, tok, graph_cache)
+                t2 = time.perf_counter()
+                if s:  # the first compiled call is the compile itself
+                    times["eager"].append(t1 - t0)
+                    times["compiled"].append(t2 - t1)
+                diff = max(diff, float((got - want).abs().max()))
+                same += int(got.argmax()) == int(want.argmax())
+        eager, compiled = (statistics.median(times[k]) * 1e3 for k in ("eager", "compiled"))
+        return {"top1_agreement": round(same / steps, 3), "positions": steps, "max_logit_diff": round(diff, 4),
+                "eager_ms": round(eager, 2), "compiled_ms": round(compiled, 2), "ratio": round(compiled / eager, 3)}
+
+
+def for_model(model) -> CompiledDecode:
+    """The model's CompiledDecode (made once per model object, compiled by its `prepare`)."""
+    compiled = getattr(model, "compiled_decode", None)
+    if compiled is None:
+        reason = unavailable_reason(model)
+        if reason:
+            raise InvalidRequest(f"compiled decode: {reason}. Turn Compiled step off.", "compiled_decode")
+        compiled = model.compiled_decode = CompiledDecode(model)
+    return compiled
+
+
+def info_for(model) -> dict | None:
+    """What the model's compiled step measured when it was built (None: never compiled)."""
+    compiled = getattr(model, "compiled_decode", None)
+    return compiled.info if compiled is not None else None

@@ -1,0 +1,143 @@
+"""The compiled decode step (engine/compiled_step.py, the `compiled_decode` toggle): the same
+tokens as the eager step where it runs, a clear refusal where it cannot, its fallback paths."""
+
+import pytest
+import torch
+
+from engine import capabilities, compiled_step
+from engine.config import GenerationConfig, LoadConfig
+from engine.errors import InvalidRequest
+from engine.generate import generate
+from engine.timeline import Timeline
+from engine.wire import Request
+
+from support import ask
+
+NO_COMPILER = "no C++ compiler on PATH: torch.compile cannot build CPU code here (the refusal is tested below)"
+needs_compiler = pytest.mark.skipif(not capabilities.detect().cpp_compiler, reason=NO_COMPILER)
+
+
+def run(lm, messages, **cfg):
+    tl = Timeline()
+    tl.enqueued_ns = tl.started_ns = tl.received_ns
+    events = list(generate(lm.model, lm.tokenizer, lm.eos_token_ids,
+                           Request(messages=messages, config=GenerationConfig(**cfg)), tl))
+    return events[-1]
+
+
+@needs_compiler
+def test_compiled_greedy_is_the_eager_greedy_in_fp32(bundled):
+    """fp32, bundled model: the compiled step picks the same tokens as the eager one, prompt after
+    prompt; the first request compiles (its setup shows compile_ms), later ones reuse the graph."""
+    prompts = ["Explain what a CPU cache is in two sentences.", "Write a haiku about the sea."]
+    for i, prompt in enumerate(prompts):
+        eager = run(bundled, ask(prompt), temperature=0.0, max_new_tokens=32)
+        compiled = run(bundled, ask(prompt), temperature=0.0, max_new_tokens=32, compiled_decode=True)
+        assert compiled.token_ids == eager.token_ids
+        counters = compiled.timeline.counters
+        assert counters["decode_step"] == "compiled"
+        assert ("compile_ms" in counters) == (i == 0 and compiled_step.info_for(bundled.model)["compile_s"] > 0)
+        assert "decode_step" not in eager.timeline.counters
+    info = compiled_step.info_for(bundled.model)
+    assert info["top1_agreement"] == 1.0 and info["positions"] >= 16
+    assert info["max_logit_diff"] < 1e-2  # fp32 rounding in another order, not a different computation
+
+
+@needs_compiler
+def test_compiled_int4_step_measures_its_agreement_and_serves(bundled):
+    """A 4-bit weight-only variant, the case the toggle is for: its agreement with its own eager
+    step is measured at compile time, and a request through it streams a normal reply."""
+    from engine.variants import VariantSet
+
+    variant = VariantSet(bundled, quality_texts=0).get("int4wo+head").loaded
+    done = run(variant, ask("List three fruits that are red."), temperature=0.0, max_new_tokens=24,
+               compiled_decode=True)
+    info = compiled_step.info_for(variant.model)
+    assert done.output_tokens == 24 or done.detail["finish_reason"] == "stop"
+    assert done.timeline.counters["decode_step"] == "compiled"
+    assert info["top1_agreement"] >= 0.9, info  # measured on a real text; the eager step is the reference
+    assert info["compiled_ms"] > 0 and info["eager_ms"] > 0
+
+
+def test_without_a_compiler_the_request_is_refused_and_the_model_keeps_serving(tiny_model_dir):
+    """The fallback a machine without g++ takes: an InvalidRequest naming the toggle and the way
+    out, before any token; the same model then answers the request without the toggle."""
+    from engine.loader import load
+
+    lm = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))  # never compiled
+    with capabilities.forced(cpp_compiler=None):
+        with pytest.raises(InvalidRequest) as err:
+            run(lm, ask("hi"), temperature=0.0, max_new_tokens=4, compiled_decode=True)
+    assert err.value.param == "compiled_decode"
+    assert "C++ compiler" in str(err.value) and "Compiled step off" in str(err.value)
+    assert compiled_step.info_for(lm.model) is None  # nothing half-built was kept
+    assert run(lm, ask("hi"), temperature=0.0, max_new_tokens=4).output_tokens == 4
+
+
+def test_models_the_graph_cannot_trace_are_refused_with_the_reason(tiny_model_dir):
+    from engine.loader import load
+
+    generic = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False, fast_path=False))
+    assert "generic transformers" in compiled_step.unavailable_reason(generic.model)
+    with pytest.raises(InvalidRequest, match="generic transformers"):
+        compiled_step.for_model(generic.model)
+    bf16 = load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False))
+    # bf16 CPU models take one-row matmuls with oneDNN off (fast_llama._gemm_backend), which a graph
+    # cannot switch: refused with what to pick instead, whatever the CPU
+    assert "bf16 on CPU" in compiled_step.unavailable_reason(bf16.model)
+
+
+@needs_compiler
+def test_a_grown_cache_keeps_the_graph_and_the_tokens(tiny):
+    """The cache's capacity is dynamic in the graph: a cache that grows mid-reply (reallocated)
+    keeps the compiled step and gives the tokens of the eager step."""
+    step = compiled_step.for_model(tiny.model)
+    step.prepare(tiny.tokenizer)
+    m = tiny.model
+    ids = torch.arange(5, 25)
+    eager, compiled = m.new_cache(21), m.new_cache(21)
+    m.forward(ids, eager)
+    m.forward(ids, compiled)
+    for tok in range(30, 45):  # past the capacity of 21: both caches grow
+        t = torch.tensor([tok])
+        want, got = m.forward(t, eager), step.forward(t, compiled)
+        assert int(got.argmax()) == int(want.argmax())
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert compiled.capacity > 21 and compiled.length == eager.length
+
+
+def test_a_compile_failure_is_an_error_once_and_the_eager_step_keeps_serving(tiny_model_dir, monkeypatch):
+    """Inductor failing (a broken compiler, a lowering it lacks) must not take the worker down: the
+    request gets an InvalidRequest with the cause, the failure is remembered (not retried for every
+    request), and requests without the toggle are served."""
+    from engine.loader import load
+
+    lm = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))
+    calls = []
+
+    def broken_compile(fn, **kw):
+        calls.append(fn)
+
+        def run(*args):
+            raise RuntimeError("C++ compile error: cc1plus: out of memory")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    with capabilities.forced(cpp_compiler="/usr/bin/g++"):
+        for _ in range(2):
+            with pytest.raises(InvalidRequest, match="cc1plus: out of memory"):
+                run(lm, ask("hi"), temperature=0.0, max_new_tokens=4, compiled_decode=True)
+    assert len(calls) == 1
+    assert run(lm, ask("hi"), temperature=0.0, max_new_tokens=4).output_tokens == 4
+
+
+@needs_compiler
+def test_a_variant_built_after_compiling_gets_its_own_step(tiny):
+    """Variants are deep copies of the loaded model: one built after the loaded model compiled its
+    step must build (a graph cannot be copied) and start without a compiled step of its own."""
+    from engine.quantize import build_variant
+
+    compiled_step.for_model(tiny.model).prepare(tiny.tokenizer)
+    variant = build_variant(tiny, "int8wo")
+    assert compiled_step.info_for(variant.model) is None
+    assert compiled_step.info_for(tiny.model)["positions"] > 0
