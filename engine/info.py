@@ -27,6 +27,7 @@ class VariantInfo:
     top1_agreement: float | None = None  # against the default variant (engine/quality.py)
     mean_kl: float | None = None
     build_s: float | None = None
+    compiled_step: dict | None = None  # its compiled decode step, once built: agreement and times (engine/compiled_step.py)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class EngineInfo:
     variants: tuple[VariantInfo, ...] = ()
     speculation: tuple[SpeculationInfo, ...] = ()
     toggles: tuple[str, ...] = ()  # the GenerationConfig toggles this engine honours
+    unavailable_toggles: dict = field(default_factory=dict)  # toggle name -> why it cannot be switched on here
     capabilities: dict | None = None  # engine.capabilities.Capabilities.to_dict(): what the machine can do
     prefix_cache: dict | None = None  # engine.prefix_cache.PrefixCache.stats()
     variant_budget_bytes: int | None = None

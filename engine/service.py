@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from . import capabilities
+from . import capabilities, compiled_step
 from .config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, LoadConfig
 from .fast_llama import packed_bytes
 from .info import EngineInfo, SpeculationInfo
@@ -100,6 +100,7 @@ class Engine:
             speculation=tuple(SpeculationInfo(m, m != "draft" or draft_missing is None,
                                               draft_missing if m == "draft" else None) for m in SPECULATIVE_MODES),
             toggles=tuple(t.name for t in TOGGLES), capabilities=capabilities.detect().to_dict(),
+            unavailable_toggles={"compiled_decode": why} if (why := compiled_step.unavailable_reason(lm.model)) else {},
             prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
             packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None,
             machine_limits=self.machine_limits.to_dict() if self.machine_limits else None,

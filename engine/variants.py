@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import psutil
 from torch import nn
 
+from . import compiled_step
 from .errors import InvalidRequest, LoadError
 from .info import VariantInfo
 from .model import LoadedModel, weight_bytes
@@ -180,7 +181,8 @@ class VariantSet:
                 name=name, method=v.method if v else METHODS[name], default=name == self.default_name,
                 available=reason is None, reason=reason, resident=v is not None, weight_bytes=r.get("weight_bytes"),
                 decode_tps=r.get("decode_tps"), prefill_tps=r.get("prefill_tps"),
-                top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s")))
+                top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s"),
+                compiled_step=compiled_step.info_for(v.loaded.model) if v else None))
         return tuple(out)
 
     # --- building (worker thread) -----------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.cli import build_parser, generation_config_from_args
-from engine.config import TOGGLES, GenerationConfig
+from engine.config import TOGGLE, TOGGLES, GenerationConfig
 from engine.errors import InvalidRequest
 from engine.info import EngineInfo
 from engine.remote_wire import FORWARDED, request_body
@@ -112,7 +112,28 @@ def test_every_preset_sets_only_declared_fields_with_values_the_page_offers(bund
             assert set(chosen) <= set(settings.FIELDS), name
             assert chosen["quantization"] in offered, name
             settings.parse(chosen)  # valid as the page will send it
-        assert preset_missing(preset, info) is None, name
+        if name == "compiled_step" and "compiled_decode" in info.unavailable_toggles:
+            assert "cannot run here" in preset_missing(preset, info)  # e.g. no C++ compiler: said, not offered
+        else:
+            assert preset_missing(preset, info) is None, name
+
+
+def test_a_toggle_the_machine_cannot_run_is_shown_disabled_with_its_reason(bundled_engine):
+    """No C++ compiler (forced): engine info says why compiled_decode cannot run, the page's checkbox
+    is disabled with that reason, and the preset that needs it says so instead of failing."""
+    from engine import capabilities
+    from ui.controls import toggle_control
+
+    with capabilities.forced(cpp_compiler=None):
+        info = bundled_engine.info()
+    why = info.unavailable_toggles["compiled_decode"]
+    assert "C++ compiler" in why
+    assert EngineInfo.from_dict(info.to_dict()).unavailable_toggles == {"compiled_decode": why}
+    box = toggle_control(TOGGLE["compiled_decode"], "A", info)
+    assert box.interactive is False and box.value is False and why in box.info
+    preset = teaching_presets(load_prompt_sets())["compiled_step"]
+    assert why in preset_missing(preset, info)
+    assert toggle_control(TOGGLE["kv_reuse"], "A", info).interactive is not False
 
 
 def test_config_labels_derive_from_the_declarations():

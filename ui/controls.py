@@ -30,6 +30,9 @@ def toggle_control(t: Toggle, pane: str, info: EngineInfo, value=None):
     value = t.default if value is None else value
     kw = dict(label=t.label, info=t.help, elem_id=elem_id(pane, t.name))
     if t.kind == "bool":
+        why = info.unavailable_toggles.get(t.name)  # e.g. no C++ compiler for the compiled step: shown, not offered
+        if why:
+            return gr.Checkbox(value=False, interactive=False, **{**kw, "info": f"{t.help}. Not on this machine: {why}"})
         return gr.Checkbox(value=value, **kw)
     if t.kind == "int":
         if t.hi is not None and t.lo is not None and t.hi - t.lo <= SLIDER_MAX_STEPS:

@@ -85,6 +85,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("decode_mb_per_token", "bytes per token", "MB", "",
        "bytes decode read per output token: (weight bytes + KV bytes) × steps / (output tokens − 1)",
        better="lower"),
+    _M("compile_ms", "compile", "ms", "the request's setup asks for the compiled step (compiled_decode)",
+       "its graph built and checked against the eager step (first request per weights variant; part of setup_ms)"),
     _M("batch_size", "batch size", "", "",
        "sequences in the forward that produced token i (continuous batching, --max-batch; 1: alone)", better=""),
     # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.

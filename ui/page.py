@@ -38,6 +38,9 @@ LIMITS_HOVER = ("Measured on this machine at first start (engine/machine_limits.
 
 def preset_missing(preset: dict, info: EngineInfo) -> str | None:
     """Why a teaching preset cannot run on this engine (None: it can)."""
+    for name, why in info.unavailable_toggles.items():
+        if any(preset[side].get(name) for side in ("a", "b")):
+            return f"This preset switches on '{name}', which cannot run here: {why}"
     need = preset.get("needs_variant")
     if not need:
         return None

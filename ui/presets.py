@@ -89,6 +89,16 @@ TEACHING = {
         "set": "open_questions", "item": 1,
         "a": {"network": "loopback"}, "b": {"network": "4g"},
     },
+    "compiled_step": {
+        "title": "4-bit weights: eager step vs compiled step",
+        "explain": "Both panes decode with the same 4-bit weight-only variant (int4wo+head). With weights this small the "
+                   "matmuls are only about half of a step; the rest is ~900 small operations launched one by one. B "
+                   "runs each step as one torch.compile graph that fuses them. Watch TPOT and tok/s; B's first turn "
+                   "also shows the one-time compile in its setup time.",
+        "set": "open_questions", "item": 2,
+        "a": {"quantization": "int4wo+head"}, "b": {"quantization": "int4wo+head", "compiled_decode": True},
+        "needs_variant": "int4wo+head",
+    },
     "nf4": {
         "title": "Unquantized vs nf4 weights",
         "explain": "Same prompt, the weights as loaded against 4-bit nf4 (bitsandbytes): fewer bytes per token, "

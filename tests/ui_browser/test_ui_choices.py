@@ -4,6 +4,12 @@ overlay and (A/B) the delta table; none ends in an error."""
 
 import time
 
+import pytest
+
+from engine import capabilities
+from ui.page import preset_missing
+from ui.presets import load_prompt_sets, teaching_presets
+
 from .test_ui_page import last_run, open_page, set_number
 
 
@@ -71,13 +77,17 @@ def test_every_weights_and_speculation_choice_the_page_offers_gives_a_reply(page
         send_and_check(page, mode)
 
 
-def test_every_preset_runs_both_panes_and_fills_the_delta_table(page_server, browser_page):
+def test_every_preset_runs_both_panes_and_fills_the_delta_table(page_server, browser_page, bundled_engine):
     page = browser_page
     open_page(page, page_server)
     page.click("button[role=tab]:has-text('A/B')")
     presets = page.evaluate("() => window.LAB_CONFIG.presets")
-    assert presets and all(p["available"] for p in presets.values()), presets
-    for name in presets:
+    missing = {name: preset_missing(p, bundled_engine.info()) for name, p in teaching_presets(load_prompt_sets()).items()}
+    assert {name: p["available"] for name, p in presets.items()} == {n: why is None for n, why in missing.items()}
+    if not capabilities.detect().cpp_compiler:  # the one preset a machine may lack (it says why)
+        assert "C++ compiler" in missing["compiled_step"]
+    assert sum(p["available"] for p in presets.values()) >= len(presets) - 1, missing
+    for name in (n for n, p in presets.items() if p["available"]):
         page.evaluate("() => { const d = document.querySelector('#lab-delta'); d.dataset.seen = d.innerHTML; }")
         page.click(f"#lab-preset-{name}")
         page.wait_for_function("() => { const d = document.querySelector('#lab-delta'); "
@@ -88,3 +98,26 @@ def test_every_preset_runs_both_panes_and_fills_the_delta_table(page_server, bro
             assert run["error"] is None, (name, side, run["error"])
             assert run["reply"] and page.locator(f"#lab-ov-{side} .lab-card").count() == 4, (name, side)
         assert "winner" in page.inner_text("#lab-delta"), name
+
+
+@pytest.mark.skipif(not capabilities.detect().cpp_compiler,
+                    reason="no C++ compiler: the page shows Compiled step disabled (test_contracts checks the reason)")
+def test_the_compiled_step_checkbox_runs_pane_b_through_the_graph(page_server, browser_page):
+    """Tick Compiled step in pane B only: both panes answer, B's steps went through the graph
+    (its record says so, its config label too), and in fp32 the two greedy replies are the same."""
+    page = browser_page
+    open_page(page, page_server)
+    page.click("button[role=tab]:has-text('A/B')")
+    for side in ("A", "B"):
+        page.click(f"text={side} settings")
+        set_number(page, f"lab-{side}-max", 12)
+    page.check("#lab-B-compiled-decode input[type=checkbox]")
+    page.fill("#lab-ab-msg textarea", "Name a color.")
+    page.click("#lab-ab-run")
+    page.wait_for_selector("#lab-delta table", timeout=600_000)  # the first compiled request compiles
+    steps = page.evaluate("() => ['A', 'B'].map(s => { const r = window.lab.panes[s].runs.at(-1); "
+                          "return [r.error, r.record && r.record.timeline.decode_step || null, r.row.config]; })")
+    assert steps[0] == [None, None, "greedy"] and steps[1][:2] == [None, "compiled"], steps
+    assert "compiled step" in steps[1][2]
+    assert last_run(page, "A")["reply"] == last_run(page, "B")["reply"]
+    assert "The two replies are identical." in page.inner_text("#lab-delta")
