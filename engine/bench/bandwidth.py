@@ -26,6 +26,8 @@ def add_args(p):
     p.add_argument("--context", type=int, default=256, help="tokens already in the cache at each step")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=4, help="decode steps per variant per round")
+    p.add_argument("--compiled", action="store_true",
+                   help="also measure each variant's compiled decode step (the compiled_decode toggle)")
 
 
 def copy_bandwidth(mb: int, runs: int = 7) -> float:
@@ -58,7 +60,7 @@ def bytes_read_per_step(model, context: int) -> int:
 
 
 def run(args, out):
-    from .. import capabilities
+    from .. import capabilities, compiled_step
     from ..errors import LatencyLabError
     from ..variants import VariantSet
     from . import load_model
@@ -72,6 +74,16 @@ def run(args, out):
             models[name] = variants.get(name).loaded.model
         except LatencyLabError as exc:
             refused[name] = str(exc)
+    compiled = {}
+    for name in list(models) if args.compiled else ():
+        try:
+            step = compiled_step.for_model(models[name])
+            step.prepare(lm.tokenizer)
+        except LatencyLabError as exc:
+            refused[f"{name} compiled"] = str(exc)
+            continue
+        compiled[f"{name} compiled"] = step.info
+        models[f"{name} compiled"] = step  # a model-like: one-token steps through the graph
     machine = copy_bandwidth(args.copy_mb)
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
@@ -83,15 +95,18 @@ def run(args, out):
     rows = {}
     for name, m in models.items():
         step = median(times[name])
-        read = bytes_read_per_step(m, args.context)
+        read = bytes_read_per_step(m.model if isinstance(m, compiled_step.CompiledDecode) else m, args.context)
         gbps = read / step / 1e9
         rows[name] = {"step_ms": round(step * 1e3, 2), "tok_s": round(1 / step, 1), "mb_per_step": round(read / 1e6, 1),
                       "gbps": round(gbps, 2), "fraction_of_copy": round(gbps / machine, 3)}
         out(f"{name:>13}: {rows[name]['step_ms']:6.1f} ms/step = {1 / step:5.1f} tok/s; reads {read / 1e6:6.1f} MB "
             f"= {gbps:5.1f} GB/s, {gbps / machine:4.0%} of the copy bandwidth")
+    for name, info in compiled.items():
+        out(f"{name}: compiled in {info['compile_s']} s; top-1 agreement with the eager step "
+            f"{info['top1_agreement']:.0%} over {info['positions']} positions")
     for name, why in refused.items():
         out(f"{name:>13}: not measured: {why}")
     default = rows[lm.dtype_name]
     return {"copy_gbps": round(machine, 2), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
-            "variants": rows, "refused": refused, "ratio": default["fraction_of_copy"],
+            "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_copy"],
             "capabilities": capabilities.detect().summary(), "one_row_path": one_row}

@@ -59,6 +59,8 @@ def add_args(p):
     p.add_argument("--warm-tokens", type=int, default=8, help="tokens generated in the warm-TTFT turn")
     p.add_argument("--compare-variants", default="",
                    help="also measure these weight variants of ours (comma-separated, e.g. int8wo)")
+    p.add_argument("--compiled", action="store_true",
+                   help="run ours with the compiled decode step too (compiled once, before the rounds)")
 
 
 def conversation() -> tuple[list[dict], list[dict]]:
@@ -76,13 +78,12 @@ def token_ids(tokenizer, messages, reply_open: bool = True) -> list[int]:
                                          return_dict=False)
 
 
-def ours(lm, ids: dict, args, variant: str | None) -> dict:
+def ours(model, ids: dict, args, compiled: bool) -> dict:
     from ..config import GenerationConfig
     from ..prefix_cache import PrefixCache
-    from ..variants import VariantSet
 
-    model = VariantSet(lm, quality_texts=0).get(variant).loaded if variant else lm
-    greedy = GenerationConfig(temperature=0.0, max_new_tokens=args.max_tokens, quantization=None)
+    greedy = GenerationConfig(temperature=0.0, max_new_tokens=args.max_tokens, quantization=None,
+                              compiled_decode=compiled)
     short = run_request(model, None, greedy, prompt_ids=ids["short"]).timeline
     long = run_request(model, None, greedy.replace(kv_reuse=False), prompt_ids=ids["long"]).timeline
     cache = PrefixCache()
@@ -108,9 +109,11 @@ def peer(args, job: dict) -> dict:
 def run(args, out):
     import torch
 
+    from .. import compiled_step
     from ..capabilities import detect
     from ..errors import LatencyLabError
     from ..loader import bundled_gguf_path
+    from ..variants import VariantSet
 
     if not os.path.exists(args.peer_python):
         raise LatencyLabError(f"no llama-cpp-python venv at {args.peer_python}: build one (see "
@@ -128,11 +131,21 @@ def run(args, out):
     out(f"{caps.cpu_model} · {caps.isa_level} · {threads} threads; ours {lm.dtype_name} vs llama.cpp Q4_1; "
         f"prompts: short {len(ids['short'])}, long {len(ids['long'])}, warm {len(ids['warm'])} tokens "
         f"({len(ids['history'])} cached)")
-    variants = [None, *(v.strip() for v in args.compare_variants.split(",") if v.strip())]
-    runs = {"llama.cpp": [], **{v or lm.dtype_name: [] for v in variants}}
+    variant_set = VariantSet(lm, quality_texts=0)
+    configs = {}  # label -> (the loaded model, compiled step or not): each variant built once
+    for v in [None, *(v.strip() for v in args.compare_variants.split(",") if v.strip())]:
+        loaded = variant_set.get(v).loaded if v else lm
+        configs[v or lm.dtype_name] = (loaded, False)
+        if args.compiled:
+            step = compiled_step.for_model(loaded.model)
+            step.prepare(tok)
+            out(f"  {v or lm.dtype_name} compiled in {step.info['compile_s']} s (top-1 agreement with its eager "
+                f"step {step.info['top1_agreement']:.0%})")
+            configs[f"{v or lm.dtype_name} compiled"] = (loaded, True)
+    runs = {"llama.cpp": [], **{name: [] for name in configs}}
     for r in range(args.rounds):
-        for v in variants:
-            runs[v or lm.dtype_name].append(ours(lm, ids, args, v))
+        for name, (loaded, compiled) in configs.items():
+            runs[name].append(ours(loaded, ids, args, compiled))
         runs["llama.cpp"].append(peer(args, job))
         out(f"  round {r + 1}: " + "; ".join(
             f"{name} decode {x[-1]['short']['decode_tps']:.1f} tok/s, warm TTFT {x[-1]['warm']['ttft_ms']:.0f} ms"
@@ -145,7 +158,7 @@ def run(args, out):
     } for name, xs in runs.items()}
     theirs = table["llama.cpp"]
     for name, row in table.items():
-        out(f"{name:>10}: decode {row['decode_tps_short']:.1f} tok/s short, {row['decode_tps_long']:.1f} after "
+        out(f"{name:>20}: decode {row['decode_tps_short']:.1f} tok/s short, {row['decode_tps_long']:.1f} after "
             f"{len(ids['long'])} tokens; cold TTFT {row['cold_ttft_ms']:.0f} ms; warm TTFT {row['warm_ttft_ms']:.0f} ms")
     best = max((n for n in table if n != "llama.cpp"), key=lambda n: table[n]["decode_tps_short"])
     ratios = {
