@@ -26,8 +26,8 @@ Design:
   cost: ~10 s with Inductor's on-disk cache warm, 45–80 s cold on the 2-core Zen 3), then kept.
 
 Not compiled (a request asking gets an InvalidRequest saying why): the generic transformers
-forward, bitsandbytes layers, bf16 on CPU (its one-row matmuls need oneDNN switched off, which a
-graph cannot do), and machines without a C++ compiler (CPU) or Triton (CUDA).
+forward, bitsandbytes layers, plain bf16 linears on CPU (their one-row matmuls need oneDNN
+switched off, which a graph cannot do; a bf16 `int8wo+head` or `int4wo+head` has none), and machines without a C++ compiler (CPU) or Triton (CUDA).
 """
 
 from __future__ import annotations
@@ -92,9 +92,10 @@ def unavailable_reason(model) -> str | None:
         return f"the compiled step does not trace {', '.join(sorted(kinds))} layers (bitsandbytes); pick int8wo or int4wo"
     caps = capabilities.detect()
     if model.device.type == "cpu":
-        if model.dtype == torch.bfloat16:
-            return ("bf16 on CPU takes its one-row matmuls with oneDNN switched off, which a compiled graph "
-                    "cannot do; use fp32 weights or a weight-only variant")
+        if model.dtype == torch.bfloat16 and any(type(m) is nn.Linear for m in model.modules()):
+            return ("a bf16 model's plain linears take their one-row matmuls on CPU with oneDNN switched off, "
+                    "which a compiled graph cannot do; pick a variant whose every linear is weight-only "
+                    "(int8wo+head, int4wo+head) or fp32 weights")
         if not caps.cpp_compiler:
             return "torch.compile needs a C++ compiler on CPU (g++, or $CXX); none was found"
     elif not caps.triton:

@@ -6,6 +6,7 @@ import time
 import pytest
 from support import ask, cancel_once_streaming
 
+from engine import capabilities
 from engine.cli import build_parser, load_config_from_args
 from engine.config import GenerationConfig, LoadConfig
 from engine.errors import InvalidRequest
@@ -150,6 +151,19 @@ def test_speculative_requests_run_unbatched_beside_the_batch(batching_tiny):
     done = _staggered(batching_tiny, [(ask("Name a color."), GREEDY, {}), (ask(text), spec, {})], join_after=1)
     assert done[1].token_ids == alone.token_ids and done[0].token_ids == plain_alone.token_ids
     assert done[1].timeline.counters["batching"] == "unbatched (speculative)"
+    assert done[1].timeline.batch_size == [1] * done[1].output_tokens
+
+
+@pytest.mark.skipif(not capabilities.detect().cpp_compiler, reason="no C++ compiler: the compiled step is refused "
+                    "(tests/test_compiled_step.py checks that)")
+def test_compiled_step_requests_run_unbatched_beside_the_batch(batching_tiny):
+    compiled = GREEDY.replace(max_new_tokens=12, compiled_decode=True)
+    alone = batching_tiny.complete(ask("Name a fruit."), compiled)
+    done = _staggered(batching_tiny, [(ask("Name a color."), GREEDY, {}), (ask("Name a fruit."), compiled, {})],
+                      join_after=1)
+    assert done[1].token_ids == alone.token_ids
+    assert done[1].timeline.counters["batching"] == "unbatched (compiled step)"
+    assert done[1].timeline.counters["decode_step"] == "compiled"
     assert done[1].timeline.batch_size == [1] * done[1].output_tokens
 
 

@@ -82,9 +82,26 @@ def test_models_the_graph_cannot_trace_are_refused_with_the_reason(tiny_model_di
     with pytest.raises(InvalidRequest, match="generic transformers"):
         compiled_step.for_model(generic.model)
     bf16 = load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False))
-    # bf16 CPU models take one-row matmuls with oneDNN off (fast_llama._gemm_backend), which a graph
-    # cannot switch: refused with what to pick instead, whatever the CPU
-    assert "bf16 on CPU" in compiled_step.unavailable_reason(bf16.model)
+    # a bf16 model's plain linears take one-row matmuls with oneDNN off (fast_llama._gemm_backend),
+    # which a graph cannot switch: refused with what to pick instead, whatever the CPU
+    assert "int4wo+head" in compiled_step.unavailable_reason(bf16.model)
+
+
+@needs_compiler
+def test_a_bf16_model_whose_every_linear_is_weight_only_compiles(tiny_model_dir):
+    """What an AVX-512 BF16 machine loads by default (bf16): its int8wo+head variant has no plain
+    linear left, so its step compiles, and picks the eager step's tokens."""
+    from engine.loader import load
+    from engine.quantize import build_variant
+
+    bf16 = load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False))
+    variant = build_variant(bf16, "int8wo+head")
+    assert compiled_step.unavailable_reason(variant.model) is None
+    compiled_step.for_model(variant.model).prepare(variant.tokenizer)
+    assert compiled_step.info_for(variant.model)["top1_agreement"] >= 0.9
+    eager = run(variant, ask("hi"), temperature=0.0, max_new_tokens=8)
+    compiled = run(variant, ask("hi"), temperature=0.0, max_new_tokens=8, compiled_decode=True)
+    assert compiled.timeline.counters["decode_step"] == "compiled" and compiled.output_tokens == eager.output_tokens
 
 
 @needs_compiler
