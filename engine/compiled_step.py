@@ -50,7 +50,7 @@ from .quality import quality_inputs
 from .weight_only import _WeightOnlyLinear
 
 _LIB = torch.library.Library("latency_lab", "DEF")
-_LIB.define("decode_attend(Tensor q, Tensor k, Tensor v, int step, int layer, Tensor pos, float scale) -> Tensor")
+_LIB.define("decode_attend(Tensor q, Tensor k, Tensor v, Tensor step, int layer, Tensor pos, float scale) -> Tensor")
 _CACHES: dict[int, object] = {}  # CompiledDecode.slot -> the KVCache its graph is stepping now
 _SLOTS = itertools.count()
 # Dynamo checks a graph's guards before every call: 1.7 ms of a 29 ms step (Zen 3). Each model's
@@ -64,12 +64,14 @@ def _unguarded():
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
-def _decode_attend(q, k, v, step: int, layer: int, pos_t, scale: float):
+def _decode_attend(q, k, v, step_t, layer: int, pos_t, scale: float):
     """Store one token's k, v at position `pos_t` of layer `layer` of the cache that compiled step
     `step` is running on; attend q over positions [0, pos]. The cache is not an input of the graph:
     its capacity, and whether it was allocated in inference mode, would each be a guard, and a
-    failed guard recompiles. `pos_t` is a one-element tensor, not an int, for the same reason."""
-    cache, pos = _CACHES[step], int(pos_t[0])
+    failed guard recompiles. `pos_t` and `step_t` are one-element tensors, not ints: an int would
+    be a constant of the graph (a position: a recompile per step; a step number: a graph that
+    differs per model, which Inductor's disk cache could not serve to the next model)."""
+    cache, pos = _CACHES[int(step_t[0])], int(pos_t[0])
     keys, values = cache.k[layer], cache.v[layer]
     keys[:, :, pos] = k[:, :, 0]
     values[:, :, pos] = v[:, :, 0]
@@ -79,7 +81,7 @@ def _decode_attend(q, k, v, step: int, layer: int, pos_t, scale: float):
 
 for _key in ("CPU", "CUDA"):
     _LIB.impl("decode_attend", _decode_attend, _key)
-_LIB.impl("decode_attend", lambda q, k, v, step, layer, pos, scale: torch.empty_like(q), "Meta")
+_LIB.impl("decode_attend", lambda q, k, v, step_t, layer, pos, scale: torch.empty_like(q), "Meta")
 
 
 def unavailable_reason(model) -> str | None:
@@ -113,10 +115,7 @@ class CompiledDecode:
 
     def __init__(self, model: FastLlama):
         self.model = model
-        # a constant of its graph: which cache the attention op writes (_CACHES). A small count, not
-        # id(self): the graph is then the same from one process to the next, and Inductor's on-disk
-        # cache serves it (a compile of the bundled model: ~43 s cold)
-        self.slot = next(_SLOTS)
+        self.slot = next(_SLOTS)  # which cache the attention op writes (_CACHES); an input of the graph
         self.info: dict | None = None  # what prepare() measured
         self._graph = None
         self._failed: str | None = None  # why compiling failed (then it is not tried again)
@@ -132,12 +131,12 @@ class CompiledDecode:
             return module.compute(x)
         return F.linear(x, module.weight, module.bias)
 
-    def _step(self, ids, pos_t, pos_host):
+    def _step(self, ids, pos_t, pos_host, slot_t):
         m = self.model
         cos, sin = m.cos.index_select(0, pos_t), m.sin.index_select(0, pos_t)
 
         def attend(i, blk, q, k, v):  # the position on the host: reading it does not wait for a GPU
-            return torch.ops.latency_lab.decode_attend(q, k, v, self.slot, i, pos_host, blk.scaling)
+            return torch.ops.latency_lab.decode_attend(q, k, v, slot_t, i, pos_host, blk.scaling)
 
         x = m.run_blocks(m.embed(ids[None]), cos, sin, self._linear, attend)
         return self._linear(m.lm_head, m.norm(x))[0].float()
@@ -151,7 +150,7 @@ class CompiledDecode:
         cache.ensure_capacity(start + 1)
         _CACHES[self.slot] = cache
         inputs = (ids.reshape(1).to(torch.long, copy=True), torch.tensor([start], device=ids.device),
-                  torch.tensor([start]))
+                  torch.tensor([start]), torch.tensor([self.slot]))
         try:
             if graph is self._graph:  # compiled and checked: its guards can be skipped (see _unguarded)
                 with _unguarded():
