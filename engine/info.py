@@ -84,7 +84,7 @@ class EngineInfo:
         if self.weight_bytes:
             parts.append(f"{self.weight_bytes / 1e6:,.0f} MB weights")
         if self.batching and self.batching.get("max_batch", 1) > 1:  # --max-batch N (docs/batching.md)
-            parts.append(f"continuous batching, max batch {self.batching['max_batch']} (speculative requests unbatched)")
+            parts.append(f"continuous batching, max batch {self.batching['max_batch']} (speculative and compiled-step requests unbatched)")
         return " · ".join(parts)
 
     def to_dict(self) -> dict:
