@@ -27,7 +27,8 @@ Design:
 
 Not compiled (a request asking gets an InvalidRequest saying why): the generic transformers
 forward, bitsandbytes layers, plain bf16 linears on CPU (their one-row matmuls need oneDNN
-switched off, which a graph cannot do; a bf16 `int8wo+head` or `int4wo+head` has none), and machines without a C++ compiler (CPU) or Triton (CUDA).
+switched off, which a graph cannot do; a bf16 `int8wo+head` or `int4wo+head` has none), and
+machines without a C++ compiler (CPU) or Triton (CUDA).
 """
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ def unavailable_reason(model) -> str | None:
     elif not caps.triton:
         return "torch.compile needs Triton on CUDA; it does not import here"
     return None
+
+
+def refusal(reason: str) -> InvalidRequest:
+    """The error a request with the toggle gets where `unavailable_reason` says no."""
+    return InvalidRequest(f"compiled decode: {reason}. Turn Compiled step off.", "compiled_decode")
 
 
 def _is_projection(m) -> bool:
@@ -185,7 +191,7 @@ class CompiledDecode:
                 return 0.0
             reason = unavailable_reason(self.model)
             if reason:
-                raise InvalidRequest(f"compiled decode: {reason}. Turn Compiled step off.", "compiled_decode")
+                raise refusal(reason)
             if self._failed:  # it failed once: not again for every request
                 raise InvalidRequest(self._failed, "compiled_decode")
             t0 = time.perf_counter()
@@ -239,7 +245,7 @@ def for_model(model) -> CompiledDecode:
     if compiled is None:
         reason = unavailable_reason(model)
         if reason:
-            raise InvalidRequest(f"compiled decode: {reason}. Turn Compiled step off.", "compiled_decode")
+            raise refusal(reason)
         compiled = model.compiled_decode = CompiledDecode(model)
     return compiled
 

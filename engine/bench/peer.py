@@ -134,14 +134,14 @@ def run(args, out):
     variant_set = VariantSet(lm, quality_texts=0)
     configs = {}  # label -> (the loaded model, compiled step or not): each variant built once
     for v in [None, *(v.strip() for v in args.compare_variants.split(",") if v.strip())]:
-        loaded = variant_set.get(v).loaded if v else lm
-        configs[v or lm.dtype_name] = (loaded, False)
+        loaded, label = (variant_set.get(v).loaded, v) if v else (lm, lm.dtype_name)
+        configs[label] = (loaded, False)
         if args.compiled:
             step = compiled_step.for_model(loaded.model)
             step.prepare(tok)
-            out(f"  {v or lm.dtype_name} compiled in {step.info['compile_s']} s (top-1 agreement with its eager "
+            out(f"  {label} compiled in {step.info['compile_s']} s (top-1 agreement with its eager "
                 f"step {step.info['top1_agreement']:.0%})")
-            configs[f"{v or lm.dtype_name} compiled"] = (loaded, True)
+            configs[f"{label} compiled"] = (loaded, True)
     runs = {"llama.cpp": [], **{name: [] for name in configs}}
     for r in range(args.rounds):
         for name, (loaded, compiled) in configs.items():

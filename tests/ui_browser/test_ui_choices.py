@@ -10,7 +10,7 @@ from engine import capabilities
 from ui.page import preset_missing
 from ui.presets import load_prompt_sets, teaching_presets
 
-from .test_ui_page import last_run, open_page, set_number
+from .test_ui_page import last_run, open_ab, open_page, run_ab, set_number
 
 
 def offered(page, elem_id):
@@ -106,15 +106,9 @@ def test_the_compiled_step_checkbox_runs_pane_b_through_the_graph(page_server, b
     """Tick Compiled step in pane B only: both panes answer, B's steps went through the graph
     (its record says so, its config label too), and in fp32 the two greedy replies are the same."""
     page = browser_page
-    open_page(page, page_server)
-    page.click("button[role=tab]:has-text('A/B')")
-    for side in ("A", "B"):
-        page.click(f"text={side} settings")
-        set_number(page, f"lab-{side}-max", 12)
+    open_ab(page, page_server, 12)
     page.check("#lab-B-compiled-decode input[type=checkbox]")
-    page.fill("#lab-ab-msg textarea", "Name a color.")
-    page.click("#lab-ab-run")
-    page.wait_for_selector("#lab-delta table", timeout=600_000)  # the first compiled request compiles
+    run_ab(page, "Name a color.", timeout=600_000)  # the first compiled request compiles
     steps = page.evaluate("() => ['A', 'B'].map(s => { const r = window.lab.panes[s].runs.at(-1); "
                           "return [r.error, r.record && r.record.timeline.decode_step || null, r.row.config]; })")
     assert steps[0][:2] == [None, None] and steps[1][:2] == [None, "compiled"], steps

@@ -114,16 +114,26 @@ def test_the_gradio_transport_streams_the_same_reply(page_server, browser_page):
     assert run["client"]["transport"] == "gradio" and run["row"]["client_ttft_ms"] >= run["row"]["ttft_ms"]
 
 
-def test_an_ab_pair_streams_both_panes_and_fills_the_delta_table(page_server, browser_page, artifacts):
-    page = browser_page
-    open_page(page, page_server)
+def open_ab(page, url, max_tokens):
+    """The page's A/B tab, both panes' settings open and set to at most `max_tokens`."""
+    open_page(page, url)
     page.click("button[role=tab]:has-text('A/B')")
     for side in ("A", "B"):
         page.click(f"text={side} settings")
-        set_number(page, f"lab-{side}-max", 8)
-    page.fill("#lab-ab-msg textarea", "Name a color.")
+        set_number(page, f"lab-{side}-max", max_tokens)
+
+
+def run_ab(page, message, timeout=90_000):
+    """Send `message` through pane A, then B, and wait for the delta table."""
+    page.fill("#lab-ab-msg textarea", message)
     page.click("#lab-ab-run")
-    page.wait_for_selector("#lab-delta table", timeout=90_000)
+    page.wait_for_selector("#lab-delta table", timeout=timeout)
+
+
+def test_an_ab_pair_streams_both_panes_and_fills_the_delta_table(page_server, browser_page, artifacts):
+    page = browser_page
+    open_ab(page, page_server, 8)
+    run_ab(page, "Name a color.")
     for side in ("A", "B"):
         run = last_run(page, side)
         assert run["error"] is None and run["row"]["client_ttft_ms"] >= run["row"]["ttft_ms"]
