@@ -27,6 +27,7 @@ class VariantInfo:
     top1_agreement: float | None = None  # against the default variant (engine/quality.py)
     mean_kl: float | None = None
     build_s: float | None = None
+    decode_kernels: str | None = None  # weight-only variants: which kernels their decode steps run (weight_only.decode_kernels)
     compiled_step: dict | None = None  # its compiled decode step, once built: agreement and times (engine/compiled_step.py)
 
 

@@ -31,6 +31,7 @@ from .info import VariantInfo
 from .model import LoadedModel, weight_bytes
 from .quality import compare, next_token_logits, quality_inputs
 from .quantize import METHODS, build_variant, precheck
+from .weight_only import decode_kernels
 
 log = logging.getLogger(__name__)
 RECENT = 20  # served requests per variant whose speeds the report's medians cover
@@ -182,6 +183,7 @@ class VariantSet:
                 available=reason is None, reason=reason, resident=v is not None, weight_bytes=r.get("weight_bytes"),
                 decode_tps=r.get("decode_tps"), prefill_tps=r.get("prefill_tps"),
                 top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s"),
+                decode_kernels=decode_kernels(v.loaded.model) if v else None,
                 compiled_step=compiled_step.info_for(v.loaded.model) if v else None))
         return tuple(out)
 

@@ -19,7 +19,7 @@ import time
 import torch
 from torch import nn
 
-from . import capabilities
+from . import capabilities, cpu_gemv
 from .errors import LoadError
 from .model import DTYPE_NAMES, first_line
 
@@ -83,7 +83,7 @@ def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...]) -
     layers, errors = {}, {}
     for dt in candidates:
         try:
-            layer = cls.from_linear(linear, compute_dtype=dt, keep_unpacked=True)
+            layer = cls.from_linear(linear, compute_dtype=dt, keep_unpacked=True, gemv=False)  # torch's kernel
             want = x @ layer.dequantized().T
             got = layer(x).float()
             err = float((got - want).abs().max() / want.abs().max())
@@ -123,21 +123,37 @@ def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...]) -
 
 
 
+def decode_kernels(model: nn.Module) -> str | None:
+    """What `model`'s weight-only layers decode with, for engine info (None: it has none)."""
+    layers = [m for m in model.modules() if isinstance(m, _WeightOnlyLinear)]
+    if not layers:
+        return None
+    if all(m.gemv for m in layers):
+        return f"latency_lab AVX2 kernels (engine/cpu_gemv.py) for 1-{cpu_gemv.MAX_ROWS} rows, torch's beyond"
+    on_cpu = next(layers[0].buffers()).device.type == "cpu"
+    why = (cpu_gemv.unavailable_reason() if on_cpu else "they run on CPU only") or "a layer's shape"
+    return f"torch's weight-only kernels; ours not used: {why}"
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in DTYPE_NAMES.items()}[dtype]
 
 
 class _WeightOnlyLinear(nn.Module):
-    """A Linear whose weights stay quantized and go straight into one of torch's weight-only kernels.
+    """A Linear whose weights stay quantized and go straight into a weight-only kernel.
 
-    The kernel runs in `compute_dtype` (see `weight_only_compute_dtype`): x is cast in, y cast back
-    to x's dtype, so the rest of the model keeps its own dtype.
+    On CPU, 1 to `cpu_gemv.MAX_ROWS` rows (decode steps, short verifies) go to our AVX2 kernels
+    where they run (`gemv` is True; engine/cpu_gemv.py), in fp32; every other product to torch's
+    kernel in `compute_dtype` (see `weight_only_compute_dtype`): x is cast in, y cast back to x's
+    dtype, so the rest of the model keeps its own dtype. Our kernels' copies of the weights are
+    non-persistent buffers: derived, so `weight_bytes` counts the weights once.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
         super().__init__()
         self.in_features, self.out_features, self.compute_dtype = in_features, out_features, compute_dtype
         self.register_buffer("bias", bias)
+        self.gemv = False  # set by a subclass that holds our kernel's layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with onednn_on():
@@ -146,16 +162,21 @@ class _WeightOnlyLinear(nn.Module):
     def compute(self, x: torch.Tensor) -> torch.Tensor:
         """forward, for a caller that already runs with oneDNN on (a compiled graph cannot switch it)."""
         x2 = x.reshape(-1, self.in_features)
-        if x2.dtype != self.compute_dtype:
-            x2 = x2.to(self.compute_dtype)
-        y = self._matmul(x2).to(x.dtype)
+        if self.gemv and x2.shape[0] <= cpu_gemv.MAX_ROWS and x2.device.type == "cpu":
+            y = self._gemv(x2.float().contiguous()).to(x.dtype)
+        else:
+            y = self._matmul(x2 if x2.dtype == self.compute_dtype else x2.to(self.compute_dtype)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"compute_dtype={dtype_name(self.compute_dtype)}")
+                f"compute_dtype={dtype_name(self.compute_dtype)}, gemv={self.gemv}")
+
+    @staticmethod
+    def _use_gemv(requested: bool, device) -> bool:
+        return requested and torch.device(device).type == "cpu" and cpu_gemv.available()
 
 
 class Int8WeightOnlyLinear(_WeightOnlyLinear):
@@ -164,23 +185,28 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
     moves a quarter of fp32's bytes, half of bf16's."""
 
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                 compute_dtype: torch.dtype):
+                 compute_dtype: torch.dtype, gemv: bool = True):
         super().__init__(weight_int8.shape[1], weight_int8.shape[0], bias, compute_dtype)
         self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scale", scale.to(compute_dtype))  # the kernel wants scales in x's dtype
+        self.gemv = self._use_gemv(gemv, weight_int8.device)
+        if self.gemv:  # ours reads the same int8 tensor, with fp32 scales
+            self.register_buffer("gemv_scale", scale.float().contiguous(), persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, name: str = "int8wo", device=None, dtype=None,
-                    compute_dtype: torch.dtype | None = None, keep_unpacked: bool = True) -> Int8WeightOnlyLinear:
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+                    compute_dtype: torch.dtype | None = None, keep_unpacked: bool = True,
+                    gemv: bool = True) -> Int8WeightOnlyLinear:
+        q, scale = cpu_gemv.quantize_int8(linear.weight.detach())
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        compute = compute_dtype or weight_only_compute_dtype("int8wo", w.device, linear.weight.dtype)
-        return cls(q, scale, bias, compute)
+        compute = compute_dtype or weight_only_compute_dtype("int8wo", q.device, linear.weight.dtype)
+        return cls(q, scale, bias, compute, gemv)
 
     def _matmul(self, x):
         return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
+
+    def _gemv(self, x):
+        return cpu_gemv.int8_gemv(x, self.weight_int8, self.gemv_scale)
 
     def dequantized(self) -> torch.Tensor:
         return self.weight_int8.float() * self.scale.float()[:, None]
@@ -213,10 +239,18 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         self.register_buffer("scales_and_zeros", scales_and_zeros.to(compute_dtype))
         self._q = None  # the unpacked values, kept only by tests that ask for `dequantized`
 
+    def _add_gemv_layout(self, q: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
+        """Our kernel's copy of the weights (fp16 scales, from the fp32 ones), where it can run."""
+        layout = cpu_gemv.pack_int4(q, scales_and_zeros[..., 0].T, scales_and_zeros[..., 1].T) \
+            if self.group_size == cpu_gemv.GROUP else None
+        self.gemv = layout is not None
+        for name, t in zip(("gemv_weight", "gemv_scale", "gemv_offset"), layout or ()):
+            self.register_buffer(name, t, persistent=False)
+
     @classmethod
     def from_linear(cls, linear: nn.Linear, name: str = "int4wo", device=None, dtype=None,
                     compute_dtype: torch.dtype | None = None, group_size: int = INT4_GROUP_SIZE,
-                    keep_unpacked: bool = False) -> Int4WeightOnlyLinear:
+                    keep_unpacked: bool = False, gemv: bool = True) -> Int4WeightOnlyLinear:
         w = linear.weight.detach()
         q, sz = int4_quantize(w, group_size)
         if w.device.type == "cuda":  # the CUDA packer takes two 4-bit values per byte
@@ -228,12 +262,17 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         compute = compute_dtype or weight_only_compute_dtype("int4wo", w.device, w.dtype)
         layer = cls(packed, sz, w.shape[1], group_size, bias, compute)
         layer._q = q if keep_unpacked else None
+        if cls._use_gemv(gemv, w.device):
+            layer._add_gemv_layout(q, sz)
         return layer
 
     def _matmul(self, x):
         if x.device.type == "cuda":
             return torch._weight_int4pack_mm(x, self.weight_int4, self.group_size, self.scales_and_zeros)
         return torch._weight_int4pack_mm_for_cpu(x, self.weight_int4, self.group_size, self.scales_and_zeros)
+
+    def _gemv(self, x):
+        return cpu_gemv.int4_gemv(x, self.gemv_weight, self.gemv_scale, self.gemv_offset)
 
     def dequantized(self) -> torch.Tensor:
         if self._q is None:

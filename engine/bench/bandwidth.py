@@ -28,6 +28,29 @@ def add_args(p):
     p.add_argument("--steps", type=int, default=4, help="decode steps per variant per round")
     p.add_argument("--compiled", action="store_true",
                    help="also measure each variant's compiled decode step (the compiled_decode toggle)")
+    p.add_argument("--torch-kernels", action="store_true",
+                   help="also measure each weight-only variant's eager step with torch's kernels instead of "
+                        "ours (engine/cpu_gemv.py), side by side")
+
+
+class TorchKernels:
+    """A model-like: `model`'s steps with every weight-only layer on torch's kernel, not ours."""
+
+    def __init__(self, model):
+        self.model = model
+        self.layers = [m for m in model.modules() if getattr(m, "gemv", False)]
+
+    def new_cache(self, capacity: int):
+        return self.model.new_cache(capacity)
+
+    def forward(self, ids, cache, all_logits: bool = False):
+        for m in self.layers:
+            m.gemv = False
+        try:
+            return self.model.forward(ids, cache, all_logits)
+        finally:
+            for m in self.layers:
+                m.gemv = True
 
 
 def copy_bandwidth(mb: int, runs: int = 7) -> float:
@@ -60,7 +83,7 @@ def bytes_read_per_step(model, context: int) -> int:
 
 
 def run(args, out):
-    from .. import capabilities, compiled_step
+    from .. import capabilities, compiled_step, cpu_gemv
     from ..errors import LatencyLabError
     from ..variants import VariantSet
     from . import load_model
@@ -84,9 +107,13 @@ def run(args, out):
             continue
         compiled[f"{name} compiled"] = step.info
         models[f"{name} compiled"] = step  # a model-like: one-token steps through the graph
+    for name in list(models) if args.torch_kernels else ():
+        if not isinstance(models[name], compiled_step.CompiledDecode) and TorchKernels(models[name]).layers:
+            models[f"{name} torch"] = TorchKernels(models[name])
     machine = copy_bandwidth(args.copy_mb)
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
+    out(f"weight-only kernels, 1-{cpu_gemv.MAX_ROWS} rows: {cpu_gemv.kernel_name('int4wo')}")
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
     one_row = getattr(lm.model, "one_row_path", None)  # measured at load: which fp32 one-row kernel the steps use
     if one_row:
@@ -95,7 +122,8 @@ def run(args, out):
     rows = {}
     for name, m in models.items():
         step = median(times[name])
-        read = bytes_read_per_step(m.model if isinstance(m, compiled_step.CompiledDecode) else m, args.context)
+        read = bytes_read_per_step(m.model if isinstance(m, (compiled_step.CompiledDecode, TorchKernels)) else m,
+                                   args.context)
         gbps = read / step / 1e9
         rows[name] = {"step_ms": round(step * 1e3, 2), "tok_s": round(1 / step, 1), "mb_per_step": round(read / 1e6, 1),
                       "gbps": round(gbps, 2), "fraction_of_copy": round(gbps / machine, 3)}
@@ -109,4 +137,5 @@ def run(args, out):
     default = rows[lm.dtype_name]
     return {"copy_gbps": round(machine, 2), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
             "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_copy"],
-            "capabilities": capabilities.detect().summary(), "one_row_path": one_row}
+            "capabilities": capabilities.detect().summary(), "one_row_path": one_row,
+            "gemv_kernels": cpu_gemv.unavailable_reason() or "ours"}

@@ -1,0 +1,153 @@
+"""Our AVX2 weight-only kernels for one to eight rows (engine/cpu_gemv.cpp): the decode step's products.
+
+Why our own: torch's weight-only kernels read the weights at ~2.3-4.8 GB/s on a one-row product on
+the AVX2-only Zen 3 (they are written for batches, and convert activations to bf16 in software),
+and a decode step is nothing but such products. Measured side by side there (2 threads, the 121
+projections of SmolLM2 with random weights, `python -m engine.bench gemv`): int8 14.0 vs 29.4 ms,
+4-bit 10.9 vs 17.4 ms. torchao wraps the same torch kernels on CPU, so no package offers better.
+
+What they compute: int8, the fp32 product with the dequantized weights (fp32 activations; only the
+summation order differs). 4-bit, activations quantized to int16 per group of 32 (~15 bits, so the
+weights need no float conversion, only unpacking; int8 activations, as llama.cpp uses, were as fast
+but cost SmolLM2 ~4 points of top-1 agreement against fp32); relative error ~5e-4 of the largest
+output on random data, the fp16 scales' rounding, against ~3e-3 for torch's bf16 activations.
+
+Where they run: x86-64 CPUs where torch itself dispatches AVX2 (its cpuid check, not /proc/cpuinfo,
+which an emulator may fill with the host's flags), with a C++ compiler and ninja. They are built at
+first use into torch's extension folder (~20 s once; later processes load the cached library),
+then checked against a reference. Anything missing or wrong: `unavailable_reason()` says what, and
+the weight-only layers keep torch's kernels (engine/weight_only.py), which also serve more than
+`MAX_ROWS` rows (prefill).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from . import capabilities
+from .model import first_line
+
+MAX_ROWS = 8  # the kernels' row limit (templated accumulators); more rows take torch's kernels
+GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)
+_SOURCE = Path(__file__).with_name("cpu_gemv.cpp")
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
+log = logging.getLogger(__name__)
+
+
+def unavailable_reason() -> str | None:
+    """Why our kernels do not run here (None: they do). Builds them on the first call."""
+    if os.environ.get("LATENCY_LAB_GEMV", "").lower() in ("0", "off", "torch"):
+        return "turned off (LATENCY_LAB_GEMV=off): torch's kernels"
+    return _build()
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+def kernel_name(method: str) -> str:
+    """What a weight-only layer of `method` ('int8wo' / 'int4wo') decodes with on CPU here."""
+    reason = unavailable_reason()
+    torch_kernel = {"int8wo": "torch._weight_int8pack_mm", "int4wo": "torch._weight_int4pack_mm_for_cpu"}[method]
+    if reason is None:
+        return f"latency_lab AVX2 kernel for 1-{MAX_ROWS} rows, {torch_kernel} beyond"
+    return f"{torch_kernel} ({reason})"
+
+
+@functools.lru_cache(maxsize=1)
+def _build() -> str | None:
+    caps = capabilities.detect()
+    if platform.machine() not in ("x86_64", "AMD64") or caps.torch_cpu_capability not in ("AVX2", "AVX512"):
+        return f"needs an x86-64 CPU with AVX2 (torch dispatches {caps.torch_cpu_capability} here)"
+    if "f16c" not in caps.isa:
+        return "needs F16C (half-precision conversions), which this CPU lacks"
+    if not caps.cpp_compiler:
+        return "no C++ compiler found (install g++) to build it"
+    if importlib.util.find_spec("ninja") is None:
+        return "the ninja package is missing (pip install ninja) to build it"
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(name="latency_lab_gemv", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
+                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        _register_fakes()
+        _self_check()
+    except Exception as exc:  # a failed build or a wrong result: torch's kernels serve instead
+        reason = f"could not be built or gave wrong results: {type(exc).__name__}: {first_line(exc)}"
+        log.warning("cpu_gemv: %s", reason)
+        return reason
+    return None
+
+
+def _register_fakes() -> None:
+    """Shapes for torch.compile: the compiled decode step traces these ops as opaque calls."""
+    @torch.library.register_fake("latency_lab_gemv::int8_gemv")
+    def _(x, w, scale):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("latency_lab_gemv::int4_gemv")
+    def _(x, w, scale, offset, group_size):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+
+def _self_check() -> None:
+    """Both kernels against the dequantized fp32 product, at every row count: a miscompiled or
+    misdispatched kernel must not serve (tolerances: int8 exact up to summation order; 4-bit within
+    its int16 activation rounding)."""
+    gen = torch.Generator().manual_seed(0)
+    n, k = 72, 96  # not multiples of the row split, two int4 group pairs and a tail group
+    w = torch.randn(n, k, generator=gen)
+    for m in range(1, MAX_ROWS + 1):
+        x = torch.randn(m, k, generator=gen)
+        q8, s8 = quantize_int8(w)
+        want = x @ (q8.float() * s8[:, None]).T
+        _close(int8_gemv(x, q8, s8), want, 1e-5, "int8")
+        q4 = torch.randint(0, 16, (n, k), generator=gen)
+        scale, zero = torch.rand(n, k // GROUP, generator=gen) * 0.1, torch.randn(n, k // GROUP, generator=gen) * 0.1
+        packed, s16, o16 = pack_int4(q4, scale, zero)
+        scale, zero = s16.float(), o16.float() + 8 * s16.float()  # what the kernel holds
+        want = x @ ((q4.float() - 8) * scale.repeat_interleave(GROUP, 1) + zero.repeat_interleave(GROUP, 1)).T
+        _close(int4_gemv(x, packed, s16, o16), want, 1e-3, "4-bit")
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
+    err = float((got - want).abs().max() / want.abs().max())
+    if not err < tol:
+        raise RuntimeError(f"{what} kernel: relative error {err:.2g} at {got.shape[0]} rows (limit {tol})")
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel: the layout both our kernel and torch's read."""
+    w = w.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    """Our 4-bit layout from q in 0..15 [N, K] with w = (q - 8) * scale + zero per group of 32
+    (scale, zero: [N, K / 32]): 16 bytes a group (byte j: q[j] low, q[j + 16] high), scale and
+    offset (zero - 8 * scale) in fp16. Returns None where fp16 cannot hold them."""
+    n, k = q.shape
+    g = q.reshape(n, k // GROUP, GROUP).to(torch.uint8)
+    packed = (g[..., : GROUP // 2] | (g[..., GROUP // 2 :] << 4)).reshape(n, k // 2).contiguous()
+    s16, o16 = scale.half().contiguous(), (zero - 8 * scale).half().contiguous()
+    if not (torch.isfinite(s16).all() and torch.isfinite(o16).all()):
+        return None
+    return packed, s16, o16
+
+
+def int8_gemv(x: torch.Tensor, weight_int8: torch.Tensor, scale_fp32: torch.Tensor) -> torch.Tensor:
+    """x [M <= 8, K] fp32 @ (weight_int8 [N, K] * scale [N]).T -> [M, N] fp32."""
+    return torch.ops.latency_lab_gemv.int8_gemv(x, weight_int8, scale_fp32)
+
+
+def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """x [M <= 8, K] fp32 @ the 4-bit weights of `pack_int4`.T -> [M, N] fp32."""
+    return torch.ops.latency_lab_gemv.int4_gemv(x, packed, scale, offset, GROUP)

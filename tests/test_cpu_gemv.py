@@ -1,0 +1,103 @@
+"""Our AVX2 weight-only kernels (engine/cpu_gemv.py): right at every row count where they run,
+used by the weight-only layers for 1 to MAX_ROWS rows, and a named fallback to torch's kernels
+where they cannot run."""
+
+import pytest
+import torch
+from torch import nn
+
+from engine import capabilities, cpu_gemv
+from engine.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear, decode_kernels
+
+CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
+             and bool(capabilities.detect().cpp_compiler))
+
+
+def test_the_kernels_run_wherever_this_machine_can_build_them():
+    """No silent fallback: with AVX2 and a compiler (CI has both) they must build and pass their check."""
+    reason = cpu_gemv.unavailable_reason()
+    if CAN_BUILD:
+        assert reason is None
+    else:
+        assert reason and ("AVX2" in reason or "compiler" in reason)
+
+
+needs_kernels = pytest.mark.skipif(not CAN_BUILD, reason="needs AVX2 and a C++ compiler (asserted above)")
+
+
+@needs_kernels
+@pytest.mark.parametrize("k", [96, 1536])
+def test_both_kernels_equal_the_dequantized_product_at_every_row_count(k):
+    gen = torch.Generator().manual_seed(k)
+    n = 101  # not a multiple of the threads' row split
+    w = torch.randn(n, k, generator=gen) * 0.05
+    q8, s8 = cpu_gemv.quantize_int8(w)
+    q4 = torch.randint(0, 16, (n, k), generator=gen)
+    scale, zero = torch.rand(n, k // 32, generator=gen) * 0.01, torch.randn(n, k // 32, generator=gen) * 0.01
+    packed, s16, o16 = cpu_gemv.pack_int4(q4, scale, zero)
+    w4 = q4.float() * s16.float().repeat_interleave(32, 1) + o16.float().repeat_interleave(32, 1)
+    for m in range(1, cpu_gemv.MAX_ROWS + 1):
+        x = torch.randn(m, k, generator=gen)
+        want8, want4 = x @ (q8.float() * s8[:, None]).T, x @ w4.T
+        got8, got4 = cpu_gemv.int8_gemv(x, q8, s8), cpu_gemv.int4_gemv(x, packed, s16, o16)
+        assert got8.shape == got4.shape == (m, n)
+        assert (got8 - want8).abs().max() <= 1e-5 * want8.abs().max()
+        assert (got4 - want4).abs().max() <= 1e-3 * want4.abs().max()  # int16 activations
+        if m > 1:  # a row's result does not depend on how many rows share the call
+            assert torch.equal(cpu_gemv.int4_gemv(x[:1].contiguous(), packed, s16, o16)[0], got4[0])
+
+
+@needs_kernels
+def test_a_kernel_refuses_a_shape_it_cannot_take():
+    x = torch.randn(cpu_gemv.MAX_ROWS + 1, 64)
+    with pytest.raises(RuntimeError, match="rows"):
+        cpu_gemv.int8_gemv(x, torch.zeros(8, 64, dtype=torch.int8), torch.ones(8))
+
+
+@needs_kernels
+@pytest.mark.parametrize("cls", [Int8WeightOnlyLinear, Int4WeightOnlyLinear])
+def test_layers_take_our_kernel_for_few_rows_and_torchs_beyond(cls):
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 96, bias=True)
+    ours, theirs = cls.from_linear(linear), cls.from_linear(linear, gemv=False)
+    assert ours.gemv and not theirs.gemv
+    few, many = torch.randn(1, 3, 256), torch.randn(1, cpu_gemv.MAX_ROWS + 4, 256)
+    with torch.inference_mode():
+        assert torch.equal(ours(many), theirs(many))  # more rows: torch's kernel for both
+        got, want = ours(few), theirs(few)
+        exact = linear(few)
+    assert not torch.equal(got, want)  # a different kernel ran ...
+    # ... and ours is no further from the fp32 product than torch's (bf16 activations here)
+    assert (got - exact).abs().max() <= (want - exact).abs().max() * 1.5 + 1e-4
+
+
+def test_turned_off_the_layers_use_torchs_kernels_and_say_why(monkeypatch):
+    monkeypatch.setenv("LATENCY_LAB_GEMV", "off")
+    layer = Int8WeightOnlyLinear.from_linear(nn.Linear(64, 32))
+    assert not layer.gemv
+    assert "LATENCY_LAB_GEMV=off" in decode_kernels(nn.Sequential(layer))
+    assert "torch._weight_int8pack_mm (" in cpu_gemv.kernel_name("int8wo")
+
+
+def test_without_a_compiler_the_reason_says_what_to_install():
+    cpu_gemv._build.cache_clear()
+    try:
+        with capabilities.forced(cpp_compiler=None, torch_cpu_capability="AVX2"):
+            assert "C++ compiler" in cpu_gemv.unavailable_reason()
+        cpu_gemv._build.cache_clear()
+        with capabilities.forced(torch_cpu_capability="DEFAULT"):
+            assert "AVX2" in cpu_gemv.unavailable_reason()
+    finally:
+        cpu_gemv._build.cache_clear()  # the next caller loads the built library again
+
+
+@needs_kernels
+def test_a_weight_only_variant_decodes_with_our_kernels_and_says_so(bundled):
+    from engine.variants import VariantSet
+
+    variants = VariantSet(bundled, quality_texts=1)
+    variant = variants.get("int8wo+head")
+    info = next(v for v in variants.infos() if v.name == "int8wo+head")
+    assert info.decode_kernels.startswith("latency_lab AVX2")
+    assert info.top1_agreement is not None and info.top1_agreement >= 0.9  # measured on the decode kernels
+    assert all(m.gemv for m in variant.loaded.model.modules() if isinstance(m, Int8WeightOnlyLinear))
