@@ -1,4 +1,4 @@
-"""Our AVX2 weight-only kernels for one to eight rows (engine/cpu_gemv.cpp): the decode step's products.
+"""Our AVX2 weight-only kernels (engine/cpu_gemv.cpp): the decode step's products, and prefill's.
 
 Why our own: torch's weight-only kernels read the weights at ~2.3-4.8 GB/s on a one-row product on
 the AVX2-only Zen 3 (they are written for batches, and convert activations to bf16 in software),
@@ -16,8 +16,7 @@ Where they run: x86-64 CPUs where torch itself dispatches AVX2 (its cpuid check,
 which an emulator may fill with the host's flags), with a C++ compiler and ninja. They are built at
 first use into torch's extension folder (~20 s once; later processes load the cached library),
 then checked against a reference. Anything missing or wrong: `unavailable_reason()` says what, and
-the weight-only layers keep torch's kernels (engine/weight_only.py), which also serve more than
-`MAX_ROWS` rows (prefill).
+the weight-only layers keep torch's kernels (engine/weight_only.py).
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import torch
 from . import capabilities
 from .model import first_line
 
-MAX_ROWS = 8  # the kernels' row limit (templated accumulators); more rows take torch's kernels
 GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)
 _SOURCE = Path(__file__).with_name("cpu_gemv.cpp")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
@@ -57,7 +55,7 @@ def kernel_name(method: str) -> str:
     reason = unavailable_reason()
     torch_kernel = {"int8wo": "torch._weight_int8pack_mm", "int4wo": "torch._weight_int4pack_mm_for_cpu"}[method]
     if reason is None:
-        return f"latency_lab AVX2 kernel for 1-{MAX_ROWS} rows, {torch_kernel} beyond"
+        return "latency_lab AVX2 kernel"
     return f"{torch_kernel} ({reason})"
 
 
@@ -104,17 +102,17 @@ def _self_check() -> None:
     gen = torch.Generator().manual_seed(0)
     n, k = 72, 96  # not multiples of the row split, two int4 group pairs and a tail group
     w = torch.randn(n, k, generator=gen)
-    for m in range(1, MAX_ROWS + 1):
+    q8, s8 = quantize_int8(w)
+    for m in (1, 2, 3, 4, 5, 8, 9):
         x = torch.randn(m, k, generator=gen)
-        q8, s8 = quantize_int8(w)
         want = x @ (q8.float() * s8[:, None]).T
         _close(int8_gemv(x, q8, s8), want, 1e-5, "int8")
         q4 = torch.randint(0, 16, (n, k), generator=gen)
         scale, zero = torch.rand(n, k // GROUP, generator=gen) * 0.1, torch.randn(n, k // GROUP, generator=gen) * 0.1
         packed, s16, o16 = pack_int4(q4, scale, zero)
         scale, zero = s16.float(), o16.float() + 8 * s16.float()  # what the kernel holds
-        want = x @ ((q4.float() - 8) * scale.repeat_interleave(GROUP, 1) + zero.repeat_interleave(GROUP, 1)).T
-        _close(int4_gemv(x, packed, s16, o16), want, 1e-3, "4-bit")
+        w4 = (q4.float() - 8) * scale.repeat_interleave(GROUP, 1) + zero.repeat_interleave(GROUP, 1)
+        _close(int4_gemv(x, packed, s16, o16), x @ w4.T, 1e-3, "4-bit")
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
@@ -144,10 +142,11 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
 
 
 def int8_gemv(x: torch.Tensor, weight_int8: torch.Tensor, scale_fp32: torch.Tensor) -> torch.Tensor:
-    """x [M <= 8, K] fp32 @ (weight_int8 [N, K] * scale [N]).T -> [M, N] fp32."""
+    """x [M, K] fp32 @ (weight_int8 [N, K] * scale [N]).T -> [M, N] fp32 (each row computed alone: the same bits at any M)."""
     return torch.ops.latency_lab_gemv.int8_gemv(x, weight_int8, scale_fp32)
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """x [M <= 8, K] fp32 @ the 4-bit weights of `pack_int4`.T -> [M, N] fp32."""
+    """x [M, K] fp32 @ the 4-bit weights of `pack_int4`.T -> [M, N] fp32 (each row computed alone: the same bits at any M)."""
     return torch.ops.latency_lab_gemv.int4_gemv(x, packed, scale, offset, GROUP)
+

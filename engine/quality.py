@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_gemv
-
 POSITIONS = 64
 
 QUALITY_SET = [
@@ -62,26 +60,14 @@ def quality_inputs(tokenizer, texts: int | None = None) -> list[list[int]]:
 
 @torch.inference_mode()
 def next_token_logits(model, inputs: list[list[int]], positions: int = POSITIONS) -> list[torch.Tensor]:
-    """float32 logits [positions, vocab] at the last `positions` positions of each input.
-
-    Where a model's kernels depend on the row count (weight-only layers on our decode kernels,
-    engine/cpu_gemv.py), the measured positions run as decoding runs them: in forwards of at most
-    `cpu_gemv.MAX_ROWS` rows after a prefill of the rest, so the quality measured is the decode
-    kernels' (each row's result does not depend on how many rows share the forward)."""
-    rows = cpu_gemv.MAX_ROWS if any(getattr(m, "gemv", False) for m in model.modules()) else None
+    """float32 logits [positions, vocab] at the last `positions` positions of each input."""
     out = []
     for ids in inputs:
         if len(ids) <= positions:
             raise ValueError(f"a quality input has {len(ids)} tokens; it needs more than {positions}")
         x = torch.tensor(ids, dtype=torch.long, device=model.device)
-        cache = model.new_cache(len(ids))
-        if rows is None:
-            logits = model.forward(x, cache, all_logits=True)[-positions:]
-        else:
-            model.forward(x[:-positions], cache)
-            logits = torch.cat([model.forward(x[i : i + rows], cache, all_logits=True)
-                                for i in range(len(ids) - positions, len(ids), rows)])
-        out.append(logits.float().cpu())
+        logits = model.forward(x, model.new_cache(len(ids)), all_logits=True)
+        out.append(logits[-positions:].float().cpu())
     return out
 
 

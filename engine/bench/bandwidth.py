@@ -113,7 +113,7 @@ def run(args, out):
     machine = copy_bandwidth(args.copy_mb)
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
-    out(f"weight-only kernels, 1-{cpu_gemv.MAX_ROWS} rows: {cpu_gemv.kernel_name('int4wo')}")
+    out(f"weight-only kernels: {cpu_gemv.kernel_name('int4wo')}")
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
     one_row = getattr(lm.model, "one_row_path", None)  # measured at load: which fp32 one-row kernel the steps use
     if one_row:

@@ -1,0 +1,56 @@
+"""Our weight-only kernels (engine/cpu_gemv.py) against torch's, on the loaded model's own layer
+shapes with random weights: every projection of one forward, at each row count, taking turns."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from . import load_model, median
+
+
+def add_args(p):
+    p.add_argument("--rows", default="1,4,8,32,256", help="rows per product (1: a decode step)")
+    p.add_argument("--rounds", type=int, default=5)
+
+
+def run(args, out):
+    from .. import capabilities, cpu_gemv
+    from ..errors import LatencyLabError
+    from ..weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+
+    reason = cpu_gemv.unavailable_reason()
+    if reason:
+        raise LatencyLabError(f"our kernels do not run here: {reason}")
+    lm = load_model(args)
+    shapes = [(m.in_features, m.out_features) for m in lm.model.modules() if isinstance(m, nn.Linear)]
+    gen = torch.Generator().manual_seed(0)
+    layers = {}
+    for name, cls in (("int8", Int8WeightOnlyLinear), ("int4", Int4WeightOnlyLinear)):
+        linears = [nn.Linear(k, n, bias=False) for k, n in shapes]
+        for lin in linears:
+            lin.weight.data = torch.randn(lin.out_features, lin.in_features, generator=gen) * 0.02
+        layers[f"{name} ours"] = [cls.from_linear(lin) for lin in linears]
+        layers[f"{name} torch"] = [cls.from_linear(lin, gemv=False) for lin in linears]
+    out(f"{capabilities.detect().summary()}; {torch.get_num_threads()} threads; {len(shapes)} projections "
+        f"of {lm.name}")
+    table = {}
+    with torch.inference_mode():
+        for rows in [int(r) for r in args.rows.split(",")]:
+            xs = {k: torch.randn(1, rows, k, generator=gen) for k in {k for k, _ in shapes}}
+            times = {name: [] for name in layers}
+            for _ in range(args.rounds + 1):  # the first round warms up
+                for name, ls in layers.items():
+                    t0 = time.perf_counter()
+                    for layer in ls:
+                        layer(xs[layer.in_features])
+                    times[name].append(time.perf_counter() - t0)
+            table[rows] = {name: round(median(ts[1:]) * 1e3, 2) for name, ts in times.items()}
+            out(f"{rows:4d} rows: " + "; ".join(
+                f"{bits} ours {table[rows][f'{bits} ours']:.1f} ms vs torch {table[rows][f'{bits} torch']:.1f} ms "
+                f"({table[rows][f'{bits} torch'] / table[rows][f'{bits} ours']:.2f}x)" for bits in ("int8", "int4")))
+    one = table.get(1) or next(iter(table.values()))
+    return {"ms": table, "ratio": round(one["int4 torch"] / one["int4 ours"], 2),
+            "capabilities": capabilities.detect().summary(), "threads": torch.get_num_threads()}
