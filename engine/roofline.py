@@ -6,7 +6,9 @@ Prefill does the work of a few big matmuls, so its measure is FLOP/s:
                  + 4 × layers × heads × head_dim × Σ attended keys    (QKᵀ and A·V; token i of n, after
                                                                         c cached, attends to c + i keys)
 Decode reads every weight once per step, plus the KV cache written so far:
-    decode bytes = steps × weight bytes + KV bytes per token × Σ context per step
+    decode bytes = steps × step weight bytes + KV bytes per token × Σ context per step
+    step weight bytes: every weight, but an embedding that is not also lm_head (a `+head` variant
+    gives lm_head its own quantized copy) is read one row per token, not whole
     with Σ context = steps × (prompt tokens + output tokens / 2)      (exact for one token per step)
 `steps` are the target model's decode forward passes (a speculative step yields several tokens).
 The Timeline turns these into `prefill_tflops`, `prefill_compute_fraction`, `decode_gbps` and
@@ -16,8 +18,12 @@ The Timeline turns these into `prefill_tflops`, `prefill_compute_fraction`, `dec
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
+from torch import nn
+
+from .model import weight_bytes
 from .timeline import Timeline
 
 GATED_MLP = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
@@ -70,6 +76,22 @@ def prefill_flops(shape: ModelShape, prefill_tokens: int, cached_tokens: int = 0
             + 4.0 * shape.layers * shape.heads * shape.head_dim * attended)
 
 
+_step_bytes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> step weight bytes
+
+
+def step_weight_bytes(model: nn.Module) -> int:
+    """Weight bytes one decode step reads (the module docstring's rule), counted once per model."""
+    if model not in _step_bytes:
+        total = weight_bytes(model)
+        head = getattr(model, "lm_head", None)
+        head_ptr = head.weight.untyped_storage().data_ptr() if isinstance(head, nn.Linear) else None
+        for emb in (m for m in model.modules() if isinstance(m, nn.Embedding)):
+            if emb.weight.untyped_storage().data_ptr() != head_ptr:
+                total -= emb.weight.numel() * emb.weight.element_size() - emb.weight[0].numel() * emb.weight.element_size()
+        _step_bytes[model] = total
+    return _step_bytes[model]
+
+
 def decode_bytes(weight_bytes: int, kv_bytes_per_token: int, steps: int, prompt_tokens: int,
                  output_tokens: int) -> float:
     if steps <= 0:
@@ -99,7 +121,8 @@ def annotate(timeline: Timeline, model, weight_bytes: int | None, limits=None, d
         steps = passes - prefill_passes(timeline, chunked, getattr(config, "prefill_chunk_tokens", 512) or 512)
         element = getattr(getattr(model, "dtype", None), "itemsize", 4)
         timeline.decode_steps = max(steps, 0)
-        timeline.decode_bytes = decode_bytes(weight_bytes, shape.kv_bytes_per_token(element), timeline.decode_steps,
+        step = step_weight_bytes(model) if isinstance(model, nn.Module) else weight_bytes
+        timeline.decode_bytes = decode_bytes(step, shape.kv_bytes_per_token(element), timeline.decode_steps,
                                              timeline.prompt_tokens or 0, timeline.output_tokens)
     if limits is not None:
         timeline.peak_tflops = limits.peak_tflops(dtype)

@@ -110,3 +110,19 @@ def test_stats_line_dashes_unknowns_and_flags_fractions_above_the_roof():
     deltas = {d["metric"]: d for d in compare.delta_rows(fp32, int8)}
     assert deltas["decode_mb_per_token"]["ratio"] == pytest.approx(223 / 541)
     assert deltas["decode_mb_per_token"]["winner"] == "B" and "decode_bandwidth_fraction" in deltas
+
+
+def test_a_head_variant_reads_the_untied_embedding_one_row_a_step(tiny):
+    """`+head` gives lm_head its own quantized copy: a step then reads one row of the embedding,
+    not all of it (the page once showed 201 MB a token for a 96 MB step)."""
+    engine = Engine(tiny, machine_limits=LIMITS)
+    try:
+        done = engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=6, quantization="int8wo+head"),
+                               prompt_ids=list(range(100, 110)))
+    finally:
+        engine.close()
+    tl = done.timeline
+    step = tl.weight_bytes - 49_152 * 64 * 4 + 64 * 4  # all weights less the embedding but one row
+    n = tl.output_tokens
+    assert n >= 2 and tl.decode_bytes == pytest.approx((n - 1) * step + KV_PER_TOKEN * (n - 1) * (10 + n / 2))
+    assert step < tl.weight_bytes / 2  # the embedding is most of the tiny model's bytes

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 
 import torch
-from torch import nn
 
 from . import median
 from .quant_steps import step_times
@@ -67,19 +66,11 @@ def copy_bandwidth(mb: int, runs: int = 7) -> float:
 
 
 def bytes_read_per_step(model, context: int) -> int:
-    """Weight bytes a decode step reads (an untied embedding: one row), plus the KV at `context`."""
-    from ..model import weight_bytes
-    from ..roofline import ModelShape
+    """Weight bytes a decode step reads (roofline.step_weight_bytes), plus the KV at `context`."""
+    from ..roofline import ModelShape, step_weight_bytes
 
-    total = weight_bytes(model)
-    head = getattr(model, "lm_head", None)
-    for emb in (m for m in model.modules() if isinstance(m, nn.Embedding)):
-        tied = isinstance(head, nn.Linear) and head.weight.untyped_storage().data_ptr() == emb.weight.untyped_storage().data_ptr()
-        if not tied:
-            row = emb.weight[0].numel() * emb.weight.element_size()
-            total -= emb.weight.numel() * emb.weight.element_size() - row
     element = getattr(model, "dtype", torch.float32).itemsize
-    return total + ModelShape.of(model).kv_bytes_per_token(element) * context
+    return step_weight_bytes(model) + ModelShape.of(model).kv_bytes_per_token(element) * context
 
 
 def run(args, out):
