@@ -26,6 +26,7 @@ import importlib.util
 import logging
 import os
 import platform
+import threading
 from pathlib import Path
 
 import torch
@@ -37,13 +38,15 @@ GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)
 _SOURCE = Path(__file__).with_name("cpu_gemv.cpp")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
 log = logging.getLogger(__name__)
+_build_lock = threading.Lock()  # the worker may build a variant while the API asks for engine info
 
 
 def unavailable_reason() -> str | None:
     """Why our kernels do not run here (None: they do). Builds them on the first call."""
     if os.environ.get("LATENCY_LAB_GEMV", "").lower() in ("0", "off", "torch"):
         return "turned off (LATENCY_LAB_GEMV=off): torch's kernels"
-    return _build()
+    with _build_lock:  # one build and one registration of the ops per process
+        return _build()
 
 
 def available() -> bool:
