@@ -15,7 +15,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 
@@ -46,7 +45,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline __m256 bytes_to_ps_u8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 inline __m256 bytes_to_ps_s8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
 template <int M>
@@ -134,18 +132,15 @@ void int4_rows(const int16_t* xq, const float* xs, const float* xsum, int64_t K,
   }
 }
 
-// One dispatch on the row count, so every M gets its accumulators in registers.
+// One dispatch on a block's row count (1 to kBlockRows), so each gets its accumulators in registers.
 template <typename F>
 void by_rows(int64_t M, F&& f) {
+  static_assert(kBlockRows == 4, "one case per block size");
   switch (M) {
     case 1: f(std::integral_constant<int, 1>{}); break;
     case 2: f(std::integral_constant<int, 2>{}); break;
     case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
   }
 }
 

@@ -3,8 +3,8 @@
 Why our own: torch's weight-only kernels read the weights at ~2.3-4.8 GB/s on a one-row product on
 the AVX2-only Zen 3 (they are written for batches, and convert activations to bf16 in software),
 and a decode step is nothing but such products. Measured side by side there (2 threads, the 121
-projections of SmolLM2 with random weights, `python -m engine.bench gemv`): int8 14.0 vs 29.4 ms,
-4-bit 10.9 vs 17.4 ms. torchao wraps the same torch kernels on CPU, so no package offers better.
+projections of SmolLM2 with random weights, one row, `python -m engine.bench gemv`): int8 19.1 vs
+35.3 ms, 4-bit 17.2 vs 24.8 ms. torchao wraps the same torch kernels on CPU, so no package offers better.
 
 What they compute: int8, the fp32 product with the dequantized weights (fp32 activations; only the
 summation order differs). 4-bit, activations quantized to int16 per group of 32 (~15 bits, so the
@@ -34,6 +34,7 @@ import torch
 from . import capabilities
 from .model import first_line
 
+NAME = "latency_lab AVX2 kernels (engine/cpu_gemv.py)"  # what engine info and the benches call them
 GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)
 _SOURCE = Path(__file__).with_name("cpu_gemv.cpp")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
@@ -58,7 +59,7 @@ def kernel_name(method: str) -> str:
     reason = unavailable_reason()
     torch_kernel = {"int8wo": "torch._weight_int8pack_mm", "int4wo": "torch._weight_int4pack_mm_for_cpu"}[method]
     if reason is None:
-        return "latency_lab AVX2 kernel"
+        return NAME
     return f"{torch_kernel} ({reason})"
 
 
@@ -99,22 +100,22 @@ def _register_fakes() -> None:
 
 
 def _self_check() -> None:
-    """Both kernels against the dequantized fp32 product, at every row count: a miscompiled or
+    """Both kernels against the dequantized fp32 product, at row counts inside and across the 4-row
+    blocks: a miscompiled or
     misdispatched kernel must not serve (tolerances: int8 exact up to summation order; 4-bit within
     its int16 activation rounding)."""
     gen = torch.Generator().manual_seed(0)
     n, k = 72, 96  # not multiples of the row split, two int4 group pairs and a tail group
     w = torch.randn(n, k, generator=gen)
     q8, s8 = quantize_int8(w)
+    q4 = torch.randint(0, 16, (n, k), generator=gen)
+    scale, zero = torch.rand(n, k // GROUP, generator=gen) * 0.1, torch.randn(n, k // GROUP, generator=gen) * 0.1
+    packed, s16, o16 = pack_int4(q4, scale, zero)
+    scale, zero = s16.float(), o16.float() + 8 * s16.float()  # what the kernel holds
+    w4 = (q4.float() - 8) * scale.repeat_interleave(GROUP, 1) + zero.repeat_interleave(GROUP, 1)
     for m in (1, 2, 3, 4, 5, 8, 9):
         x = torch.randn(m, k, generator=gen)
-        want = x @ (q8.float() * s8[:, None]).T
-        _close(int8_gemv(x, q8, s8), want, 1e-5, "int8")
-        q4 = torch.randint(0, 16, (n, k), generator=gen)
-        scale, zero = torch.rand(n, k // GROUP, generator=gen) * 0.1, torch.randn(n, k // GROUP, generator=gen) * 0.1
-        packed, s16, o16 = pack_int4(q4, scale, zero)
-        scale, zero = s16.float(), o16.float() + 8 * s16.float()  # what the kernel holds
-        w4 = (q4.float() - 8) * scale.repeat_interleave(GROUP, 1) + zero.repeat_interleave(GROUP, 1)
+        _close(int8_gemv(x, q8, s8), x @ (q8.float() * s8[:, None]).T, 1e-5, "int8")
         _close(int4_gemv(x, packed, s16, o16), x @ w4.T, 1e-3, "4-bit")
 
 

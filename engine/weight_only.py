@@ -129,7 +129,7 @@ def decode_kernels(model: nn.Module) -> str | None:
     if not layers:
         return None
     if all(m.gemv for m in layers):
-        return "latency_lab AVX2 kernels (engine/cpu_gemv.py), fp32 activations in"
+        return cpu_gemv.NAME
     on_cpu = next(layers[0].buffers()).device.type == "cpu"
     why = (cpu_gemv.unavailable_reason() if on_cpu else "they run on CPU only") or "a layer's shape"
     return f"torch's weight-only kernels; ours not used: {why}"
