@@ -42,17 +42,19 @@ class Sampler:
             kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         if self.top_p < 1.0:
-            sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-            cumulative = sorted_logits.softmax(-1).cumsum(-1)
-            # drop a token when the tokens ranked above it already reach top_p (the first is kept)
-            drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= self.top_p
-            drop = drop_sorted.scatter(-1, order, drop_sorted)
-            logits = logits.masked_fill(drop, float("-inf"))
+            logits = logits.masked_fill(~_nucleus(logits, self.top_p), float("-inf"))
         return logits.softmax(-1)
 
     def draw(self, probs: torch.Tensor) -> int:
-        """One token id from a 1-D distribution, using this request's generator."""
-        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator).item())
+        """One token id from a 1-D distribution, using this request's generator: the inverse of its
+        cumulative sum at a uniform draw (float64, so 49k small terms keep their mass). A token of
+        probability 0 is never drawn. Why not torch.multinomial: 1.8 ms a draw over SmolLM2's
+        49,152 tokens (Zen 3), against ~0.1 ms; a batch of 8 draws every step."""
+        cdf = probs.detach().reshape(-1).cpu().double().cumsum(0)
+        if not float(cdf[-1]) > 0:  # all zero, or NaN: no token can be drawn from it
+            raise ValueError("cannot sample from a distribution with no mass (all zero or NaN)")
+        u = torch.rand(1, generator=self.generator, dtype=torch.float64) * cdf[-1]
+        return int(torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.numel() - 1).item())
 
     def sample(self, logits: torch.Tensor) -> int:
         """One token id from logits of shape [vocab] or [1, vocab]."""
@@ -64,3 +66,21 @@ class Sampler:
     def uniform(self) -> float:
         """A uniform draw in [0, 1) from this request's generator (speculative acceptance)."""
         return float(torch.rand(1, generator=self.generator).item())
+
+
+NUCLEUS_CANDIDATES = 256  # top-p looks among this many top-ranked tokens first
+
+
+def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which tokens top-p keeps, per row of logits: the top-ranked ones whose higher-ranked tokens
+    sum to less than `top_p` (the first is always kept). Exact: it ranks only the
+    NUCLEUS_CANDIDATES most likely tokens, and sorts the whole row only where the nucleus might
+    reach past them. Why: a full sort of 49,152 logits cost 4.7 ms a token on the Zen 3, the
+    candidates' top-k ~0.25 ms; with 0.7 < T the nucleus of a chat model is far smaller."""
+    k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+    top, order = torch.topk(logits.softmax(-1), k, dim=-1)
+    if k < logits.shape[-1] and bool(((top.cumsum(-1) - top) < top_p)[..., -1].any()):
+        ranked, order = torch.sort(logits, dim=-1, descending=True)  # the nucleus may reach past them
+        top = ranked.softmax(-1)
+    keep_ranked = (top.cumsum(-1) - top) < top_p
+    return torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, order, keep_ranked)
