@@ -3,8 +3,10 @@
 Every sequence brings its next tokens — one for a decode step, a prompt chunk for a prefill —
 and its own `KVCache` (its own length). The projections and the MLP run as one matmul over all
 their rows — a decode step is memory-bound, so the weights are read once for all — and attention
-runs per sequence, one SDPA call over its own cache with its own causal mask: no padding, and
-exactly the call a sequence alone would make. A newcomer's prefill thus shares the forward of the
+runs over each sequence's own cache: no padding, and exactly the computation a sequence alone
+would get. Decode rows (one token) go through one call of our kernel a layer for all of them
+(engine/cpu_attention.py: it also stores their keys and values); prompt rows take one SDPA call per
+sequence with its own causal mask. A newcomer's prefill thus shares the forward of the
 running batch's decode step instead of stalling it with a forward of its own.
 
 Exactness. A batched row must equal the row the same sequence would get alone, bit for bit, or
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_attention
 from .fast_llama import BATCH_ROWS, FastLlama, _gemm_backend, packed_weight, project, roped_heads
 from .kv_cache import KVCache
 
@@ -68,18 +71,32 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
     x = model.embed(torch.tensor([t for r in rows for t in r], dtype=torch.long, device=device)[None])  # [1, R, hidden]
     masks = [None if n == 1 or s == 0 else torch.ones(n, s + n, dtype=torch.bool, device=device).tril(diagonal=s)
              for s, n in zip(starts, lengths)]  # as FastLlama._blocks: new tokens see the prefix and each other
+    offsets = [sum(lengths[:b]) for b in range(len(rows))]
+    # Decode rows (one token) of every sequence in one call of our kernel where it serves; prompt rows
+    # per sequence through SDPA. A sequence alone makes the same choice (FastLlama._blocks): same bits.
+    decode = [b for b, n in enumerate(lengths) if n == 1] if cpu_attention.serves(caches[0].k, H) else []
+    others = [b for b in range(len(rows)) if b not in set(decode)]
+    decode_rows = torch.tensor([offsets[b] for b in decode], device=device)
     for i, blk in enumerate(model.blocks):
         q, k, v = roped_heads(blk, _linear(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)  # [1, heads, R, D]
-        outs, row = [], 0
-        for c, s, n, mask in zip(caches, starts, lengths, masks):
-            c.k[i, :, :, s : s + n] = k[:, :, row : row + n]
-            c.v[i, :, :, s : s + n] = v[:, :, row : row + n]
-            outs.append(F.scaled_dot_product_attention(
-                q[:, :, row : row + n], c.k[i, :, :, : s + n], c.v[i, :, :, : s + n], attn_mask=mask,
-                is_causal=n > 1 and s == 0, scale=blk.scaling, enable_gqa=H != KV))
-            row += n
-        attn = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [1, H, R, D]
-        x = x + _linear(blk.o, attn.transpose(1, 2).reshape(1, R, H * D))
+        if not others:  # decode only: rows are sequences, in order
+            attn = cpu_attention.decode_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                                                  caches, range(R), starts, i, blk.scaling)  # [R, H, D]
+        else:
+            attn = q.new_empty(R, H, D)
+            if decode:
+                attn[decode_rows] = cpu_attention.decode_attention(
+                    q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), [caches[b] for b in decode],
+                    [offsets[b] for b in decode], [starts[b] for b in decode], i, blk.scaling)
+            for b in others:
+                c, s, n, row = caches[b], starts[b], lengths[b], offsets[b]
+                c.k[i, :, :, s : s + n] = k[:, :, row : row + n]
+                c.v[i, :, :, s : s + n] = v[:, :, row : row + n]
+                attn[row : row + n] = F.scaled_dot_product_attention(
+                    q[:, :, row : row + n], c.k[i, :, :, : s + n], c.v[i, :, :, : s + n], attn_mask=masks[b],
+                    is_causal=n > 1 and s == 0, scale=blk.scaling, enable_gqa=H != KV)[0].transpose(0, 1)
+        attn = attn.reshape(1, R, H * D)
+        x = x + _linear(blk.o, attn)
         gate, up = _linear(blk.gate_up, blk.mlp_norm(x)).chunk(2, dim=-1)
         x = x + _linear(blk.down, F.silu(gate) * up)
     for c, s, n in zip(caches, starts, lengths):

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import capabilities
+from . import capabilities, cpu_attention
 from .errors import InvalidRequest
 from .fast_llama import FastLlama
 from .model import first_line
@@ -73,6 +73,9 @@ def _decode_attend(q, k, v, step_t, layer: int, pos_t, scale: float):
     be a constant of the graph (a position: a recompile per step; a step number: a graph that
     differs per model, which Inductor's disk cache could not serve to the next model)."""
     cache, pos = _CACHES[int(step_t[0])], int(pos_t[0])
+    if cpu_attention.serves(cache.k, q.shape[1]):  # the eager step's own decode attention (it stores k, v too)
+        return cpu_attention.decode_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                                              [cache], [0], [pos], layer, scale).unsqueeze(2)
     keys, values = cache.k[layer], cache.v[layer]
     keys[:, :, pos] = k[:, :, 0]
     values[:, :, pos] = v[:, :, 0]

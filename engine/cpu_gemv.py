@@ -32,11 +32,12 @@ from pathlib import Path
 import torch
 
 from . import capabilities
-from .model import first_line
+from .errors import first_line
 
 NAME = "latency_lab AVX2 kernels (engine/cpu_gemv.py)"  # what engine info and the benches call them
 GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)
-_SOURCE = Path(__file__).with_name("cpu_gemv.cpp")
+# One extension for all our CPU kernels: these products and decode attention (engine/cpu_attention.py).
+_SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_gemv.cpp", "cpu_attention.cpp")]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
 log = logging.getLogger(__name__)
 _build_lock = threading.Lock()  # the worker may build a variant while the API asks for engine info
@@ -77,7 +78,7 @@ def _build() -> str | None:
     from torch.utils import cpp_extension
 
     try:
-        cpp_extension.load(name="latency_lab_gemv", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
+        cpp_extension.load(name="latency_lab_gemv", sources=_SOURCES, extra_cflags=_FLAGS,
                            extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         _register_fakes()
         _self_check()

@@ -37,3 +37,9 @@ EXIT_USAGE = 2  # the command line was wrong: a bad flag value (argparse's own e
 def exit_code(exc: BaseException) -> int:
     """The exit code for an error that ended a command."""
     return EXIT_USAGE if isinstance(exc, InvalidRequest) else EXIT_FAILURE
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text (at most 300 characters), for a message a user reads."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else "no details"

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import capabilities
+from . import capabilities, cpu_attention
 from .kv_cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -188,8 +188,12 @@ class FastLlama(nn.Module):
         if T > 1 and start > 0:  # new tokens see the whole cached prefix, and causally each other
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)
         rows = self.packed_rows
+        ours = T == 1 and cpu_attention.serves(cache.k, self.n_heads)  # one decode row: our kernel stores k, v and attends
 
         def attend(i: int, blk: Block, q, k, v):
+            if ours:
+                return cpu_attention.decode_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                                                      [cache], [0], [start], i, blk.scaling).unsqueeze(2)
             cache.k[i, :, :, start:end] = k
             cache.v[i, :, :, start:end] = v
             return F.scaled_dot_product_attention(

@@ -52,6 +52,7 @@ class EngineInfo:
     weight_bytes: int | None = None  # the default variant's
     load_s: float | None = None
     fast_path: bool | None = None
+    decode_attention: str | None = None  # what a decode row's attention runs on (cpu_attention.kernel_name); None: generic forward
     notes: tuple[str, ...] = ()
     variants: tuple[VariantInfo, ...] = ()
     speculation: tuple[SpeculationInfo, ...] = ()

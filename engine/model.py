@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .errors import first_line  # noqa: F401 (re-exported)
 from .fast_llama import packed_bytes
 
 DTYPE_NAMES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -120,8 +121,3 @@ def warm_up(model) -> None:
     ids = torch.tensor([0, 1, 2, 3], device=model.device)
     model.forward(ids, cache)
     model.forward(ids[:1], cache)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else "no details"
