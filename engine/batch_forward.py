@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import cpu_attention
-from .fast_llama import BATCH_ROWS, FastLlama, _gemm_backend, packed_weight, project, roped_heads
+from .fast_llama import BATCH_ROWS, OURS_ROWS, FastLlama, _gemm_backend, ours, ours_serves, packed_weight, project, roped_heads
 from .kv_cache import KVCache
 
 
@@ -46,7 +46,35 @@ def pack(model) -> None:
             packed_weight(module)
 
 
-def _linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+class _Rows:
+    """Which kernel each row of a batched forward takes, by its own sequence's row count in it: a
+    sequence bringing at most OURS_ROWS rows (a decode step, a short prompt) goes through our fp32
+    kernel where it serves (engine/cpu_gemv.py: each row computed alone, ~1.6x the packed copy's
+    speed for a lone decode step on the Zen 3, even at ~45 rows); a longer prompt chunk through the
+    packed copy, faster for many rows (256 rows: 0.66 s vs 0.93 s). Both give a row the same bits
+    whatever else shares the call, and a row's kernel depends only on its own sequence, never on
+    who shares the forward: a sequence gets the same bits alone and in any batch."""
+
+    def __init__(self, lengths: list[int], device):
+        offsets = [sum(lengths[:b]) for b in range(len(lengths))]
+        small = [n <= OURS_ROWS for n in lengths]
+        self.all_small, self.any_small = all(small), any(small)
+        self.small, self.large = (torch.tensor([o + j for o, n, s in zip(offsets, lengths, small) if s == want
+                                                for j in range(n)], dtype=torch.long, device=device)
+                                  for want in (True, False))
+
+    def linear(self, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if not self.any_small or not ours_serves(linear):
+            return _packed(linear, x)
+        if self.all_small:
+            return ours(linear, x)
+        y = x.new_empty(*x.shape[:-1], linear.out_features)
+        y[0, self.small] = ours(linear, x[0, self.small])
+        y[0, self.large] = _packed(linear, x[0, self.large][None])[0]
+        return y
+
+
+def _packed(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Every fp32 row through the packed copy, one row too (the same bits at any batch size)."""
     with _gemm_backend(rows=x.shape[0] * x.shape[1]):
         return project(linear, x, BATCH_ROWS)
@@ -77,6 +105,8 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
     decode = [b for b, n in enumerate(lengths) if n == 1] if cpu_attention.serves(caches[0].k, H) else []
     others = [b for b in range(len(rows)) if b not in set(decode)]
     decode_rows = torch.tensor([offsets[b] for b in decode], device=device)
+    kinds = _Rows(lengths, device)
+    _linear = kinds.linear
     for i, blk in enumerate(model.blocks):
         q, k, v = roped_heads(blk, _linear(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)  # [1, heads, R, D]
         if not others:  # decode only: rows are sequences, in order
@@ -102,4 +132,6 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
     for c, s, n in zip(caches, starts, lengths):
         c.length = s + n
     last = torch.tensor([sum(lengths[: b + 1]) - 1 for b in range(len(rows))], device=device)
-    return _linear(model.lm_head, model.norm(x[:, last]))[0].float()
+    head = model.lm_head  # one row per sequence, its last: through our kernel, as a lone decode step's
+    h = model.norm(x[:, last])
+    return (ours(head, h) if ours_serves(head) else _packed(head, h))[0].float()

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <torch/library.h>
 
@@ -27,12 +28,17 @@ namespace {
 constexpr int kBlockRows = 4;    // rows per kernel call: their accumulators fit the 16 ymm registers
 constexpr int64_t kTile = 64;    // output channels per tile: their weights stay in L2 across row blocks
 
-// Every row block of x over every tile of output channels, tiles split across torch's threads.
+// Every row block of x over every tile of output channels. Threads take tiles from a shared counter
+// rather than a fixed half each: on a shared machine (a server's own event loop, a neighbour's job)
+// a thread that loses its core for a while no longer holds the whole call back; the others take
+// its tiles. Which thread computes a tile never changes its bits.
 template <typename Rows>
 void over_tiles(int64_t M, int64_t N, Rows&& rows) {
-  at::parallel_for(0, N, kTile, [&](int64_t b, int64_t e) {
-    for (int64_t n0 = b; n0 < e; n0 += kTile) {
-      const int64_t n1 = std::min(e, n0 + kTile);
+  const int64_t tiles = (N + kTile - 1) / kTile;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(tiles, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    for (int64_t t = next.fetch_add(1); t < tiles; t = next.fetch_add(1)) {
+      const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile);
       for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) rows(m0, std::min<int64_t>(kBlockRows, M - m0), n0, n1);
     }
   });
@@ -67,6 +73,34 @@ void int8_rows(const float* x, int64_t K, const int8_t* w, const float* scale, f
       float s = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
       for (int64_t t = k; t < K; ++t) s += x[m * K + t] * wr[t];
       y[m * N + n] = s * scale[n];
+    }
+  }
+}
+
+// fp32 weights as they are: a one-row product streams them at close to memory speed. Per row A
+// accumulators of 8 lanes (consecutive FMAs do not wait on each other): 4 for one or two rows, 2 from
+// three on, so that accumulators, the weight vector and x fit the 16 ymm registers without spilling.
+template <int M>
+void fp32_rows(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int A = 2;
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* wr = w + n * K;
+    __m256 acc[M][A];
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < A; ++j) acc[m][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 * A <= K; k += 8 * A) {
+      for (int j = 0; j < A; ++j) {
+        const __m256 wv = _mm256_loadu_ps(wr + k + 8 * j);
+        for (int m = 0; m < M; ++m) acc[m][j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k + 8 * j), acc[m][j]);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      __m256 a = acc[m][0];
+      for (int j = 1; j < A; ++j) a = _mm256_add_ps(a, acc[m][j]);
+      float s = hsum(a);
+      for (int64_t t = k; t < K; ++t) s += x[m * K + t] * wr[t];
+      y[m * N + n] = s;
     }
   }
 }
@@ -167,6 +201,20 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return y;
 }
 
+at::Tensor fp32_gemv(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t N = w.size(0), K = w.size(1), M = x.size(0);
+  check_x(x, K);
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 2, "w must be contiguous fp32 [N, K]");
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  over_tiles(M, N, [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
+    by_rows(rows, [&](auto r) { fp32_rows<decltype(r)::value>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); });
+  });
+  return y;
+}
+
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& offset,
                      int64_t group_size) {
   const int64_t N = w.size(0), K = w.size(1) * 2, M = x.size(0);
@@ -213,11 +261,13 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY(latency_lab_gemv, m) {
+  m.def("fp32_gemv(Tensor x, Tensor w) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor w, Tensor scale) -> Tensor");
   m.def("int4_gemv(Tensor x, Tensor w, Tensor scale, Tensor offset, int group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) {
+  m.impl("fp32_gemv", &fp32_gemv);
   m.impl("int8_gemv", &int8_gemv);
   m.impl("int4_gemv", &int4_gemv);
 }

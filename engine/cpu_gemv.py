@@ -91,6 +91,10 @@ def _build() -> str | None:
 
 def _register_fakes() -> None:
     """Shapes for torch.compile: the compiled decode step traces these ops as opaque calls."""
+    @torch.library.register_fake("latency_lab_gemv::fp32_gemv")
+    def _(x, w):
+        return x.new_empty(x.shape[0], w.shape[0])
+
     @torch.library.register_fake("latency_lab_gemv::int8_gemv")
     def _(x, w, scale):
         return x.new_empty(x.shape[0], w.shape[0])
@@ -117,6 +121,7 @@ def _self_check() -> None:
     for m in (1, 2, 3, 4, 5, 8, 9):
         x = torch.randn(m, k, generator=gen)
         _close(int8_gemv(x, q8, s8), x @ (q8.float() * s8[:, None]).T, 1e-5, "int8")
+        _close(fp32_gemv(x, w), x @ w.T, 1e-5, "fp32")
         _close(int4_gemv(x, packed, s16, o16), x @ w4.T, 1e-3, "4-bit")
 
 
@@ -144,6 +149,11 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     if not (torch.isfinite(s16).all() and torch.isfinite(o16).all()):
         return None
     return packed, s16, o16
+
+
+def fp32_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] fp32 @ weight [N, K] fp32 .T -> [M, N] (each row computed alone: the same bits at any M)."""
+    return torch.ops.latency_lab_gemv.fp32_gemv(x, weight)
 
 
 def int8_gemv(x: torch.Tensor, weight_int8: torch.Tensor, scale_fp32: torch.Tensor) -> torch.Tensor:

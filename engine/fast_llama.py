@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import capabilities, cpu_attention
+from . import capabilities, cpu_attention, cpu_gemv
 from .kv_cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -120,6 +120,7 @@ class FastLlama(nn.Module):
             if isinstance(module, nn.Linear):
                 packed_weight(module)
         self.packed_rows = dict(PACKED_ROWS)  # dtype -> (lo, hi): which projections take the packed copy
+        self.ours_rows = 0  # fp32 products of up to this many rows through our kernel (choose_one_row_path)
         self.one_row_path: dict | None = None  # what `choose_one_row_path` measured (None: not measured)
 
     @property
@@ -135,32 +136,40 @@ class FastLlama(nn.Module):
 
     @torch.inference_mode()
     def choose_one_row_path(self, rounds: int = 5, steps: int = 2) -> dict | None:
-        """Measure a one-token decode step through MKL's GEMV and through the packed fp32 weights,
-        alternating (paired per round: a neighbour's load slows both), and take the packed copy for
-        single rows too where it is at least 5% faster. Why measured: it depends on the thread count
-        (Zen 3, AVX2, after a 300-token context: at 2 threads packed 84 ms a step vs MKL 104 ms,
-        0.80x; at 1 thread 119 vs 100 ms, 1.2x). fp32 CPU models only; None where there is no choice."""
+        """Measure a one-token decode step through each fp32 one-row kernel here — MKL's GEMV, the
+        packed oneDNN weights, our AVX2 kernel (engine/cpu_gemv.py) where it builds — alternating
+        (paired per round: a neighbour's load slows all), and keep the fastest. Why measured: the
+        order depends on the CPU and the thread count (Zen 3, AVX2, 2 threads, 300 tokens of context:
+        packed 84 ms a step vs GEMV 104 ms; at 1 thread 119 vs 100 ms; our kernel streams the weights at
+        ~88% of copy bandwidth there). The packed copy must win by 5% over GEMV to be taken (it costs
+        memory); ours serves up to OURS_ROWS rows (a verify, a warm turn's few tokens) when it wins.
+        fp32 CPU models only; None where there is no choice."""
         lo, hi = PACKED_ROWS[torch.float32]
         if self.dtype != torch.float32 or self.device.type != "cpu" or packed_weight(self.lm_head) is None:
             return None
-        cache = self.new_cache(32 + rounds * steps * 2 + steps + 2)
+        paths = {"gemv": (lo, 0), "packed": (1, 0)}  # path -> (packed rows from, ours up to)
+        if cpu_gemv.available():
+            paths["ours"] = (lo, OURS_ROWS)
+        cache = self.new_cache(32 + rounds * steps * len(paths) + steps + 2)
         self.forward(torch.arange(32, device=self.device) % self.vocab_size, cache)
-        times = {1: [], lo: []}
-        for r in range(rounds + 1):  # round 0 warms both paths up and is dropped
-            for first in (1, lo):
-                self.packed_rows[torch.float32] = (first, hi)
+        times = {p: [] for p in paths}
+        for r in range(rounds + 1):  # round 0 warms every path up and is dropped
+            for path, (first, ours) in paths.items():
+                self.packed_rows[torch.float32], self.ours_rows = (first, hi), ours
                 cache.crop(32)
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     self.forward(torch.tensor([7], device=self.device), cache)
                 if r:
-                    times[first].append((time.perf_counter() - t0) / steps)
-        ratio = statistics.median(a / b for a, b in zip(times[1], times[lo]))
-        packed = ratio <= ONE_ROW_PACKED_IF
-        self.packed_rows[torch.float32] = (1 if packed else lo, hi)
-        self.one_row_path = {"path": "packed" if packed else "gemv", "threads": torch.get_num_threads(),
-                             "packed_ms": round(statistics.median(times[1]) * 1e3, 2),
-                             "gemv_ms": round(statistics.median(times[lo]) * 1e3, 2), "ratio": round(ratio, 3)}
+                    times[path].append((time.perf_counter() - t0) / steps)
+        ratio = statistics.median(a / b for a, b in zip(times["packed"], times["gemv"]))
+        best = "packed" if ratio <= ONE_ROW_PACKED_IF else "gemv"
+        if "ours" in paths and statistics.median(a / b for a, b in zip(times["ours"], times[best])) < 1.0:
+            best = "ours"
+        self.packed_rows[torch.float32], self.ours_rows = (paths[best][0], hi), paths[best][1]
+        ms = {f"{p}_ms": round(statistics.median(times[p]) * 1e3, 2) if p in times else None
+              for p in ("packed", "gemv", "ours")}
+        self.one_row_path = {"path": best, "threads": torch.get_num_threads(), **ms, "ratio": round(ratio, 3)}
         return self.one_row_path
 
     @torch.inference_mode()
@@ -180,7 +189,7 @@ class FastLlama(nn.Module):
         if not all_logits:
             x = x[:, -1:]
         with _gemm_backend(rows=x.shape[1]):
-            return project(self.lm_head, self.norm(x), self.packed_rows)[0].float()
+            return project(self.lm_head, self.norm(x), self.packed_rows, self.ours_rows)[0].float()
 
     def _blocks(self, ids, cache: KVCache, start: int, end: int) -> torch.Tensor:
         T = end - start
@@ -201,7 +210,7 @@ class FastLlama(nn.Module):
                 is_causal=T > 1 and start == 0, scale=blk.scaling, enable_gqa=self.n_heads != self.n_kv_heads)
 
         return self.run_blocks(self.embed(ids[None]), self.cos[start:end], self.sin[start:end],
-                               lambda linear, x: project(linear, x, rows), attend)
+                               lambda linear, x: project(linear, x, rows, self.ours_rows), attend)
 
     def run_blocks(self, x, cos, sin, linear, attend) -> torch.Tensor:
         """The decoder blocks over hidden states x ([1, T, hidden]): `linear(module, x)` runs a
@@ -228,6 +237,11 @@ use_packed = True  # False: plain F.linear for every matmul (`python -m engine.b
 PACKED_ROWS = {torch.bfloat16: (3, 1 << 30), torch.float32: (2, 128)}
 BATCH_ROWS = {**PACKED_ROWS, torch.float32: (1, 1 << 30)}  # batching: every fp32 row packed (batch_forward.py)
 ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
+# Our fp32 kernel serves products of up to this many rows where it won the one-row measurement
+# (Zen 3, 2 threads, the 121 projections: 1 row 36 ms against the packed copy's 67 and MKL's 58-81,
+# 8 rows 54 vs 80, 45 rows 188 vs 189, 256 rows 932 vs 656): decode steps, speculative verifies, a
+# warm turn's new tokens, short prompts. In a batch, per sequence (batch_forward.py).
+OURS_ROWS = 64
 
 
 def packed_weight(linear: nn.Module):
@@ -267,12 +281,30 @@ def packed_bytes() -> int:
     return sum(p.numel() * p.element_size() for p in _PACKED.values() if p is not False)
 
 
-def project(linear: nn.Module, x: torch.Tensor, rows: dict | None = None) -> torch.Tensor:
-    """linear(x), through the packed weight when x's row count is in its dtype's (lo, hi) range of
-    `rows` (a model's `packed_rows`, `BATCH_ROWS`; None: `PACKED_ROWS`)."""
+def ours_serves(linear: nn.Module) -> bool:
+    """Whether our fp32 kernel (engine/cpu_gemv.py) can run this Linear: a plain fp32 CPU one."""
+    w = getattr(linear, "weight", None)
+    return (type(linear) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu"
+            and w.is_contiguous() and cpu_gemv.available())
+
+
+def ours(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) through our fp32 kernel: each row computed alone, the same bits in any batch."""
+    y = cpu_gemv.fp32_gemv(x.reshape(-1, x.shape[-1]).contiguous(), linear.weight)
+    if linear.bias is not None:
+        y = y + linear.bias
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def project(linear: nn.Module, x: torch.Tensor, rows: dict | None = None, ours_rows: int = 0) -> torch.Tensor:
+    """linear(x): through our fp32 kernel when x has at most `ours_rows` rows and it serves, else
+    through the packed weight when x's row count is in its dtype's (lo, hi) range of `rows` (a
+    model's `packed_rows`, `BATCH_ROWS`; None: `PACKED_ROWS`), else the plain call."""
     w = getattr(linear, "weight", None)
     if not use_packed or w is None:
         return linear(x)
+    if x.shape[-2] <= ours_rows and ours_serves(linear):
+        return ours(linear, x)
     lo, hi = (rows or PACKED_ROWS).get(w.dtype, (1 << 30, 0))
     packed = packed_weight(linear) if lo <= x.shape[-2] <= hi else None
     if packed is not None:

@@ -114,9 +114,10 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         warm_up(model)
         one_row = model.choose_one_row_path() if fast else None
         if one_row:
-            notes.append(f"fp32 one-row matmuls: {'packed oneDNN weights' if one_row['path'] == 'packed' else 'MKL GEMV'} "
-                         f"(a step {one_row['packed_ms']} ms packed, {one_row['gemv_ms']} ms GEMV, measured at load "
-                         f"with {one_row['threads']} threads)")
+            kernel = {"packed": "packed oneDNN weights", "gemv": "MKL GEMV", "ours": "our AVX2 kernel"}[one_row["path"]]
+            ours = f", {one_row['ours_ms']} ms ours" if one_row["ours_ms"] is not None else ""
+            notes.append(f"fp32 one-row matmuls: {kernel} (a step {one_row['packed_ms']} ms packed, "
+                         f"{one_row['gemv_ms']} ms GEMV{ours}, measured at load with {one_row['threads']} threads)")
         bar.update(1)
     name = BUNDLED_NAME if source == "bundled" else Path(path).name if source != "hub" else path
     eos = _eos_ids(tokenizer, hf_model)

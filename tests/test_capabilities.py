@@ -65,33 +65,39 @@ def test_fp32_packed_weights_from_two_rows_on_give_each_row_the_same_bits_at_any
 @pytest.mark.skipif(not CAPS.packed_fp32_weights, reason="this torch build has no oneDNN; the test below covers "
                     "the model without packed weights")
 def test_the_one_row_path_is_measured_at_load_and_either_choice_keeps_greedy_exact(tiny, monkeypatch):
-    """`choose_one_row_path` takes the packed copy for single rows only where its paired timing
-    says so; whichever it picks, one-row logits are the batched forward's bits (packed) or MKL's,
-    and greedy decoding is unchanged."""
-    from engine import fast_llama
+    """`choose_one_row_path` measures every one-row kernel here and keeps the fastest (the packed copy
+    only with a 5% lead over GEMV); whichever it picks, greedy decoding is unchanged, and the batched
+    forward's decode rows are our kernel's bits (where it builds) or the packed copy's."""
+    from engine import cpu_gemv, fast_llama
     from engine.batch_forward import forward_batch
 
     model = tiny.model
-    saved = dict(model.packed_rows)
+    saved = dict(model.packed_rows), model.ours_rows
     try:
         choice = model.choose_one_row_path(rounds=2, steps=1)
-        assert choice["path"] in ("packed", "gemv") and choice["packed_ms"] > 0 and choice["gemv_ms"] > 0
-        assert (choice["path"] == "packed") == (choice["ratio"] <= fast_llama.ONE_ROW_PACKED_IF)
+        assert choice["packed_ms"] > 0 and choice["gemv_ms"] > 0
+        assert (choice["ours_ms"] is not None) == cpu_gemv.available()
+        assert choice["path"] in (("packed", "gemv", "ours") if cpu_gemv.available() else ("packed", "gemv"))
+        if choice["path"] != "ours":
+            assert (choice["path"] == "packed") == (choice["ratio"] <= fast_llama.ONE_ROW_PACKED_IF)
         assert model.packed_rows[torch.float32][0] == (1 if choice["path"] == "packed" else 2)
+        assert model.ours_rows == (fast_llama.OURS_ROWS if choice["path"] == "ours" else 0)
         ids = torch.tensor([5, 9, 13])
         outs = {}
-        for lo in (1, 2):  # both choices, forced
-            model.packed_rows[torch.float32] = (lo, 128)
+        for path, lo, ours_rows in (("packed", 1, 0), ("gemv", 2, 0), ("ours", 2, fast_llama.OURS_ROWS)):  # forced
+            model.packed_rows[torch.float32], model.ours_rows = (lo, 128), ours_rows
             cache = model.new_cache(16)
-            model.forward(ids, cache)
-            outs[lo] = model.forward(torch.tensor([21]), cache)
+            forward_batch(model, [ids.tolist()], [cache])  # the same prompt KV for every path
+            outs[path] = model.forward(torch.tensor([21]), cache)
         cache = model.new_cache(16)
         forward_batch(model, [ids.tolist()], [cache])
-        assert torch.equal(outs[1], forward_batch(model, [[21]], [cache]))  # packed one row: batching's bits
-        torch.testing.assert_close(outs[1], outs[2], atol=1e-4, rtol=1e-4)
-        assert outs[1].argmax() == outs[2].argmax()
+        batched = "ours" if cpu_gemv.available() else "packed"
+        assert torch.equal(outs[batched], forward_batch(model, [[21]], [cache]))  # a lone decode row: batching's bits
+        for path in ("gemv", "ours"):
+            torch.testing.assert_close(outs["packed"], outs[path], atol=1e-4, rtol=1e-4)
+            assert outs["packed"].argmax() == outs[path].argmax()
     finally:
-        model.packed_rows = saved
+        model.packed_rows, model.ours_rows = saved
 
 
 def test_fast_llama_forward_is_right_without_packed_weights(tiny):

@@ -14,6 +14,12 @@ CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
 needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason="needs AVX2 and a C++ compiler (asserted below)")
 
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _built():
+    """Build (or load) the kernels first, whichever test runs alone."""
+    cpu_attention.unavailable_reason()
+
 def test_the_kernel_serves_wherever_this_machine_can_build_it():
     reason = cpu_attention.unavailable_reason()
     if CAN_BUILD:

@@ -13,6 +13,12 @@ CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
              and bool(capabilities.detect().cpp_compiler))
 
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _built():
+    """Build (or load) the kernels first, whichever test runs alone."""
+    cpu_gemv.unavailable_reason()
+
 def test_the_kernels_run_wherever_this_machine_can_build_them():
     """No silent fallback: with AVX2 and a compiler (CI has both) they must build and pass their check."""
     reason = cpu_gemv.unavailable_reason()
@@ -45,6 +51,19 @@ def test_both_kernels_equal_the_dequantized_product_at_every_row_count(k):
         assert (got4 - want4).abs().max() <= 1e-3 * want4.abs().max()  # int16 activations
         if m > 1:  # a row's result does not depend on how many rows share the call
             assert torch.equal(cpu_gemv.int4_gemv(x[:1].contiguous(), packed, s16, o16)[0], got4[0])
+
+
+@needs_kernels
+@pytest.mark.parametrize("k", [576, 1000])  # a multiple of its 32-input steps, and one with a tail
+def test_the_fp32_kernel_equals_the_product_and_a_row_its_bits_at_any_row_count(k):
+    gen = torch.Generator().manual_seed(k)
+    w = torch.randn(203, k, generator=gen)
+    x = torch.randn(13, k, generator=gen)
+    got = cpu_gemv.fp32_gemv(x, w)
+    assert (got - x @ w.T).abs().max() <= 1e-5 * (x @ w.T).abs().max()
+    for m in (1, 2, 3, 4, 5, 8, 9):  # batching's exactness rests on this
+        assert torch.equal(cpu_gemv.fp32_gemv(x[:m].contiguous(), w), got[:m])
+    assert torch.equal(cpu_gemv.fp32_gemv(x[7:8].contiguous(), w)[0], got[7])
 
 
 @needs_kernels

@@ -109,7 +109,7 @@ def run(args, out):
     one_row = getattr(lm.model, "one_row_path", None)  # measured at load: which fp32 one-row kernel the steps use
     if one_row:
         out(f"fp32 one-row matmuls: {one_row['path']} (at load: packed {one_row['packed_ms']} ms, "
-            f"GEMV {one_row['gemv_ms']} ms a step)")
+            f"GEMV {one_row['gemv_ms']} ms, ours {one_row['ours_ms']} ms a step)")
     rows = {}
     for name, m in models.items():
         step = median(times[name])
