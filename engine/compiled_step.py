@@ -45,7 +45,7 @@ from torch import nn
 
 from . import capabilities, cpu_attention
 from .errors import InvalidRequest
-from .fast_llama import FastLlama
+from .fast_llama import FastLlama, ours
 from .model import first_line
 from .quality import quality_inputs
 from .weight_only import _WeightOnlyLinear
@@ -130,15 +130,18 @@ class CompiledDecode:
         self._failed: str | None = None  # why compiling failed (then it is not tried again)
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _linear(module, x):
+    def _linear(self, module, x):
         """A projection inside the graph: torch's weight-only kernels (oneDNN is on: the graph runs
-        outside FastLlama's one-row routing), else F.linear (MKL on CPU). Not the packed oneDNN copy
-        that the eager fp32 step may take: Inductor's lowering of that op asserts on weights it did
-        not pack itself (seen with torch 2.13)."""
+        outside FastLlama's one-row routing), our fp32 kernel where the eager step measured it fastest
+        (an opaque op with a fake, like the weight-only ones), else F.linear (MKL on CPU). Not the
+        packed oneDNN copy that the eager fp32 step may take: Inductor's lowering of that op asserts
+        on weights it did not pack itself (seen with torch 2.13)."""
         if isinstance(module, _WeightOnlyLinear):
             return module.compute(x)
-        return F.linear(x, module.weight, module.bias)
+        w = module.weight
+        if self.model.ours_rows and type(module) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu":
+            return ours(module, x)
+        return F.linear(x, w, module.bias)
 
     def _step(self, ids, pos_t, pos_host, slot_t):
         m = self.model
