@@ -5,9 +5,10 @@ dispatched from Python. With 4-bit weights the matmuls take about half of the st
 AVX2, 2 threads: int4wo+head 27.7 ms a step, its kernel 52%), so the rest — norms, rotary
 positions, residual adds, casts, and the calls themselves — bounds the speed. Inductor fuses
 that glue into a few C++ kernels and calls the graph as one unit: measured side by side on the
-same machine, int4wo+head 38.7 → 26.2 ms a step (0.68x). With fp32 weights the matmuls are ~90%
-of the step and the compiled step bought nothing (`python -m engine.bench bandwidth --compiled`
-prints both on the machine at hand).
+same machine, int4wo+head 38.7 → 26.2 ms a step (0.68x). With fp32 weights through MKL the matmuls
+were ~90% of the step and the compiled step bought nothing; through our fp32 kernel they are not,
+and `bench peer` measured fp32 16.3 → 24.3 tok/s compiled (2026-12-02; `python -m engine.bench
+bandwidth --compiled` prints both on the machine at hand).
 
 Design:
 - The graph is the model's own block loop (`FastLlama.run_blocks`), so eager and compiled cannot
