@@ -1,4 +1,11 @@
-"""Our AVX2 weight-only kernels (engine/cpu_gemv.cpp): the decode step's products, and prefill's.
+"""Our AVX2 product kernels (engine/cpu_gemv.cpp): int8 and 4-bit weight-only, and fp32 for few rows.
+
+The fp32 one (`fp32_gemv`) serves plain fp32 Linears for up to fast_llama.OURS_ROWS rows where the
+load-time measurement picks it (FastLlama.choose_one_row_path): oneDNN's packed copy streamed a
+one-row step's weights at ~8 GB/s on the Zen 3, MKL's GEMV at ~7, this kernel at ~13 (85% of copy).
+Each row is summed alone in one fixed order, so a row's bits do not depend on the row count, which
+continuous batching needs (engine/batch_forward.py). This module also builds decode attention
+(engine/cpu_attention.py) into the same extension.
 
 Why our own: torch's weight-only kernels read the weights at ~2.3-4.8 GB/s on a one-row product on
 the AVX2-only Zen 3 (they are written for batches, and convert activations to bf16 in software),
