@@ -56,7 +56,7 @@ class _Rows:
     who shares the forward: a sequence gets the same bits alone and in any batch."""
 
     def __init__(self, lengths: list[int], device):
-        offsets = [sum(lengths[:b]) for b in range(len(lengths))]
+        self.offsets = offsets = [sum(lengths[:b]) for b in range(len(lengths))]  # sequence b's first row
         small = [n <= OURS_ROWS for n in lengths]
         self.all_small, self.any_small = all(small), any(small)
         self.small, self.large = (torch.tensor([o + j for o, n, s in zip(offsets, lengths, small) if s == want
@@ -99,25 +99,24 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
     x = model.embed(torch.tensor([t for r in rows for t in r], dtype=torch.long, device=device)[None])  # [1, R, hidden]
     masks = [None if n == 1 or s == 0 else torch.ones(n, s + n, dtype=torch.bool, device=device).tril(diagonal=s)
              for s, n in zip(starts, lengths)]  # as FastLlama._blocks: new tokens see the prefix and each other
-    offsets = [sum(lengths[:b]) for b in range(len(rows))]
+    kinds = _Rows(lengths, device)
+    _linear, offsets = kinds.linear, kinds.offsets
     # Decode rows (one token) of every sequence in one call of our kernel where it serves; prompt rows
     # per sequence through SDPA. A sequence alone makes the same choice (FastLlama._blocks): same bits.
-    decode = [b for b, n in enumerate(lengths) if n == 1] if cpu_attention.serves(caches[0].k, H) else []
-    others = [b for b in range(len(rows)) if b not in set(decode)]
+    kernel = cpu_attention.serves(caches[0].k, H)
+    decode = [b for b, n in enumerate(lengths) if kernel and n == 1]
+    others = [b for b, n in enumerate(lengths) if not (kernel and n == 1)]
     decode_rows = torch.tensor([offsets[b] for b in decode], device=device)
-    kinds = _Rows(lengths, device)
-    _linear = kinds.linear
     for i, blk in enumerate(model.blocks):
         q, k, v = roped_heads(blk, _linear(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)  # [1, heads, R, D]
         if not others:  # decode only: rows are sequences, in order
-            attn = cpu_attention.decode_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                                                  caches, range(R), starts, i, blk.scaling)  # [R, H, D]
+            attn = cpu_attention.decode_attention_heads(q, k, v, caches, range(R), starts, i, blk.scaling)  # [R, H, D]
         else:
             attn = q.new_empty(R, H, D)
             if decode:
-                attn[decode_rows] = cpu_attention.decode_attention(
-                    q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), [caches[b] for b in decode],
-                    [offsets[b] for b in decode], [starts[b] for b in decode], i, blk.scaling)
+                attn[decode_rows] = cpu_attention.decode_attention_heads(
+                    q, k, v, [caches[b] for b in decode], [offsets[b] for b in decode], [starts[b] for b in decode],
+                    i, blk.scaling)
             for b in others:
                 c, s, n, row = caches[b], starts[b], lengths[b], offsets[b]
                 c.k[i, :, :, s : s + n] = k[:, :, row : row + n]
@@ -131,7 +130,7 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
         x = x + _linear(blk.down, F.silu(gate) * up)
     for c, s, n in zip(caches, starts, lengths):
         c.length = s + n
-    last = torch.tensor([sum(lengths[: b + 1]) - 1 for b in range(len(rows))], device=device)
+    last = torch.tensor([o + n - 1 for o, n in zip(offsets, lengths)], device=device)
     head = model.lm_head  # one row per sequence, its last: through our kernel, as a lone decode step's
     h = model.norm(x[:, last])
     return (ours(head, h) if ours_serves(head) else _packed(head, h))[0].float()

@@ -46,7 +46,7 @@ from torch import nn
 
 from . import capabilities, cpu_attention
 from .errors import InvalidRequest
-from .fast_llama import FastLlama, ours
+from .fast_llama import FastLlama, ours, plain_fp32_cpu
 from .model import first_line
 from .quality import quality_inputs
 from .weight_only import _WeightOnlyLinear
@@ -75,8 +75,7 @@ def _decode_attend(q, k, v, step_t, layer: int, pos_t, scale: float):
     differs per model, which Inductor's disk cache could not serve to the next model)."""
     cache, pos = _CACHES[int(step_t[0])], int(pos_t[0])
     if cpu_attention.serves(cache.k, q.shape[1]):  # the eager step's own decode attention (it stores k, v too)
-        return cpu_attention.decode_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                                              [cache], [0], [pos], layer, scale).unsqueeze(2)
+        return cpu_attention.decode_attention_heads(q, k, v, [cache], [0], [pos], layer, scale).unsqueeze(2)
     keys, values = cache.k[layer], cache.v[layer]
     keys[:, :, pos] = k[:, :, 0]
     values[:, :, pos] = v[:, :, 0]
@@ -139,10 +138,9 @@ class CompiledDecode:
         on weights it did not pack itself (seen with torch 2.13)."""
         if isinstance(module, _WeightOnlyLinear):
             return module.compute(x)
-        w = module.weight
-        if self.model.ours_rows and type(module) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu":
+        if self.model.ours_rows and plain_fp32_cpu(module):  # ours_rows > 0: the load measured it, so it runs here
             return ours(module, x)
-        return F.linear(x, w, module.bias)
+        return F.linear(x, module.weight, module.bias)
 
     def _step(self, ids, pos_t, pos_host, slot_t):
         m = self.model

@@ -64,6 +64,12 @@ def decode_attention(q, k_new, v_new, caches, rows, positions, layer: int, scale
         [c.v for c in caches], list(rows), list(positions), layer, float(scale))
 
 
+def decode_attention_heads(q, k, v, caches, rows, positions, layer: int, scale: float) -> torch.Tensor:
+    """`decode_attention` for q, k, v as the model's blocks hold them ([1, heads, R, D]: fast_llama.roped_heads)."""
+    return decode_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), caches, rows,
+                            positions, layer, scale)
+
+
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 

@@ -77,9 +77,10 @@ void int8_rows(const float* x, int64_t K, const int8_t* w, const float* scale, f
   }
 }
 
-// fp32 weights as they are: a one-row product streams them at close to memory speed. Per row A
-// accumulators of 8 lanes (consecutive FMAs do not wait on each other): 4 for one or two rows, 2 from
-// three on, so that accumulators, the weight vector and x fit the 16 ymm registers without spilling.
+// fp32 weights as they are: a one-row product streams them at close to memory speed. Two
+// accumulators of 8 lanes per row, for every row count: one summation order, so a row's bits do not
+// depend on how many rows share the call (4 per row spilled registers from three rows on, and a
+// count that varied with the block would change a row's bits with the batch).
 template <int M>
 void fp32_rows(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t n1) {
   constexpr int A = 2;

@@ -197,12 +197,11 @@ class FastLlama(nn.Module):
         if T > 1 and start > 0:  # new tokens see the whole cached prefix, and causally each other
             mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)
         rows = self.packed_rows
-        ours = T == 1 and cpu_attention.serves(cache.k, self.n_heads)  # one decode row: our kernel stores k, v and attends
+        decode_kernel = T == 1 and cpu_attention.serves(cache.k, self.n_heads)  # one decode row: it stores k, v too
 
         def attend(i: int, blk: Block, q, k, v):
-            if ours:
-                return cpu_attention.decode_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                                                      [cache], [0], [start], i, blk.scaling).unsqueeze(2)
+            if decode_kernel:
+                return cpu_attention.decode_attention_heads(q, k, v, [cache], [0], [start], i, blk.scaling).unsqueeze(2)
             cache.k[i, :, :, start:end] = k
             cache.v[i, :, :, start:end] = v
             return F.scaled_dot_product_attention(
@@ -244,6 +243,16 @@ ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single row
 OURS_ROWS = 64
 
 
+ONE_ROW_KERNELS = {"packed": "packed oneDNN weights", "gemv": "MKL GEMV", "ours": "our AVX2 kernel"}
+
+
+def one_row_summary(one_row: dict) -> str:
+    """What `choose_one_row_path` chose and measured, in one line (load notes, bench bandwidth)."""
+    ours = f", {one_row['ours_ms']} ms ours" if one_row["ours_ms"] is not None else ""
+    return (f"fp32 one-row matmuls: {ONE_ROW_KERNELS[one_row['path']]} (a step {one_row['packed_ms']} ms packed, "
+            f"{one_row['gemv_ms']} ms GEMV{ours}, measured at load with {one_row['threads']} threads)")
+
+
 def packed_weight(linear: nn.Module):
     """The oneDNN-packed copy of a plain bf16 or fp32 CPU Linear's weight (made once), else None.
 
@@ -281,11 +290,16 @@ def packed_bytes() -> int:
     return sum(p.numel() * p.element_size() for p in _PACKED.values() if p is not False)
 
 
-def ours_serves(linear: nn.Module) -> bool:
-    """Whether our fp32 kernel (engine/cpu_gemv.py) can run this Linear: a plain fp32 CPU one."""
+def plain_fp32_cpu(linear: nn.Module) -> bool:
+    """A plain (not quantized) Linear with a contiguous fp32 CPU weight: what our fp32 kernel takes.
+    Tensor properties only, so the compiled step can ask it while tracing."""
     w = getattr(linear, "weight", None)
-    return (type(linear) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu"
-            and w.is_contiguous() and cpu_gemv.available())
+    return type(linear) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
+
+
+def ours_serves(linear: nn.Module) -> bool:
+    """Whether our fp32 kernel (engine/cpu_gemv.py) runs this Linear here."""
+    return plain_fp32_cpu(linear) and cpu_gemv.available()
 
 
 def ours(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from . import capabilities
 from .config import LoadConfig
 from .draft import BUNDLED_DRAFT_DIR, WEIGHTS_FILE, Draft, bundled_draft
 from .errors import LoadError
+from .fast_llama import one_row_summary
 from .model import (  # noqa: F401 (re-exported)
     DTYPE_NAMES,
     LoadedModel,
@@ -114,10 +115,7 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         warm_up(model)
         one_row = model.choose_one_row_path() if fast else None
         if one_row:
-            kernel = {"packed": "packed oneDNN weights", "gemv": "MKL GEMV", "ours": "our AVX2 kernel"}[one_row["path"]]
-            ours = f", {one_row['ours_ms']} ms ours" if one_row["ours_ms"] is not None else ""
-            notes.append(f"fp32 one-row matmuls: {kernel} (a step {one_row['packed_ms']} ms packed, "
-                         f"{one_row['gemv_ms']} ms GEMV{ours}, measured at load with {one_row['threads']} threads)")
+            notes.append(one_row_summary(one_row))
         bar.update(1)
     name = BUNDLED_NAME if source == "bundled" else Path(path).name if source != "hub" else path
     eos = _eos_ids(tokenizer, hf_model)

@@ -76,6 +76,7 @@ def bytes_read_per_step(model, context: int) -> int:
 def run(args, out):
     from .. import capabilities, compiled_step, cpu_gemv
     from ..errors import LatencyLabError
+    from ..fast_llama import one_row_summary
     from ..variants import VariantSet
     from . import load_model
 
@@ -108,8 +109,7 @@ def run(args, out):
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
     one_row = getattr(lm.model, "one_row_path", None)  # measured at load: which fp32 one-row kernel the steps use
     if one_row:
-        out(f"fp32 one-row matmuls: {one_row['path']} (at load: packed {one_row['packed_ms']} ms, "
-            f"GEMV {one_row['gemv_ms']} ms, ours {one_row['ours_ms']} ms a step)")
+        out(one_row_summary(one_row))
     rows = {}
     for name, m in models.items():
         step = median(times[name])
