@@ -12,14 +12,12 @@ running batch's decode step instead of stalling it with a forward of its own.
 Exactness. A batched row must equal the row the same sequence would get alone, bit for bit, or
 greedy output would depend on who else is running. MKL's fp32 GEMM is not batch-invariant here
 (AMD EPYC Zen 3, torch 2.13): a row computed with M=1 differs from M=2..3 and from M>=4 (by
-~1e-6). oneDNN's fp32 matmul over a pre-packed weight gave the same row for every M from 1 to 16
-(checked per row; later up to M=300), so a batching engine routes every fp32 Linear of its
-forwards, prefill included, through a packed copy (fast_llama.packed_weight, the one cache of
-packed weights; FastLlama itself takes it from two rows on), also for one sequence alone: a
-request alone on a batching engine and the same request in a batch of 8 get identical
-logits. That copy costs the fp32 weights' size again in memory (`packed_mb` in engine info); a
-one-row step through it cost the same as ATen's GEMV here (100 vs 103 ms for all 121
-projections of SmolLM2, one thread, machine busy), eight rows 1.8x one row. Other dtypes and
+~1e-6). Two kernels are: our fp32 kernel (engine/cpu_gemv.py: every output summed in one fixed
+order at any row count), which serves every batched row where it builds (a sequence never brings
+more than INTERLEAVE_CHUNK = OURS_ROWS rows), and oneDNN's fp32 matmul over a pre-packed weight
+(the same row for every M from 1 to 300, checked per row), which serves where ours does not. So a
+request alone on a batching engine and the same request in a batch of 8 get identical logits. Either
+copy costs the fp32 weights' size again in memory (`packed_mb` in engine info). Other dtypes and
 quantized modules take their usual path (`fast_llama.project`); there the promise is not made.
 """
 
@@ -30,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import cpu_attention
-from .fast_llama import BATCH_ROWS, OURS_ROWS, FastLlama, _gemm_backend, ours, ours_serves, packed_weight, project, roped_heads
+from .fast_llama import (BATCH_ROWS, OURS_ROWS, FastLlama, _gemm_backend, ours, ours_serves, packed_weight, panels,
+                         project, roped_heads)
 from .kv_cache import KVCache
 
 
@@ -40,20 +39,21 @@ def supports(model) -> bool:
 
 
 def pack(model) -> None:
-    """Pack every Linear now, not inside the first batched step (FastLlama packs at load: a no-op then)."""
+    """Make the weight copies the batched forward reads now, not inside its first step: our fp32
+    kernel's panels where it serves, else oneDNN's packed copy (a no-op once made)."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            packed_weight(module)
+            panels(module) if ours_serves(module) else packed_weight(module)
 
 
 class _Rows:
     """Which kernel each row of a batched forward takes, by its own sequence's row count in it: a
-    sequence bringing at most OURS_ROWS rows (a decode step, a short prompt) goes through our fp32
-    kernel where it serves (engine/cpu_gemv.py: each row computed alone, ~1.6x the packed copy's
-    speed for a lone decode step on the Zen 3, even at ~45 rows); a longer prompt chunk through the
-    packed copy, faster for many rows (256 rows: 0.66 s vs 0.93 s). Both give a row the same bits
-    whatever else shares the call, and a row's kernel depends only on its own sequence, never on
-    who shares the forward: a sequence gets the same bits alone and in any batch."""
+    sequence bringing at most OURS_ROWS rows (every one the scheduler makes: a decode step, a prompt
+    chunk) goes through our fp32 kernel where it serves (engine/cpu_gemv.py: 1.4x the packed copy's
+    speed for a batch of 8 decode rows, on par from 64 rows on, Zen 4); a longer one through the packed
+    copy. Both give a row the same bits whatever else shares the call, and a row's kernel depends only
+    on its own sequence, never on who shares the forward: a sequence gets the same bits alone and in
+    any batch."""
 
     def __init__(self, lengths: list[int], device):
         self.offsets = offsets = [sum(lengths[:b]) for b in range(len(lengths))]  # sequence b's first row

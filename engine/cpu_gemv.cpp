@@ -1,4 +1,4 @@
-// Weight-only int8 and int4 matmuls, AVX2 + FMA + F16C: decode steps first, prefill rows too.
+// Weight-only int8 and int4 matmuls and fp32 products, AVX2 + FMA + F16C: decode steps first, prefill rows too.
 //
 // Why hand-written: torch's own weight-only kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
 // reach 2.3-4.8 GB/s of weight bytes on a one-row product on an AVX2-only Zen 3, far below what its
@@ -12,6 +12,7 @@
 //         q[j + 16] (high); scale, offset [N, K/32] fp16: w[n, k] = q * scale + offset, so
 //         y = sum_g scale_g (x . q)_g + offset_g * sum_g(x). x is quantized to int16 per group for
 //         the (x . q) products; the sums of x stay fp32.
+//   fp32: panels [ceil(N/16), K, 16] of the weight (see fp32_mm below).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -28,19 +29,24 @@ namespace {
 constexpr int kBlockRows = 4;    // rows per kernel call: their accumulators fit the 16 ymm registers
 constexpr int64_t kTile = 64;    // output channels per tile: their weights stay in L2 across row blocks
 
-// Every row block of x over every tile of output channels. Threads take tiles from a shared counter
-// rather than a fixed half each: on a shared machine (a server's own event loop, a neighbour's job)
-// a thread that loses its core for a while no longer holds the whole call back; the others take
-// its tiles. Which thread computes a tile never changes its bits.
-template <typename Rows>
-void over_tiles(int64_t M, int64_t N, Rows&& rows) {
-  const int64_t tiles = (N + kTile - 1) / kTile;
+// Threads take tiles from a shared counter rather than a fixed half each: on a shared machine (a
+// server's own event loop, a neighbour's job) a thread that loses its core for a while no longer
+// holds the whole call back; the others take its tiles. Which thread computes a tile never changes
+// its bits.
+template <typename Tile>
+void over_tiles(int64_t tiles, Tile&& tile) {
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(tiles, at::get_num_threads()), 1, [&](int64_t, int64_t) {
-    for (int64_t t = next.fetch_add(1); t < tiles; t = next.fetch_add(1)) {
-      const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile);
-      for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) rows(m0, std::min<int64_t>(kBlockRows, M - m0), n0, n1);
-    }
+    for (int64_t t = next.fetch_add(1); t < tiles; t = next.fetch_add(1)) tile(t);
+  });
+}
+
+// The weight-only kernels: every row block of x over every tile of kTile output channels.
+template <typename Rows>
+void over_tiles(int64_t M, int64_t N, Rows&& rows) {
+  over_tiles((N + kTile - 1) / kTile, [&](int64_t t) {
+    const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile);
+    for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) rows(m0, std::min<int64_t>(kBlockRows, M - m0), n0, n1);
   });
 }
 
@@ -77,32 +83,55 @@ void int8_rows(const float* x, int64_t K, const int8_t* w, const float* scale, f
   }
 }
 
-// fp32 weights as they are: a one-row product streams them at close to memory speed. Two
-// accumulators of 8 lanes per row, for every row count: one summation order, so a row's bits do not
-// depend on how many rows share the call (4 per row spilled registers from three rows on, and a
-// count that varied with the block would change a row's bits with the batch).
-template <int M>
-void fp32_rows(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t n1) {
-  constexpr int A = 2;
-  for (int64_t n = n0; n < n1; ++n) {
-    const float* wr = w + n * K;
-    __m256 acc[M][A];
-    for (int m = 0; m < M; ++m)
-      for (int j = 0; j < A; ++j) acc[m][j] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 * A <= K; k += 8 * A) {
-      for (int j = 0; j < A; ++j) {
-        const __m256 wv = _mm256_loadu_ps(wr + k + 8 * j);
-        for (int m = 0; m < M; ++m) acc[m][j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k + 8 * j), acc[m][j]);
-      }
+// fp32 weights in panels of kPanel output channels, [P, K, kPanel] (engine/cpu_gemv.py: fp32_panels;
+// the last panel padded with zeros). The micro-kernel is the classic GEMM one: each x value is
+// broadcast against two panels' 32 outputs, so one weight load serves kPanelRows rows and one x load
+// 32 outputs (12 accumulators of the 16 AVX2 registers). Every output sums its K products in order,
+// one FMA chain per lane: a row's bits depend neither on how many rows share the call nor on how the
+// rows and panels are blocked (nor on the vector width). A one-row product streams the weights at
+// close to memory speed; many rows run at ~oneDNN's speed (engine.bench gemv).
+constexpr int kPanel = 16;
+constexpr int kPanelRows = 3;   // rows per micro-kernel call: 3 rows x 2 panels x 2 vectors = 12 registers
+constexpr int kTilePanels = 2;  // the unit a thread takes: its weights stay in L2 across the row blocks
+
+template <int M, int P>
+inline void fp32_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+  __m256 acc[M][2 * P];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < 2 * P; ++j) acc[m][j] = _mm256_setzero_ps();
+  const float* panel[P];
+  for (int p = 0; p < P; ++p) panel[p] = w + p * K * kPanel;
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 b[2 * P];
+    for (int p = 0; p < P; ++p) {
+      b[2 * p] = _mm256_loadu_ps(panel[p] + k * kPanel);
+      b[2 * p + 1] = _mm256_loadu_ps(panel[p] + k * kPanel + 8);
     }
     for (int m = 0; m < M; ++m) {
-      __m256 a = acc[m][0];
-      for (int j = 1; j < A; ++j) a = _mm256_add_ps(a, acc[m][j]);
-      float s = hsum(a);
-      for (int64_t t = k; t < K; ++t) s += x[m * K + t] * wr[t];
-      y[m * N + n] = s;
+      const __m256 a = _mm256_broadcast_ss(x + m * K + k);
+      for (int j = 0; j < 2 * P; ++j) acc[m][j] = _mm256_fmadd_ps(a, b[j], acc[m][j]);
     }
+  }
+  // Plain stores only: a store that depends on a runtime bound made GCC keep the accumulators on the
+  // stack through the loop (2x slower); the last, padded panel goes through a scratch block instead.
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < 2 * P; ++j) _mm256_storeu_ps(y + m * ldy + 8 * j, acc[m][j]);
+}
+
+// Panels [p0, p1) for M <= kPanelRows rows: pairs of panels, a lone one, the padded last one.
+template <int M>
+void fp32_rows(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t p0, int64_t p1) {
+  int64_t p = p0;
+  for (; p + 2 <= p1 && (p + 2) * kPanel <= N; p += 2) fp32_block<M, 2>(x, K, w + p * K * kPanel, y + p * kPanel, N);
+  for (; p < p1; ++p) {
+    if ((p + 1) * kPanel <= N) {
+      fp32_block<M, 1>(x, K, w + p * K * kPanel, y + p * kPanel, N);
+      continue;
+    }
+    alignas(32) float part[M * kPanel];
+    fp32_block<M, 1>(x, K, w + p * K * kPanel, part, kPanel);
+    for (int m = 0; m < M; ++m)
+      for (int64_t n = p * kPanel; n < N; ++n) y[m * N + n] = part[m * kPanel + n - p * kPanel];
   }
 }
 
@@ -202,16 +231,29 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return y;
 }
 
-at::Tensor fp32_gemv(const at::Tensor& x, const at::Tensor& w) {
-  const int64_t N = w.size(0), K = w.size(1), M = x.size(0);
+at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& panels, int64_t N) {
+  const int64_t K = x.size(1), M = x.size(0);
   check_x(x, K);
-  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 2, "w must be contiguous fp32 [N, K]");
+  TORCH_CHECK(panels.scalar_type() == at::kFloat && panels.is_contiguous() && panels.dim() == 3 &&
+              panels.size(1) == K && panels.size(2) == kPanel && panels.size(0) * kPanel >= N && N > 0,
+              "panels must be contiguous fp32 [ceil(N / ", kPanel, "), K, ", kPanel, "] for N = ", N, ", got ",
+              panels.sizes());
   at::Tensor y = at::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
+  const float* wp = panels.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  over_tiles(M, N, [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
-    by_rows(rows, [&](auto r) { fp32_rows<decltype(r)::value>(xp + m0 * K, K, wp, yp + m0 * N, N, n0, n1); });
+  const int64_t P = panels.size(0), tiles = (P + kTilePanels - 1) / kTilePanels;
+  over_tiles(tiles, [&](int64_t t) {
+    const int64_t p0 = t * kTilePanels, p1 = std::min(P, p0 + kTilePanels);
+    for (int64_t m0 = 0; m0 < M; m0 += kPanelRows) {
+      const float* xb = xp + m0 * K;
+      float* yb = yp + m0 * N;
+      switch (std::min<int64_t>(kPanelRows, M - m0)) {
+        case 1: fp32_rows<1>(xb, K, wp, yb, N, p0, p1); break;
+        case 2: fp32_rows<2>(xb, K, wp, yb, N, p0, p1); break;
+        default: fp32_rows<3>(xb, K, wp, yb, N, p0, p1); break;
+      }
+    }
   });
   return y;
 }
@@ -262,13 +304,13 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY(latency_lab_gemv, m) {
-  m.def("fp32_gemv(Tensor x, Tensor w) -> Tensor");
+  m.def("fp32_mm(Tensor x, Tensor panels, int n) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor w, Tensor scale) -> Tensor");
   m.def("int4_gemv(Tensor x, Tensor w, Tensor scale, Tensor offset, int group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) {
-  m.impl("fp32_gemv", &fp32_gemv);
+  m.impl("fp32_mm", &fp32_mm);
   m.impl("int8_gemv", &int8_gemv);
   m.impl("int4_gemv", &int4_gemv);
 }

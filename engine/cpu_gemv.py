@@ -1,9 +1,12 @@
-"""Our AVX2 product kernels (engine/cpu_gemv.cpp): int8 and 4-bit weight-only, and fp32 for few rows.
+"""Our AVX2 product kernels (engine/cpu_gemv.cpp): int8 and 4-bit weight-only, and fp32.
 
-The fp32 one (`fp32_gemv`) serves plain fp32 Linears for up to fast_llama.OURS_ROWS rows where the
-load-time measurement picks it (FastLlama.choose_one_row_path): oneDNN's packed copy streamed a
-one-row step's weights at ~8 GB/s on the Zen 3, MKL's GEMV at ~7, this kernel at ~13 (85% of copy).
-Each row is summed alone in one fixed order, so a row's bits do not depend on the row count, which
+The fp32 one (`fp32_mm`, over a copy of the weight in panels of 16 output channels, `fp32_panels`)
+serves plain fp32 Linears for up to fast_llama.OURS_ROWS rows where the load-time measurement picks
+it (FastLlama.choose_one_row_path): on the Zen 3 oneDNN's packed copy streamed a one-row step's
+weights at ~8 GB/s, MKL's GEMV at ~7, our kernel at ~13 (85% of copy). Many rows run at oneDNN's
+speed (Zen 4, 2 threads, the 120 projections of SmolLM2: 8 rows 19 ms against oneDNN's 26 and our
+earlier dot-product kernel's 26; 32 rows 45 vs 44 and 61; 256 rows 291 vs 289 and 459). Every output
+sums its products in one fixed order, so a row's bits do not depend on the row count, which
 continuous batching needs (engine/batch_forward.py). This module also builds decode attention
 (engine/cpu_attention.py) into the same extension.
 
@@ -43,6 +46,7 @@ from .errors import first_line
 
 NAME = "latency_lab AVX2 kernels (engine/cpu_gemv.py)"  # what engine info and the benches call them
 GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)
+PANEL = 16  # the fp32 kernel's output channels per panel (cpu_gemv.cpp: kPanel)
 # One extension for all our CPU kernels: these products and decode attention (engine/cpu_attention.py).
 _SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_gemv.cpp", "cpu_attention.cpp")]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
@@ -98,9 +102,9 @@ def _build() -> str | None:
 
 def _register_fakes() -> None:
     """Shapes for torch.compile: the compiled decode step traces these ops as opaque calls."""
-    @torch.library.register_fake("latency_lab_gemv::fp32_gemv")
-    def _(x, w):
-        return x.new_empty(x.shape[0], w.shape[0])
+    @torch.library.register_fake("latency_lab_gemv::fp32_mm")
+    def _(x, panels, n):
+        return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("latency_lab_gemv::int8_gemv")
     def _(x, w, scale):
@@ -128,7 +132,7 @@ def _self_check() -> None:
     for m in (1, 2, 3, 4, 5, 8, 9):
         x = torch.randn(m, k, generator=gen)
         _close(int8_gemv(x, q8, s8), x @ (q8.float() * s8[:, None]).T, 1e-5, "int8")
-        _close(fp32_gemv(x, w), x @ w.T, 1e-5, "fp32")
+        _close(fp32_mm(x, fp32_panels(w), n), x @ w.T, 1e-5, "fp32")
         _close(int4_gemv(x, packed, s16, o16), x @ w4.T, 1e-3, "4-bit")
 
 
@@ -158,9 +162,19 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     return packed, s16, o16
 
 
-def fp32_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] fp32 @ weight [N, K] fp32 .T -> [M, N] (each row computed alone: the same bits at any M)."""
-    return torch.ops.latency_lab_gemv.fp32_gemv(x, weight)
+def fp32_panels(weight: torch.Tensor) -> torch.Tensor:
+    """What `fp32_mm` reads: weight [N, K] fp32 as panels [ceil(N / 16), K, 16] (16 output channels
+    side by side for each input; the last panel padded with zeros). A copy: the weight's size again."""
+    n, k = weight.shape
+    panels = -(-n // PANEL)
+    padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, panels * PANEL - n))
+    return padded.reshape(panels, PANEL, k).transpose(1, 2).contiguous()
+
+
+def fp32_mm(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
+    """x [M, K] fp32 @ weight.T -> [M, n], from `fp32_panels(weight)` (each output summed in one
+    fixed order: a row's bits are the same at any M)."""
+    return torch.ops.latency_lab_gemv.fp32_mm(x, panels, n)
 
 
 def int8_gemv(x: torch.Tensor, weight_int8: torch.Tensor, scale_fp32: torch.Tensor) -> torch.Tensor:

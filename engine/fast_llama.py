@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -167,6 +168,10 @@ class FastLlama(nn.Module):
         if "ours" in paths and statistics.median(a / b for a, b in zip(times["ours"], times[best])) < 1.0:
             best = "ours"
         self.packed_rows[torch.float32], self.ours_rows = (paths[best][0], hi), paths[best][1]
+        if best == "ours":  # ours now takes every row count the packed fp32 copies served: free them
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    _PACKED.pop(module.weight, None) if module.weight.dtype == torch.float32 else None
         ms = {f"{p}_ms": round(statistics.median(times[p]) * 1e3, 2) if p in times else None
               for p in ("packed", "gemv", "ours")}
         self.one_row_path = {"path": best, "threads": torch.get_num_threads(), **ms, "ratio": round(ratio, 3)}
@@ -236,11 +241,13 @@ use_packed = True  # False: plain F.linear for every matmul (`python -m engine.b
 PACKED_ROWS = {torch.bfloat16: (3, 1 << 30), torch.float32: (2, 128)}
 BATCH_ROWS = {**PACKED_ROWS, torch.float32: (1, 1 << 30)}  # batching: every fp32 row packed (batch_forward.py)
 ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
-# Our fp32 kernel serves products of up to this many rows where it won the one-row measurement
-# (Zen 3, 2 threads, the 121 projections: 1 row 36 ms against the packed copy's 67 and MKL's 58-81,
-# 8 rows 54 vs 80, 45 rows 188 vs 189, 256 rows 932 vs 656): decode steps, speculative verifies, a
-# warm turn's new tokens, short prompts. In a batch, per sequence (batch_forward.py).
-OURS_ROWS = 64
+# Our fp32 kernel serves products of up to this many rows where it won the one-row measurement:
+# decode steps, speculative verifies, a warm turn's new tokens, prompts and the batching scheduler's
+# 256-token prompt chunks (Zen 4, 2 threads, the 120 projections: 1 row 15 ms against the packed
+# copy's 26, 8 rows 19 vs 26, 64 rows 83 vs 83, 256 rows 291 vs 289; MKL 1.2-1.5x slower from 128
+# rows up). Longer prefills keep the rules above (on the Zen 3 MKL led there). In a batch, per
+# sequence (batch_forward.py).
+OURS_ROWS = 256
 
 
 ONE_ROW_KERNELS = {"packed": "packed oneDNN weights", "gemv": "MKL GEMV", "ours": "our AVX2 kernel"}
@@ -286,8 +293,9 @@ def packed_weight(linear: nn.Module):
 
 
 def packed_bytes() -> int:
-    """Bytes held by packed weight copies (all live models)."""
-    return sum(p.numel() * p.element_size() for p in _PACKED.values() if p is not False)
+    """Bytes held by packed weight copies, oneDNN's and our fp32 kernel's panels (all live models)."""
+    copies = [p for p in _PACKED.values() if p is not False] + [h.panels for h in _PANELS]
+    return sum(p.numel() * p.element_size() for p in copies)
 
 
 def plain_fp32_cpu(linear: nn.Module) -> bool:
@@ -302,9 +310,35 @@ def ours_serves(linear: nn.Module) -> bool:
     return plain_fp32_cpu(linear) and cpu_gemv.available()
 
 
+class _Panels:
+    """Our fp32 kernel's copy of one Linear's weight (cpu_gemv.fp32_panels), kept on the module, where
+    the compiled step's tracing can read it. Not deep-copied: a variant copied from the model makes
+    its own on first use. `weight`: the tensor it was made from (a replaced weight is packed again)."""
+
+    __slots__ = ("weight", "panels", "__weakref__")
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight, self.panels = weight, cpu_gemv.fp32_panels(weight)
+        _PANELS.add(self)
+
+    def __deepcopy__(self, memo):
+        return None
+
+
+_PANELS = weakref.WeakSet()  # every live _Panels: their bytes count in packed_bytes()
+
+
+def panels(linear: nn.Linear) -> torch.Tensor:
+    """The panels our fp32 kernel reads for `linear` (made once)."""
+    held = linear.__dict__.get("_ours_panels")
+    if held is None or held.weight is not linear.weight:
+        held = linear.__dict__["_ours_panels"] = _Panels(linear.weight)
+    return held.panels
+
+
 def ours(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x) through our fp32 kernel: each row computed alone, the same bits in any batch."""
-    y = cpu_gemv.fp32_gemv(x.reshape(-1, x.shape[-1]).contiguous(), linear.weight)
+    """linear(x) through our fp32 kernel: the same bits for a row in any batch."""
+    y = cpu_gemv.fp32_mm(x.reshape(-1, x.shape[-1]).contiguous(), panels(linear), linear.out_features)
     if linear.bias is not None:
         y = y + linear.bias
     return y.view(*x.shape[:-1], y.shape[-1])

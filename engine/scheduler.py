@@ -136,7 +136,8 @@ class BatchingWorker(Worker):
             "unbatched": "speculative requests, compiled steps and models without our Llama forward run beside the batch, "
                          "one step per scheduler loop",
             "packed_mb": round(packed_bytes() / 1e6, 1),
-            "exact": "fp32 on CPU: a request's tokens are the same batched and alone (oneDNN packed matmuls)",
+            "exact": "fp32 on CPU: a request's tokens are the same batched and alone (our fp32 kernel, or oneDNN "
+                     "packed matmuls where it does not build)",
             "interleave_chunk": INTERLEAVE_CHUNK,
         }
 

@@ -54,16 +54,26 @@ def test_both_kernels_equal_the_dequantized_product_at_every_row_count(k):
 
 
 @needs_kernels
-@pytest.mark.parametrize("k", [576, 1000])  # a multiple of its 32-input steps, and one with a tail
+@pytest.mark.parametrize("k", [576, 1000])
 def test_the_fp32_kernel_equals_the_product_and_a_row_its_bits_at_any_row_count(k):
     gen = torch.Generator().manual_seed(k)
-    w = torch.randn(203, k, generator=gen)
+    w = torch.randn(203, k, generator=gen)  # 13 panels of 16: pairs, a lone one, the last one padded
     x = torch.randn(13, k, generator=gen)
-    got = cpu_gemv.fp32_gemv(x, w)
+    panels = cpu_gemv.fp32_panels(w)
+    assert panels.shape == (13, k, cpu_gemv.PANEL)
+    got = cpu_gemv.fp32_mm(x, panels, 203)
+    assert got.shape == (13, 203)
     assert (got - x @ w.T).abs().max() <= 1e-5 * (x @ w.T).abs().max()
-    for m in (1, 2, 3, 4, 5, 8, 9):  # batching's exactness rests on this
-        assert torch.equal(cpu_gemv.fp32_gemv(x[:m].contiguous(), w), got[:m])
-    assert torch.equal(cpu_gemv.fp32_gemv(x[7:8].contiguous(), w)[0], got[7])
+    for m in range(1, 13):  # blocks of 3 rows and their remainders: batching's exactness rests on this
+        assert torch.equal(cpu_gemv.fp32_mm(x[:m].contiguous(), panels, 203), got[:m])
+    assert torch.equal(cpu_gemv.fp32_mm(x[7:8].contiguous(), panels, 203)[0], got[7])
+    with torch.inference_mode():  # and on either thread count: each output is one thread's
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(cpu_gemv.fp32_mm(x, panels, 203), got)
+        finally:
+            torch.set_num_threads(threads)
 
 
 @needs_kernels
@@ -73,6 +83,8 @@ def test_a_kernel_refuses_a_shape_it_cannot_take():
     with pytest.raises(RuntimeError, match="groups of 32"):
         cpu_gemv.int4_gemv(torch.randn(1, 48), torch.zeros(8, 24, dtype=torch.uint8),
                            torch.ones(8, 1).half(), torch.ones(8, 1).half())
+    with pytest.raises(RuntimeError, match="panels must be"):  # panels for fewer outputs than asked
+        cpu_gemv.fp32_mm(torch.randn(2, 64), cpu_gemv.fp32_panels(torch.randn(16, 64)), 17)
 
 
 @needs_kernels
