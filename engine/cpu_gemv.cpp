@@ -85,14 +85,16 @@ void int8_rows(const float* x, int64_t K, const int8_t* w, const float* scale, f
 
 // fp32 weights in panels of kPanel output channels, [P, K, kPanel] (engine/cpu_gemv.py: fp32_panels;
 // the last panel padded with zeros). The micro-kernel is the classic GEMM one: each x value is
-// broadcast against two panels' 32 outputs, so one weight load serves kPanelRows rows and one x load
-// 32 outputs (12 accumulators of the 16 AVX2 registers). Every output sums its K products in order,
-// one FMA chain per lane: a row's bits depend neither on how many rows share the call nor on how the
-// rows and panels are blocked (nor on the vector width). A one-row product streams the weights at
-// close to memory speed; many rows run at ~oneDNN's speed (engine.bench gemv).
+// broadcast against two panels' 32 outputs, so one weight load serves several rows and one x load 32
+// outputs. Every output sums its K products in order, one FMA chain per lane: a row's bits depend
+// neither on how many rows share the call, nor on how rows and panels are blocked, nor on the vector
+// width, so the AVX-512 kernel (8 rows a pass: a batch's 8 decode rows read the weights once) and the
+// AVX2 one (3 rows: 12 accumulators of its 16 registers) give the same bits. A one-row product
+// streams the weights at close to memory speed; many rows run at oneDNN's speed (engine.bench gemv).
 constexpr int kPanel = 16;
-constexpr int kPanelRows = 3;   // rows per micro-kernel call: 3 rows x 2 panels x 2 vectors = 12 registers
-constexpr int kTilePanels = 2;  // the unit a thread takes: its weights stay in L2 across the row blocks
+constexpr int kPanelRows = 3;      // AVX2: rows per micro-kernel call (3 rows x 2 panels x 2 vectors)
+constexpr int kPanelRowsWide = 8;  // AVX-512: 8 rows x 2 panels = 16 of its 32 registers
+constexpr int kTilePanels = 2;     // the unit a thread takes: its weights stay in L2 across the row blocks
 
 template <int M, int P>
 inline void fp32_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
@@ -118,21 +120,56 @@ inline void fp32_block(const float* x, int64_t K, const float* w, float* y, int6
     for (int j = 0; j < 2 * P; ++j) _mm256_storeu_ps(y + m * ldy + 8 * j, acc[m][j]);
 }
 
-// Panels [p0, p1) for M <= kPanelRows rows: pairs of panels, a lone one, the padded last one.
-template <int M>
+// The same arithmetic with one 16-lane vector per panel (each lane's FMA chain is the same).
+template <int M, int P>
+__attribute__((target("avx512f"))) void fp32_block_wide(const float* x, int64_t K, const float* w, float* y,
+                                                        int64_t ldy) {
+  __m512 acc[M][P];
+  for (int m = 0; m < M; ++m)
+    for (int p = 0; p < P; ++p) acc[m][p] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 b[P];
+    for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(w + (p * K + k) * kPanel);
+    for (int m = 0; m < M; ++m) {
+      const __m512 a = _mm512_set1_ps(x[m * K + k]);
+      for (int p = 0; p < P; ++p) acc[m][p] = _mm512_fmadd_ps(a, b[p], acc[m][p]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(y + m * ldy + kPanel * p, acc[m][p]);
+}
+
+template <int M, int P, bool Wide>
+inline void fp32_call(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+  if constexpr (Wide) fp32_block_wide<M, P>(x, K, w, y, ldy);
+  else fp32_block<M, P>(x, K, w, y, ldy);
+}
+
+// Panels [p0, p1) for M rows (one micro-kernel pass): pairs of panels, a lone one, the padded last one.
+template <int M, bool Wide>
 void fp32_rows(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t p0, int64_t p1) {
   int64_t p = p0;
-  for (; p + 2 <= p1 && (p + 2) * kPanel <= N; p += 2) fp32_block<M, 2>(x, K, w + p * K * kPanel, y + p * kPanel, N);
+  for (; p + 2 <= p1 && (p + 2) * kPanel <= N; p += 2) fp32_call<M, 2, Wide>(x, K, w + p * K * kPanel, y + p * kPanel, N);
   for (; p < p1; ++p) {
     if ((p + 1) * kPanel <= N) {
-      fp32_block<M, 1>(x, K, w + p * K * kPanel, y + p * kPanel, N);
+      fp32_call<M, 1, Wide>(x, K, w + p * K * kPanel, y + p * kPanel, N);
       continue;
     }
-    alignas(32) float part[M * kPanel];
-    fp32_block<M, 1>(x, K, w + p * K * kPanel, part, kPanel);
+    alignas(64) float part[M * kPanel];
+    fp32_call<M, 1, Wide>(x, K, w + p * K * kPanel, part, kPanel);
     for (int m = 0; m < M; ++m)
       for (int64_t n = p * kPanel; n < N; ++n) y[m * N + n] = part[m * kPanel + n - p * kPanel];
   }
+}
+
+// fp32_rows for a run-time row count 1..R: one instantiation per count, so each keeps its accumulators in registers.
+template <int R, bool Wide>
+void fp32_rows_upto(int64_t rows, const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t p0,
+                    int64_t p1) {
+  if constexpr (R > 1) {
+    if (rows < R) return fp32_rows_upto<R - 1, Wide>(rows, x, K, w, y, N, p0, p1);
+  }
+  fp32_rows<R, Wide>(x, K, w, y, N, p0, p1);
 }
 
 inline float half_to_float(at::Half h) { return _cvtsh_ss(h.x); }  // F16C, not c10's bit-twiddling
@@ -231,28 +268,26 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return y;
 }
 
-at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& panels, int64_t N) {
+at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& panels, int64_t N, bool wide) {
   const int64_t K = x.size(1), M = x.size(0);
   check_x(x, K);
   TORCH_CHECK(panels.scalar_type() == at::kFloat && panels.is_contiguous() && panels.dim() == 3 &&
               panels.size(1) == K && panels.size(2) == kPanel && panels.size(0) * kPanel >= N && N > 0,
               "panels must be contiguous fp32 [ceil(N / ", kPanel, "), K, ", kPanel, "] for N = ", N, ", got ",
               panels.sizes());
+  TORCH_CHECK(!wide || __builtin_cpu_supports("avx512f"), "the wide fp32 kernel needs AVX-512, which this CPU lacks");
   at::Tensor y = at::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = panels.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t P = panels.size(0), tiles = (P + kTilePanels - 1) / kTilePanels;
+  const int64_t R = wide ? kPanelRowsWide : kPanelRows;
   over_tiles(tiles, [&](int64_t t) {
     const int64_t p0 = t * kTilePanels, p1 = std::min(P, p0 + kTilePanels);
-    for (int64_t m0 = 0; m0 < M; m0 += kPanelRows) {
-      const float* xb = xp + m0 * K;
-      float* yb = yp + m0 * N;
-      switch (std::min<int64_t>(kPanelRows, M - m0)) {
-        case 1: fp32_rows<1>(xb, K, wp, yb, N, p0, p1); break;
-        case 2: fp32_rows<2>(xb, K, wp, yb, N, p0, p1); break;
-        default: fp32_rows<3>(xb, K, wp, yb, N, p0, p1); break;
-      }
+    for (int64_t m0 = 0; m0 < M; m0 += R) {
+      const int64_t rows = std::min(R, M - m0);
+      if (wide) fp32_rows_upto<kPanelRowsWide, true>(rows, xp + m0 * K, K, wp, yp + m0 * N, N, p0, p1);
+      else fp32_rows_upto<kPanelRows, false>(rows, xp + m0 * K, K, wp, yp + m0 * N, N, p0, p1);
     }
   });
   return y;
@@ -304,7 +339,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY(latency_lab_gemv, m) {
-  m.def("fp32_mm(Tensor x, Tensor panels, int n) -> Tensor");
+  m.def("fp32_mm(Tensor x, Tensor panels, int n, bool wide) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor w, Tensor scale) -> Tensor");
   m.def("int4_gemv(Tensor x, Tensor w, Tensor scale, Tensor offset, int group_size) -> Tensor");
 }

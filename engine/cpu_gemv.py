@@ -92,6 +92,8 @@ def _build() -> str | None:
         cpp_extension.load(name="latency_lab_gemv", sources=_SOURCES, extra_cflags=_FLAGS,
                            extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         _register_fakes()
+        global _wide
+        _wide = wide_fp32()
         _self_check()
     except Exception as exc:  # a failed build or a wrong result: torch's kernels serve instead
         reason = f"could not be built or gave wrong results: {type(exc).__name__}: {first_line(exc)}"
@@ -103,7 +105,7 @@ def _build() -> str | None:
 def _register_fakes() -> None:
     """Shapes for torch.compile: the compiled decode step traces these ops as opaque calls."""
     @torch.library.register_fake("latency_lab_gemv::fp32_mm")
-    def _(x, panels, n):
+    def _(x, panels, n, wide):
         return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("latency_lab_gemv::int8_gemv")
@@ -132,7 +134,11 @@ def _self_check() -> None:
     for m in (1, 2, 3, 4, 5, 8, 9):
         x = torch.randn(m, k, generator=gen)
         _close(int8_gemv(x, q8, s8), x @ (q8.float() * s8[:, None]).T, 1e-5, "int8")
-        _close(fp32_mm(x, fp32_panels(w), n), x @ w.T, 1e-5, "fp32")
+        panels = fp32_panels(w)
+        got = fp32_mm(x, panels, n)
+        _close(got, x @ w.T, 1e-5, "fp32")
+        if _wide and not torch.equal(torch.ops.latency_lab_gemv.fp32_mm(x, panels, n, False), got):
+            raise RuntimeError(f"fp32 kernel: AVX-512 and AVX2 differ at {m} rows")
         _close(int4_gemv(x, packed, s16, o16), x @ w4.T, 1e-3, "4-bit")
 
 
@@ -173,8 +179,17 @@ def fp32_panels(weight: torch.Tensor) -> torch.Tensor:
 
 def fp32_mm(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     """x [M, K] fp32 @ weight.T -> [M, n], from `fp32_panels(weight)` (each output summed in one
-    fixed order: a row's bits are the same at any M)."""
-    return torch.ops.latency_lab_gemv.fp32_mm(x, panels, n)
+    fixed order: a row's bits are the same at any M, and on either kernel, AVX-512 or AVX2)."""
+    return torch.ops.latency_lab_gemv.fp32_mm(x, panels, n, _wide)
+
+
+def wide_fp32() -> bool:
+    """Whether the fp32 kernel runs its AVX-512 form (8 rows a pass) here: where torch dispatches
+    AVX-512 (ATEN_CPU_CAPABILITY=avx2 turns it off, as it does torch's own)."""
+    return capabilities.detect().torch_cpu_capability == "AVX512"
+
+
+_wide = False  # wide_fp32(), decided once when the kernels are built (a plain global: the compiled step reads it)
 
 
 def int8_gemv(x: torch.Tensor, weight_int8: torch.Tensor, scale_fp32: torch.Tensor) -> torch.Tensor:

@@ -64,8 +64,11 @@ def test_the_fp32_kernel_equals_the_product_and_a_row_its_bits_at_any_row_count(
     got = cpu_gemv.fp32_mm(x, panels, 203)
     assert got.shape == (13, 203)
     assert (got - x @ w.T).abs().max() <= 1e-5 * (x @ w.T).abs().max()
-    for m in range(1, 13):  # blocks of 3 rows and their remainders: batching's exactness rests on this
+    for m in range(1, 13):  # blocks of 3 (AVX2) or 8 rows (AVX-512) and their remainders: batching's exactness rests on this
         assert torch.equal(cpu_gemv.fp32_mm(x[:m].contiguous(), panels, 203), got[:m])
+    if cpu_gemv.wide_fp32():  # the AVX-512 kernel gives the AVX2 one's bits: a machine's CPU never changes a reply
+        for m in (1, 5, 13):
+            assert torch.equal(torch.ops.latency_lab_gemv.fp32_mm(x[:m].contiguous(), panels, 203, False), got[:m])
     assert torch.equal(cpu_gemv.fp32_mm(x[7:8].contiguous(), panels, 203)[0], got[7])
     with torch.inference_mode():  # and on either thread count: each output is one thread's
         threads = torch.get_num_threads()
