@@ -11,13 +11,13 @@ its clients are admitted at most that many at once, while other sessions' chats 
 limit (they still share the machine, and a batch, with the run). A remote backend batches as its
 server does: its runs' max batch is unknown (None, shown as a dash).
 
-A pair runs on a thread with its own event loop (the clients stay off the server's loop, as in the
-bench); the page polls `LoadRunner.snapshot`.
+A pair runs on a thread of the app; its clients in a process of their own, as in the bench
+(server/bench/load_clients.py: clients sharing the server's interpreter slow it down); the page
+polls `LoadRunner.snapshot`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 import threading
@@ -237,7 +237,8 @@ class LoadRunner:
         return self._references[key]
 
     def _one_run(self, pair: LoadPair, run: RunState, pool: list, url: str, headers: dict) -> None:
-        from server.bench.load_drive import drive, wait_idle
+        from server.bench.load_clients import drive_elsewhere
+        from server.bench.load_drive import wait_idle
 
         engine = self.engines[pair.spec.backend]
         scope = engine.open_batch_scope(run.max_batch) if run.max_batch is not None else None
@@ -248,22 +249,10 @@ class LoadRunner:
             results.append(r)
             run.points.append(LoadPoint.of(r, time.perf_counter() - run.started))
 
-        async def until_done_or_stopped():
-            task = asyncio.ensure_future(drive(url, scoped(pool, pair.spec.backend, scope), pair.spec.clients, REQUEST_DEADLINE_S * 4,
-                                               pair.spec.requests, 0, REQUEST_DEADLINE_S, headers=headers,
-                                               on_result=on_result))
-            while not task.done():
-                if pair.stop.is_set():
-                    task.cancel()  # closes the streams: the server cancels their generations
-                    break
-                await asyncio.sleep(0.1)
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-
         try:
-            asyncio.run(until_done_or_stopped())
+            drive_elsewhere(url, scoped(pool, pair.spec.backend, scope), pair.spec.clients, REQUEST_DEADLINE_S * 4,
+                            pair.spec.requests, 0, REQUEST_DEADLINE_S, headers=headers, on_result=on_result,
+                            stop=pair.stop)  # Stop kills the clients: their streams close, the server cancels them
         finally:
             run.wall_s = time.perf_counter() - run.started
             wait_idle(engine)  # cancelled requests leave before the next run starts

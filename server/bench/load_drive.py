@@ -9,6 +9,7 @@ import gc
 import threading
 import time
 
+from .load_clients import drive_elsewhere
 from .load_figures import BAD, level_row
 from .load_pool import Result, ScriptedConversation, judge, one_request
 
@@ -136,15 +137,15 @@ def wait_idle(engine, timeout: float = 30.0) -> bool:
 def run_load(engine, url: str, pool: list[ScriptedConversation], levels, *, duration: float, max_requests: int,
              cancel_every: int, deadline: float, repeat: int, sampler: MemorySampler, out=print,
              api_key: str | None = None) -> dict:
-    """Every level, `repeat` times; rows per level (all runs pooled), counts, memory run over run."""
+    """Every level, `repeat` times; rows per level (all runs pooled), counts, memory run over run. The
+    clients run in a process of their own (load_clients.py), as real clients do."""
     by_level: dict[int, list[tuple[list[Result], float]]] = {n: [] for n in levels}
     runs, stuck_workers, server_errors = [], 0, 0
     for run_i in range(repeat):
         sampler.phase = f"run{run_i + 1}"
         for n in levels:
             errors_before = server_5xx(url)
-            results, wall = asyncio.run(drive(url, pool, n, duration, max_requests, cancel_every, deadline,
-                                              api_key))
+            results, wall = drive_elsewhere(url, pool, n, duration, max_requests, cancel_every, deadline, api_key)
             if not wait_idle(engine):
                 stuck_workers += 1
             server_errors += server_5xx(url) - errors_before

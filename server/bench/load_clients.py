@@ -1,0 +1,87 @@
+"""The load's clients in a process of their own, as real clients are: `drive_elsewhere`.
+
+Why: clients on a thread of the server's process share its interpreter lock with the worker
+thread that drives the model, and the more tokens the server streams, the more the clients' own
+parsing holds that lock: a load measured so penalizes the faster configuration. Measured (AMD EPYC
+Zen 4, 2 cores, 16 clients, max batch 8 against 1, output tok/s, pairs side by side): clients in
+the server's process 3.2-3.8x, in their own process 3.8-4.5x. The clients still share the machine's
+cores with the server, as a browser on the same laptop would.
+
+The parent sends the pool (each turn with its reference reply) and the run's settings as one JSON
+object on stdin; the child runs `load_drive.drive` and writes one JSON line per judged request,
+then one with the wall time. `python -m server.bench.load_clients` is that child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from dataclasses import asdict
+
+from .load_pool import Result, ScriptedConversation, Turn
+
+
+def drive_elsewhere(url: str, pool: list[ScriptedConversation], clients: int, duration: float, max_requests: int,
+                    cancel_every: int, deadline: float, api_key: str | None = None, headers: dict | None = None,
+                    on_result=None, stop: threading.Event | None = None) -> tuple[list[Result], float]:
+    """`load_drive.drive` with the same arguments, run by a child process. `stop`: set it to end the
+    run early (the child is killed; its open streams close, so the server cancels their generations)."""
+    spec = {"url": url, "pool": [asdict(c) for c in pool], "clients": clients, "duration": duration,
+            "max_requests": max_requests, "cancel_every": cancel_every, "deadline": deadline,
+            "api_key": api_key, "headers": headers or {}}
+    child = subprocess.Popen([sys.executable, "-m", "server.bench.load_clients"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = None
+    if stop is not None:
+        watcher = threading.Thread(target=_kill_on, args=(stop, child), name="load-clients-stop", daemon=True)
+        watcher.start()
+    child.stdin.write(json.dumps(spec))
+    child.stdin.close()
+    results, wall = [], None
+    for line in child.stdout:
+        message = json.loads(line)
+        if "result" in message:
+            result = Result(**message["result"])
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+        else:
+            wall = message["wall"]
+    errors = child.stderr.read()
+    child.wait()
+    if wall is None and not (stop is not None and stop.is_set()):
+        raise RuntimeError(f"the load's client process failed (exit {child.returncode}): "
+                           f"{errors.strip().splitlines()[-1] if errors.strip() else 'no message'}")
+    return results, wall if wall is not None else 0.0
+
+
+def _kill_on(stop: threading.Event, child: subprocess.Popen) -> None:
+    while child.poll() is None:
+        if stop.wait(0.1):
+            child.kill()
+            return
+
+
+def _pool(data: list[dict]) -> list[ScriptedConversation]:
+    return [ScriptedConversation(c["index"], c["with_session"], [Turn(**t) for t in c["turns"]]) for c in data]
+
+
+def main() -> None:
+    from .load_drive import drive
+
+    spec = json.loads(sys.stdin.read())
+
+    def on_result(result: Result) -> None:
+        print(json.dumps({"result": asdict(result)}), flush=True)
+
+    _, wall = asyncio.run(drive(spec["url"], _pool(spec["pool"]), spec["clients"], spec["duration"],
+                                spec["max_requests"], spec["cancel_every"], spec["deadline"], spec["api_key"],
+                                spec["headers"], on_result=on_result))
+    print(json.dumps({"wall": wall}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
