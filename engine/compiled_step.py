@@ -90,22 +90,34 @@ _LIB.impl("decode_attend", lambda q, k, v, step_t, layer, pos, scale: torch.empt
 
 def unavailable_reason(model) -> str | None:
     """Why `model` cannot take a compiled decode step here (None: it can)."""
+    return machine_reason(model) or weights_reason(model)
+
+
+def machine_reason(model) -> str | None:
+    """Why no variant of `model` can take a compiled step on this machine (the toggle is off for all)."""
     if not isinstance(model, FastLlama):
         return "the compiled step needs our Llama-family forward; this model runs the generic transformers one"
-    kinds = {type(m).__name__ for m in model.modules() if _is_projection(m)
-             and not isinstance(m, _WeightOnlyLinear) and type(m) is not nn.Linear}
-    if kinds:
-        return f"the compiled step does not trace {', '.join(sorted(kinds))} layers (bitsandbytes); pick int8wo or int4wo"
     caps = capabilities.detect()
     if model.device.type == "cpu":
-        if model.dtype == torch.bfloat16 and any(type(m) is nn.Linear for m in model.modules()):
-            return ("a bf16 model's plain linears take their one-row matmuls on CPU with oneDNN switched off, "
-                    "which a compiled graph cannot do; pick a variant whose every linear is weight-only "
-                    "(int8wo+head, int4wo+head) or fp32 weights")
         if not caps.cpp_compiler:
             return "torch.compile needs a C++ compiler on CPU (g++, or $CXX); none was found"
     elif not caps.triton:
         return "torch.compile needs Triton on CUDA; it does not import here"
+    return None
+
+
+def weights_reason(model) -> str | None:
+    """Why these weights cannot be compiled where another variant of the same model could (None: they can)."""
+    if not isinstance(model, FastLlama):
+        return None
+    kinds = {type(m).__name__ for m in model.modules() if _is_projection(m)
+             and not isinstance(m, _WeightOnlyLinear) and type(m) is not nn.Linear}
+    if kinds:
+        return f"the compiled step does not trace {', '.join(sorted(kinds))} layers (bitsandbytes); pick int8wo or int4wo"
+    if model.device.type == "cpu" and model.dtype == torch.bfloat16 and any(type(m) is nn.Linear for m in model.modules()):
+        return ("a bf16 model's plain linears take their one-row matmuls on CPU with oneDNN switched off, "
+                "which a compiled graph cannot do; pick a variant whose every linear is weight-only "
+                "(int8wo+head, int4wo+head) or fp32 weights")
     return None
 
 

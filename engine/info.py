@@ -29,6 +29,7 @@ class VariantInfo:
     build_s: float | None = None
     decode_kernels: str | None = None  # weight-only variants: which kernels their decode steps run (weight_only.decode_kernels)
     compiled_step: dict | None = None  # its compiled decode step, once built: agreement and times (engine/compiled_step.py)
+    compiled_refused: str | None = None  # why these weights cannot take the compiled step (known once built)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class EngineInfo:
     variants: tuple[VariantInfo, ...] = ()
     speculation: tuple[SpeculationInfo, ...] = ()
     toggles: tuple[str, ...] = ()  # the GenerationConfig toggles this engine honours
-    unavailable_toggles: dict = field(default_factory=dict)  # toggle name -> why it cannot be switched on here
+    unavailable_toggles: dict = field(default_factory=dict)  # toggle name -> why no variant can switch it on here
     capabilities: dict | None = None  # engine.capabilities.Capabilities.to_dict(): what the machine can do
     prefix_cache: dict | None = None  # engine.prefix_cache.PrefixCache.stats()
     variant_budget_bytes: int | None = None

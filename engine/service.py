@@ -101,7 +101,7 @@ class Engine:
             speculation=tuple(SpeculationInfo(m, m != "draft" or draft_missing is None,
                                               draft_missing if m == "draft" else None) for m in SPECULATIVE_MODES),
             toggles=tuple(t.name for t in TOGGLES), capabilities=capabilities.detect().to_dict(),
-            unavailable_toggles={"compiled_decode": why} if (why := compiled_step.unavailable_reason(lm.model)) else {},
+            unavailable_toggles={"compiled_decode": why} if (why := compiled_step.machine_reason(lm.model)) else {},
             prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
             packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None,
             machine_limits=self.machine_limits.to_dict() if self.machine_limits else None,

@@ -184,7 +184,8 @@ class VariantSet:
                 decode_tps=r.get("decode_tps"), prefill_tps=r.get("prefill_tps"),
                 top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s"),
                 decode_kernels=decode_kernels(v.loaded.model) if v else None,
-                compiled_step=compiled_step.info_for(v.loaded.model) if v else None))
+                compiled_step=compiled_step.info_for(v.loaded.model) if v else None,
+                compiled_refused=compiled_step.weights_reason(v.loaded.model) if v else None))
         return tuple(out)
 
     # --- building (worker thread) -----------------------------------------------------------

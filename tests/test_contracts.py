@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from support import ask
+
 from engine.cli import build_parser, generation_config_from_args
 from engine.config import TOGGLE, TOGGLES, GenerationConfig
 from engine.errors import InvalidRequest
@@ -134,6 +136,36 @@ def test_a_toggle_the_machine_cannot_run_is_shown_disabled_with_its_reason(bundl
     preset = teaching_presets(load_prompt_sets())["compiled_step"]
     assert why in preset_missing(preset, info)
     assert toggle_control(TOGGLE["kv_reuse"], "A", info).interactive is not False
+
+
+def test_weights_that_cannot_compile_leave_the_toggle_on_offer_for_the_variants_that_can(tiny_model_dir):
+    """bf16 weights as loaded (what an AVX-512 BF16 machine loads): their plain linears cannot take the
+    compiled step, int8wo+head / int4wo+head can. The toggle stays on offer with a note on the loaded
+    weights, the preset that compiles int4wo+head runs, and a request on the loaded weights is refused
+    with what to pick."""
+    from engine import compiled_step
+    from engine.config import LoadConfig
+    from engine.loader import load
+    from engine.service import Engine
+    from ui.controls import toggle_control
+
+    engine = Engine(load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False)))
+    try:
+        info = engine.info()
+        if compiled_step.machine_reason(engine.loaded.model):  # no C++ compiler here: the test above covers it
+            assert "compiled_decode" in info.unavailable_toggles
+            return
+        assert "compiled_decode" not in info.unavailable_toggles
+        assert "int4wo+head" in info.default_variant.compiled_refused
+        box = toggle_control(TOGGLE["compiled_decode"], "A", info)
+        assert box.interactive is not False and "weights as loaded (bf16)" in box.info
+        preset = teaching_presets(load_prompt_sets())["compiled_step"]
+        assert preset_missing(preset, info) is None
+        with pytest.raises(InvalidRequest, match=r"int4wo\+head"):
+            engine.complete(ask("hi"), GenerationConfig(temperature=0.0, max_new_tokens=2, compiled_decode=True))
+        assert engine.complete(ask("hi"), GenerationConfig(temperature=0.0, max_new_tokens=2)).output_tokens == 2
+    finally:
+        engine.close()
 
 
 def test_config_labels_derive_from_the_declarations():

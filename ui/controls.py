@@ -33,7 +33,8 @@ def toggle_control(t: Toggle, pane: str, info: EngineInfo, value=None):
         why = info.unavailable_toggles.get(t.name)  # e.g. no C++ compiler for the compiled step: shown, not offered
         if why:
             return gr.Checkbox(value=False, interactive=False, **{**kw, "info": f"{t.help}. Not on this machine: {why}"})
-        return gr.Checkbox(value=value, **kw)
+        note = engine_info.compiled_weights_note(info) if t.name == "compiled_decode" else ""
+        return gr.Checkbox(value=value, **{**kw, "info": f"{t.help}. {note}" if note else t.help})
     if t.kind == "int":
         if t.hi is not None and t.lo is not None and t.hi - t.lo <= SLIDER_MAX_STEPS:
             return gr.Slider(t.lo, t.hi, value=value, step=1, **kw)

@@ -32,6 +32,14 @@ def unavailable_note(items) -> str:
     return ("Not on this machine: " + "; ".join(missing)) if missing else ""
 
 
+def compiled_weights_note(info: EngineInfo) -> str:
+    """'Not with the weights as loaded (bf16): …' where the default variant cannot take the compiled
+    step but another could (the toggle stays on offer: a request names its variant)."""
+    default = info.default_variant
+    why = default.compiled_refused if default else None
+    return f"Not with the weights as loaded ({default.name}): {why}" if why else ""
+
+
 def weight_bytes(info: EngineInfo, variant: str | None) -> int | None:
     """Bytes of the chosen variant's weights, if the engine knows them."""
     v = info.variant(variant)
