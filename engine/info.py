@@ -78,6 +78,15 @@ class EngineInfo:
             return self.default_variant
         return next((v for v in self.variants if v.name == name), None)
 
+    def exact_replies(self, variant: str | None = None) -> bool:
+        """Whether a request's greedy (or seeded) reply here is promised token for token the same alone,
+        in a batch and after KV reuse: the fp32 weights as loaded, on a local CPU engine, whose kernels
+        give a row the same bits whatever shares its forward (docs/batching.md). In bf16 and quantized
+        weights a batch or a cached prefix may round a near-tie the other way; a remote server promises nothing."""
+        chosen = self.variant(variant)
+        return (self.source not in ("remote", "paced") and self.dtype == "fp32" and (self.device or "").startswith("cpu")
+                and chosen is not None and chosen.default)
+
     def headline(self) -> str:
         """One line for the page header: 'SmolLM2-135M-Instruct · fp32 · cpu · 2 threads · 538 MB weights'."""
         parts = [self.name]

@@ -165,3 +165,32 @@ def test_unknown_figures_are_a_dash_never_zero():
     table = delta_html(remote, remote)
     assert '<tr data-metric="ttft_ms_p50"><th title="' in table and "<td>—</td><td>—</td><td>—</td>" in table
     assert "noise" in pair_sentence(2, remote, remote) and "from — to — ms" in pair_sentence(2, remote, remote)
+
+
+def test_where_exactness_is_not_promised_an_unlike_reply_differs_and_still_counts_as_served():
+    """fp32 weights as loaded promise exact replies; bf16, quantized weights and remote servers do not
+    (EngineInfo.exact_replies). There a reply unlike its reference but nobody else's *differs*: counted
+    among whole replies (throughput, latency), not as a failure; a crossed one is a failure everywhere."""
+    from engine.info import EngineInfo, VariantInfo
+    from server.bench.load_figures import BAD, level_row
+    from server.bench.load_pool import Turn, judge
+
+    fp32 = EngineInfo("m", "bundled", dtype="fp32", device="cpu",
+                      variants=(VariantInfo("fp32", "as loaded", default=True), VariantInfo("int8wo", "8-bit")))
+    assert fp32.exact_replies(None) and fp32.exact_replies("fp32") and not fp32.exact_replies("int8wo")
+    assert not EngineInfo("m", "bundled", dtype="bf16", device="cpu", variants=fp32.variants).exact_replies(None)
+    assert not EngineInfo("m", "remote", dtype="fp32", device="cpu", variants=fp32.variants).exact_replies(None)
+
+    refs = {"c0t1": "Paris is the capital.", "c1t1": "Rome is the capital."}
+    unlike = Result("c0t1", 2, outcome="done", text="Paris, the capital.", timings={"prompt_tokens": 9})
+    crossed = Result("c0t1", 2, outcome="done", text="Rome is the capital.", timings={"prompt_tokens": 9})
+    promised, not_promised = (Turn("c0t1", {}, refs["c0t1"], 9, exact=e) for e in (True, False))
+    assert judge(unlike, promised, refs) == "mismatched" and judge(unlike, not_promised, refs) == "differs"
+    assert judge(crossed, not_promised, refs) == "crossed" and "crossed" in BAD and "differs" not in BAD
+
+    served = [_result("exact"), _result("differs")]
+    row = level_row(2, served, 1.0)
+    assert row["differs"] == 1 and row["req_per_s"] == 2.0 and row["output_tok_per_s"] == 16.0
+    figures = RunFigures.of(2, served, 1.0)
+    assert figures.differs == 1 and figures.exact == 1 and figures.mismatched == 0
+    assert "differs (exactness not promised)" in delta_html(_run("a", 1, served, 1.0), _run("b", 8, served, 1.0))

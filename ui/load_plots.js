@@ -58,7 +58,7 @@
     return svg(H, body, `lab-load-throughput lab-load-${key}`, title);
   }
 
-  // One latency metric: a row per run, a dot per request (red: not judged exact), p50 marked.
+  // One latency metric: a row per run, a dot per request (red: not a complete reply as judged), p50 marked.
   function distribution(runs, key, G) {
     const rowH = 26, top = 6, H = top + runs.length * rowH + 20, bottom = H - 18;
     const all = runs.flatMap((r) => r.points.map((p) => num(p[key]))).filter((v) => v != null);
@@ -72,22 +72,26 @@
         const v = num(p[key]);
         if (v == null) return;
         const jitter = ((j * 7919) % 13) / 13 - 0.5; // deterministic spread so equal values stay visible
-        const bad = p.outcome !== "exact";
+        const bad = !JUDGED.complete.includes(p.outcome);
         body += `<circle class="lab-load-dot" data-run="${i}" cx="${ax.x(v).toFixed(1)}" cy="${(cy + jitter * (rowH - 10)).toFixed(1)}" r="3" fill="${bad ? BAD : COLORS[i]}" fill-opacity="0.65"><title>${esc(key)} ${esc(O.fmtMs(v))} (${esc(p.outcome)})</title></circle>`;
       });
-      const m = p50(r.points.filter((p) => p.outcome === "exact").map((p) => num(p[key])));
+      const m = p50(r.points.filter((p) => JUDGED.complete.includes(p.outcome)).map((p) => num(p[key])));
       if (m != null) body += `<line class="lab-load-p50" x1="${ax.x(m)}" x2="${ax.x(m)}" y1="${cy - rowH / 2 + 2}" y2="${cy + rowH / 2 - 2}" stroke-width="2"><title>p50 ${esc(O.fmtMs(m))}</title></line>`;
     });
     const hover = (G[key] && G[key].hover) || key;
     return `<div class="lab-load-dist"><h5 title="${esc(hover)}">${esc(key)}</h5>${svg(H, body, `lab-load-${key}`, key)}</div>`;
   }
 
-  const JUDGED = ["exact", "lost", "crossed", "mismatched", "stuck"];
+  // The judge's verdicts (server/bench/load_figures.py): whole replies (exact, or differing where the
+  // server does not promise exact replies) and failures.
+  const JUDGED = root.LAB_CONFIG.loadOutcomes;
+  const DIFFERS_HOVER = "replies unlike the same request alone, where the server does not promise exact replies " +
+    "(bf16 or quantized weights, a remote server): a batch or a cached prefix may round a near-tie the other way";
 
   // The judge's counts of one run so far, from its points (its figures say the same at the end).
   function counts(r) {
     const c = { requests: r.points.length, errors: 0 };
-    JUDGED.forEach((k) => { c[k] = 0; });
+    [...JUDGED.complete, ...JUDGED.bad].forEach((k) => { c[k] = 0; });
     r.points.forEach((p) => { if (p.outcome in c) c[p.outcome] += 1; else if (p.outcome !== "cancelled") c.errors += 1; });
     return c;
   }
@@ -95,10 +99,11 @@
   function legend(runs) {
     return `<div class="lab-load-legend">` + runs.map((r, i) => {
       const c = counts(r);
-      const bad = JUDGED.slice(1).map((k) => `<span data-count="${k}">${k} ${c[k]}</span>`).join(" · ");
+      const bad = JUDGED.bad.map((k) => `<span data-count="${k}">${k} ${c[k]}</span>`).join(" · ");
+      const differs = c.differs ? ` · <span data-count="differs" title="${esc(DIFFERS_HOVER)}">differs ${c.differs}</span>` : "";
       return `<div class="lab-load-run" data-run="${i}"><span class="lab-swatch" style="background:${COLORS[i]}"></span>` +
         `<b>run ${i + 1}: ${esc(r.label)}</b> <span class="lab-muted">(${esc(r.status)}, ${(r.elapsed_s || 0).toFixed(1)} s)</span> · ` +
-        `${c.requests} done · <span data-count="exact">exact ${c.exact}</span> · ${bad} · <span data-count="errors">errors ${c.errors}</span></div>`;
+        `${c.requests} done · <span data-count="exact">exact ${c.exact}</span>${differs} · ${bad} · <span data-count="errors">errors ${c.errors}</span></div>`;
     }).join("") + `</div>`;
   }
 
@@ -110,10 +115,10 @@
     return legend(runs) +
       `<div class="lab-load-grid"><div class="lab-card"><h4>Throughput over time</h4>` +
       series(runs, "output_tok_per_s", "output tok/s", "tok/s") + series(runs, "req_per_s", "requests/s", "req/s") +
-      `<div class="lab-muted">completed (exact) replies so far ÷ time so far: the last point is the run's figure</div></div>` +
+      `<div class="lab-muted">completed replies so far ÷ time so far: the last point is the run's figure</div></div>` +
       `<div class="lab-card"><h4>Latency distributions</h4>` +
       ["ttft_ms", "tpot_ms", "queue_ms"].map((k) => distribution(runs, k, G || {})).join("") +
-      `<div class="lab-muted">a dot per request (red: not exact); the bar is the p50</div></div></div>`;
+      `<div class="lab-muted">a dot per request (red: not a whole reply, or not the one it should be); the bar is the p50</div></div></div>`;
   }
 
   const api = { all, series, distribution, counts, p50 };

@@ -8,9 +8,11 @@ import html
 import math
 from dataclasses import asdict, dataclass
 
+from server.bench.load_figures import COMPLETE
+
 from .glossary import METRICS
 
-JUDGED = ("exact", "cancelled", "lost", "crossed", "mismatched", "stuck")  # the load bench's judge
+JUDGED = ("exact", "differs", "cancelled", "lost", "crossed", "mismatched", "stuck")  # the load bench's judge
 LATENCY = ("ttft_ms", "tpot_ms", "queue_ms")  # the distributions the tab plots (glossary names)
 
 
@@ -48,14 +50,14 @@ class ThroughputPoint:
 
 
 def throughput_series(points: list[LoadPoint], elapsed_s: float, steps: int = 20) -> list[ThroughputPoint]:
-    """Throughput of the run so far, at `steps` times: requests and output tokens completed (judged
-    exact) up to t, divided by t. It settles on the run's figure (its last point is the delta
+    """Throughput of the run so far, at `steps` times: requests and output tokens completed (whole
+    replies: exact, or differing where exactness is not promised) up to t, divided by t. It settles on the run's figure (its last point is the delta
     table's), where a per-window count would jump with every burst of replies finishing together."""
     if elapsed_s <= 0:
         return []
     width = max(0.25, elapsed_s / steps)
     ends = [min((i + 1) * width, elapsed_s) for i in range(math.ceil(elapsed_s / width - 1e-9))]
-    done = sorted((p.t_s, p.output_tokens or 0) for p in points if p.outcome == "exact")
+    done = sorted((p.t_s, p.output_tokens or 0) for p in points if p.outcome in COMPLETE)
     out, i, reqs, toks = [], 0, 0, 0
     for t in ends:
         while i < len(done) and done[i][0] <= t:
@@ -83,6 +85,7 @@ class RunFigures:
     e2e_ms_p50: float | None
     batch_size_mean: float | None  # None: the server reported no batch sizes (a remote, say)
     exact: int
+    differs: int  # whole replies unlike their reference where exactness is not promised (bf16, a remote…)
     cancelled: int
     lost: int
     crossed: int
@@ -92,10 +95,10 @@ class RunFigures:
 
     @classmethod
     def of(cls, clients: int, results: list, wall_s: float) -> RunFigures:
-        from server.bench.load_figures import level_row
+        from server.bench.load_figures import COMPLETE, level_row
 
         row = level_row(clients, results, wall_s)
-        sizes = [b for r in results if r.outcome == "exact" for b in (r.timings or {}).get("batch_size") or []]
+        sizes = [b for r in results if r.outcome in COMPLETE for b in (r.timings or {}).get("batch_size") or []]
         return cls(clients=clients, requests=row["requests"], wall_s=row["wall_s"], req_per_s=row["req_per_s"],
                    output_tok_per_s=row["output_tok_per_s"],
                    **{f"{m}_{q}": row[f"{m}_{q}"] for m in ("ttft_ms", "tpot_ms", "queue_ms") for q in ("p50", "p90")},
@@ -121,6 +124,7 @@ DELTA_ROWS = (
     ("batch_size_mean", "mean batch size", "batch_size", None),
     ("requests", "requests", None, None),
     ("exact", "exact (as alone)", None, None),
+    ("differs", "differs (exactness not promised)", None, None),
     ("lost", "lost", None, False),
     ("crossed", "crossed", None, False),
     ("mismatched", "mismatched", None, False),

@@ -19,7 +19,9 @@ EXPLAIN = (
     "engine) — at most that many of the run's requests decode together — while other sessions' chats keep "
     "the engine's limit (`--max-batch`, {limit} here) and keep working, sharing the machine and the batch with "
     "the run. Every reply is judged against the same request alone (computed first): nothing may be lost, "
-    "crossed with another's, mismatched or stuck.")
+    "crossed with another's, mismatched or stuck. Where the server does not promise exact replies (bf16 or "
+    "quantized weights, a remote server), a reply unlike its reference but nobody else's *differs*: a batch "
+    "or a cached prefix may round a near-tie the other way; it is counted, not a failure.")
 NO_API = "This server has no API mounted (/v1): start the page with `python app.py` to run loads."
 
 

@@ -18,6 +18,7 @@ import gradio as gr
 from engine.config import TOGGLES
 from engine.errors import LatencyLabError
 from engine.info import EngineInfo
+from server.bench.load_figures import BAD, COMPLETE
 
 from . import engine_info, glossary, load_tab, sweep
 from .chat import ChatStore
@@ -67,6 +68,7 @@ def head(presets: dict, info: EngineInfo) -> str:
     config = {
         "fields": FIELDS,
         "loadFields": LOAD_FIELDS,
+        "loadOutcomes": {"complete": list(COMPLETE), "bad": [k for k in BAD if k != "5xx"]},  # the judge's verdicts
         "glossary": glossary.as_json(),
         "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, info) is None}
                     for k, p in presets.items()},

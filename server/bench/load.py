@@ -8,7 +8,8 @@ toggle the engine ignores is not counted as offered). Some requests disconnect m
 
 Checks (each request): a completed reply must equal what the same request gave alone, computed
 first, in-process, one at a time, without a session; a cancelled one must be a prefix of it.
-A reply equal to another request's reference is *crossed*; one equal to none is *mismatched*;
+A reply equal to another request's reference is *crossed*; one equal to none is *mismatched* where
+the engine promises exact replies (fp32), else *differs* (counted, not a failure);
 a stream that ends without its finish chunk is *lost*; one past its deadline is *stuck*; any 5xx
 (status, or a server_error inside a stream) is counted. After each level the worker must be idle
 (nothing left queued or running). Process memory (psutil RSS) and the prefix cache's bytes are
@@ -129,7 +130,8 @@ def run_side_by_side(loaded, args, levels, batches, out) -> dict:
             out(f"max batch {mb}:")
             out(table(rows))
             out("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} of {requests} "
-                "requests ({exact} exact, {cancelled} cancelled on purpose)".format(**totals)
+                "requests ({exact} exact, {differs} differing where exactness is not promised, {cancelled} cancelled "
+                "on purpose)".format(**totals)
                 + f"; worker left busy {stuck} times")
             by_batch[mb] = {"rows": rows, "totals": totals, "stuck_workers": stuck, "server_5xx": s5xx,
                             "kv_within_budget": all(r["kv_within_budget"] for r in runs),
@@ -168,8 +170,8 @@ def run_one(loaded, args, levels, max_batch: int, out):
         engine.close()
     out(table(result["rows"]))
     t = result["totals"]
-    out("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} "
-        "of {requests} requests ({exact} exact, {cancelled} cancelled on purpose)".format(**t)
+    out("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} of {requests} requests "
+        "({exact} exact, {differs} differing where exactness is not promised, {cancelled} cancelled on purpose)".format(**t)
         + f"; 5xx counted by the server {result['server_5xx']}; worker left busy {result['stuck_workers']} times")
     out(f"memory: RSS settled per run {[r['rss_mb_settled'] for r in result['runs']]} MiB (growth "
         f"{result['rss_growth_mb']} MiB; besides the KV cache {result['rss_growth_besides_kv_cache_mb']} MiB), "

@@ -10,7 +10,7 @@ import threading
 import time
 
 from .load_clients import drive_elsewhere
-from .load_figures import BAD, level_row
+from .load_figures import BAD, COMPLETE, level_row
 from .load_pool import Result, ScriptedConversation, judge, one_request
 
 # RSS besides the KV cache may grow this much from the first run to the last (allocator noise was
@@ -162,7 +162,7 @@ def run_load(engine, url: str, pool: list[ScriptedConversation], levels, *, dura
     for n in levels:
         results = [r for rs, _ in by_level[n] for r in rs]
         rows.append(level_row(n, results, sum(w for _, w in by_level[n])))
-    totals = {k: sum(row[k] for row in rows) for k in ("requests", "exact", "cancelled", "429", "4xx", *BAD)}
+    totals = {k: sum(row[k] for row in rows) for k in ("requests", *COMPLETE, "cancelled", "429", "4xx", *BAD)}
     budget = getattr(getattr(engine, "prefix_cache", None), "budget_bytes", None)
     kv_max = max((s[2] for s in sampler.samples), default=0)
     rss = [s[1] for s in sampler.samples if s[0].startswith("run")]

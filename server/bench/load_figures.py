@@ -10,6 +10,7 @@ from .load_pool import Result
 
 METRICS = ("queue_ms", "ttft_ms", "tpot_ms", "e2e_ms")
 BAD = ("lost", "crossed", "mismatched", "stuck", "5xx")
+COMPLETE = ("exact", "differs")  # whole replies: what throughput and latency count
 
 
 def percentiles(values) -> dict:
@@ -20,8 +21,8 @@ def percentiles(values) -> dict:
 
 
 def level_row(clients: int, results: list[Result], wall_s: float) -> dict:
-    done = [r for r in results if r.outcome == "exact"]
-    counts = {k: sum(r.outcome == k for r in results) for k in ("exact", "cancelled", "429", "4xx", *BAD)}
+    done = [r for r in results if r.outcome in COMPLETE]
+    counts = {k: sum(r.outcome == k for r in results) for k in (*COMPLETE, "cancelled", "429", "4xx", *BAD)}
     out_tokens = sum((r.timings or {}).get("output_tokens", 0) for r in done)
     row = {"clients": clients, "requests": len(results), **counts, "wall_s": round(wall_s, 2),
            "req_per_s": round(len(done) / wall_s, 3) if wall_s else None,
@@ -53,7 +54,7 @@ def merge_rows(rows: list[dict]) -> dict:
     if len(rows) == 1:
         return rows[0]
     out = dict(rows[0])
-    for k in ("requests", "exact", "cancelled", "429", "4xx", *BAD):
+    for k in ("requests", *COMPLETE, "cancelled", "429", "4xx", *BAD):
         out[k] = sum(r[k] for r in rows)
     out["wall_s"] = round(sum(r["wall_s"] for r in rows), 2)
     for k, v in rows[0].items():

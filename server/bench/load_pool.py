@@ -1,6 +1,7 @@
 """The load bench's conversations and their judge: a fixed pool of two-turn conversations with
 mixed toggles, each turn's reference reply (the same request alone, first), and the verdict on a
-reply streamed under load (exact, a cancelled prefix, crossed with another's, mismatched, lost,
+reply streamed under load (exact, a cancelled prefix, crossed with another's, mismatched or, where the
+server does not promise exact replies, differs, lost,
 stuck). server/bench/load.py drives the pool through the API."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Turn:
     body: dict  # the request body, without stream fields and session
     ref_text: str = ""
     ref_prompt_tokens: int = 0
+    exact: bool = True  # the server promises this reply token for token (EngineInfo.exact_replies)
 
 
 @dataclass
@@ -87,12 +89,14 @@ def build_pool(conversations: int, max_new_tokens: int, offers: dict) -> list[Sc
 
 
 def compute_references(engine, pool: list[ScriptedConversation], progress=None) -> None:
-    """Each turn alone, in-process, one at a time, no session: what the load's replies must equal.
+    """Each turn alone, in-process, one at a time, no session: what the load's replies must equal (or,
+    where the engine does not promise exact replies, `Turn.exact` False, what they are compared with).
     Turn 2's history holds turn 1's reference reply, exactly as the clients will send it.
     `progress(done, total)`: called after each turn."""
     from server.protocol import parse_chat_request
 
     total, done_turns = sum(len(c.turns) for c in pool), 0
+    info = engine.info()
     for conv in pool:
         history = []
         for turn in conv.turns:
@@ -100,6 +104,7 @@ def compute_references(engine, pool: list[ScriptedConversation], progress=None) 
             config = parse_chat_request(turn.body).config  # the very config the API will build
             done = engine.complete(turn.body["messages"], config)
             turn.ref_text, turn.ref_prompt_tokens = done.text, done.timeline.prompt_tokens
+            turn.exact = info.exact_replies(config.quantization)
             history = turn.body["messages"] + [{"role": "assistant", "content": done.text}]
             done_turns += 1
             if progress is not None:
@@ -111,7 +116,7 @@ def compute_references(engine, pool: list[ScriptedConversation], progress=None) 
 class Result:
     key: str
     clients: int
-    outcome: str = ""  # exact | cancelled | lost | crossed | mismatched | stuck | 5xx | 4xx | 429
+    outcome: str = ""  # exact | differs | cancelled | lost | crossed | mismatched | stuck | 5xx | 4xx | 429
     status: int | None = None
     text: str = ""
     timings: dict | None = None
@@ -179,7 +184,9 @@ async def one_request(http, url: str, turn: Turn, session: str | None, cancel: s
 
 
 def judge(r: Result, turn: Turn, references: dict[str, str]) -> str:
-    """exact / cancelled (a prefix of its own reference), else crossed (another's) or mismatched."""
+    """exact / cancelled (a prefix of its own reference), else crossed (another's), else mismatched
+    where the server promises exact replies and differs where it does not (bf16, quantized weights, a
+    remote server: a batch or a cached prefix may take a near-tie the other way)."""
     if r.outcome not in ("done", "cancelled"):
         return r.outcome
     own = r.text == turn.ref_text if r.outcome == "done" else turn.ref_text.startswith(r.text)
@@ -189,4 +196,6 @@ def judge(r: Result, turn: Turn, references: dict[str, str]) -> str:
         return "exact" if r.outcome == "done" else "cancelled"
     others = [k for k, ref in references.items() if k != turn.key and
               (ref == r.text if r.outcome == "done" else ref.startswith(r.text))]
-    return "crossed" if others else "mismatched"
+    if others:
+        return "crossed"
+    return "mismatched" if turn.exact else "differs"
