@@ -1,8 +1,11 @@
-"""Our weight-only kernels (engine/cpu_gemv.py) against torch's, on the loaded model's own layer
-shapes with random weights: every projection of one forward, at each row count, taking turns."""
+"""Our kernels (engine/cpu_gemv.py) against torch's, on the loaded model's own layer shapes with
+random weights: every projection of one forward, at each row count, taking turns. Weight-only int8
+and 4-bit against torch's weight-only kernels; fp32 (our panel kernel) against oneDNN's packed copy
+and the plain call (MKL)."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -17,7 +20,7 @@ def add_args(p):
 
 
 def run(args, out):
-    from .. import capabilities, cpu_gemv
+    from .. import capabilities, cpu_gemv, fast_llama
     from ..errors import LatencyLabError
     from ..weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
@@ -34,6 +37,14 @@ def run(args, out):
             lin.weight.data = torch.randn(lin.out_features, lin.in_features, generator=gen) * 0.02
         layers[f"{name} ours"] = [cls.from_linear(lin) for lin in linears]
         layers[f"{name} torch"] = [cls.from_linear(lin, gemv=False) for lin in linears]
+    fp32 = [nn.Linear(k, n, bias=False) for k, n in shapes]
+    for lin in fp32:
+        lin.weight.data = torch.randn(lin.out_features, lin.in_features, generator=gen) * 0.02
+        fast_llama.panels(lin)
+    layers["fp32 ours"] = [functools.partial(fast_llama.ours, lin) for lin in fp32]
+    if all(fast_llama.packed_weight(lin) is not None for lin in fp32):
+        layers["fp32 packed"] = [functools.partial(_packed, lin, fast_llama.packed_weight(lin)) for lin in fp32]
+    layers["fp32 plain"] = fp32
     out(f"{capabilities.detect().summary()}; {torch.get_num_threads()} threads; {len(shapes)} projections "
         f"of {lm.name}")
     table = {}
@@ -44,13 +55,19 @@ def run(args, out):
             for _ in range(args.rounds + 1):  # the first round warms up
                 for name, ls in layers.items():
                     t0 = time.perf_counter()
-                    for layer in ls:
-                        layer(xs[layer.in_features])
+                    for layer, (k, _) in zip(ls, shapes):
+                        layer(xs[k])
                     times[name].append(time.perf_counter() - t0)
             table[rows] = {name: round(median(ts[1:]) * 1e3, 2) for name, ts in times.items()}
             out(f"{rows:4d} rows: " + "; ".join(
                 f"{bits} ours {table[rows][f'{bits} ours']:.1f} ms vs torch {table[rows][f'{bits} torch']:.1f} ms "
-                f"({table[rows][f'{bits} torch'] / table[rows][f'{bits} ours']:.2f}x)" for bits in ("int8", "int4")))
+                f"({table[rows][f'{bits} torch'] / table[rows][f'{bits} ours']:.2f}x)" for bits in ("int8", "int4"))
+                + "; fp32 ours " + ", ".join(f"{table[rows][n]:.1f} ms" + ("" if n == "fp32 ours" else f" {n[5:]}")
+                                              for n in layers if n.startswith("fp32")))
     one = table.get(1) or next(iter(table.values()))
     return {"ms": table, "ratio": round(one["int4 torch"] / one["int4 ours"], 2),
             "capabilities": capabilities.detect().summary(), "threads": torch.get_num_threads()}
+
+
+def _packed(linear: nn.Linear, packed, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")
