@@ -24,15 +24,20 @@ def offered(page, elem_id):
 
 
 def choose(page, elem_id, label):
-    """Pick `label` as a user would: type to filter, Enter. Under load Enter can take another
-    highlighted match (int4wo also matches int4wo+head) while the box still shows the typed text;
-    after a blur the box shows what is really selected, so that is what is checked (and retried)."""
+    """Pick `label` as a user would: type to filter, then Enter (the first try) or a click on the
+    option (the retries). Under load Enter can take another highlighted match (int4wo also matches
+    int4wo+head), or none yet, while the box still shows the typed text; after a blur the box shows
+    what is really selected, so that is what is checked (and retried)."""
     box = page.locator(f"#{elem_id} input")
-    for _ in range(3):
+    for attempt in range(3):
         box.click()
-        box.fill(label)  # the dropdown filters its options by what is typed; Enter takes the match
-        page.locator(f"#{elem_id} [role=option][aria-label={label!r}]").wait_for()
-        box.press("Enter")
+        box.fill(label)  # the dropdown filters its options by what is typed
+        option = page.locator(f"#{elem_id} [role=option][aria-label={label!r}]")
+        option.wait_for()
+        if attempt == 0:
+            box.press("Enter")  # Enter takes the match
+        else:
+            option.click()
         box.blur()
         page.wait_for_timeout(300)  # the blur's reset of the box to the selected value
         if box.input_value() == label:
