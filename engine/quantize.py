@@ -46,7 +46,8 @@ from . import bnb, capabilities
 from .errors import InvalidRequest, LoadError
 from .model import DTYPE_NAMES, LoadedModel, first_line, warm_up
 from .weight_only import (INT4_CUDA_INNER_K_TILES, INT4_GROUP_SIZE, Int4WeightOnlyLinear,  # noqa: F401 (API)
-                          Int8WeightOnlyLinear, dtype_name, probe_results, weight_only_compute_dtype)
+                          Int8WeightOnlyLinear, choose_kernels, dtype_name, probe_results,
+                          weight_only_compute_dtype)
 
 QUANTIZED = {
     "int8": "bitsandbytes LLM.int8 (int8 weights; int8 activations, outliers > 6 in fp16)",
@@ -98,6 +99,10 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
     except Exception as exc:
         raise LoadError(f"quantization {name!r} cannot run on {base.device} with this model: "
                         f"{type(exc).__name__}: {first_line(exc)}") from exc
+    kernels = choose_kernels(model)  # weight-only layers: ours or torch's, whichever steps faster here
+    if kernels:
+        extra += (f"; decode kernels: {kernels['kernels']} (a step {kernels['ours_ms']} ms ours, "
+                  f"{kernels['torch_ms']} ms torch's)")
     note = f"variant {name}: {METHODS[name]}{extra}" + (f" (lm_head {head}, untied)" if head else "")
     return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
 

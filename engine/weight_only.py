@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import statistics
 import time
 
 import torch
@@ -123,6 +124,46 @@ def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...]) -
 
 
 
+KERNELS_MARGIN = 1.1  # torch's kernels only where a step through them is this much faster: ours are more precise (fp32 or int16 activations)
+
+
+@torch.inference_mode()
+def choose_kernels(model: nn.Module, rounds: int = 3, steps: int = 2) -> dict | None:
+    """Where `model`'s weight-only layers hold both our kernels' layout and torch's (CPU, our Llama
+    forward), measure a decode step through each, alternating, and keep the faster (ours on a tie,
+    within KERNELS_MARGIN). Why measured: the order depends on the CPU (`python -m engine.bench gemv`,
+    one row: Zen 3, AVX2, ours 1.85x torch's for int8 and 1.44x for 4-bit; Zen 4, AVX-512, ours 1.84x
+    for int8 but torch's 4-bit kernel 1.27x ours). Returns what it measured, kept on the model for
+    `decode_kernels` (None: nothing to choose)."""
+    from .fast_llama import FastLlama  # (fast_llama does not import this module)
+
+    layers = [m for m in model.modules() if isinstance(m, _WeightOnlyLinear) and m.has_ours]
+    if not layers or not isinstance(model, FastLlama):
+        return None
+    prompt = 16
+    cache = model.new_cache(prompt + steps + 2)
+    model.forward(torch.arange(prompt, device=model.device) % model.vocab_size, cache)
+    times = {True: [], False: []}
+    for r in range(rounds + 1):  # round 0 warms both up and is dropped
+        for ours in times:
+            for m in layers:
+                m.gemv = ours
+            cache.crop(prompt)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                model.forward(torch.tensor([7], device=model.device), cache)
+            if r:
+                times[ours].append((time.perf_counter() - t0) / steps)
+    torch_over_ours = statistics.median(t / o for o, t in zip(times[True], times[False]))
+    ours = torch_over_ours * KERNELS_MARGIN >= 1.0
+    for m in layers:
+        m.gemv = ours
+    model.weight_only_kernels = {"kernels": "ours" if ours else "torch",
+                                 **{f"{k}_ms": round(statistics.median(times[v]) * 1e3, 2)
+                                    for k, v in (("ours", True), ("torch", False))}}
+    return model.weight_only_kernels
+
+
 def decode_kernels(model: nn.Module) -> str | None:
     """What `model`'s weight-only layers decode with, for engine info (None: it has none)."""
     layers = [m for m in model.modules() if isinstance(m, _WeightOnlyLinear)]
@@ -130,6 +171,10 @@ def decode_kernels(model: nn.Module) -> str | None:
         return None
     if all(m.gemv for m in layers):
         return cpu_gemv.NAME
+    chosen = getattr(model, "weight_only_kernels", None)
+    if chosen and chosen["kernels"] == "torch" and all(m.has_ours for m in layers):
+        return (f"torch's weight-only kernels: a decode step measured faster through them here "
+                f"({chosen['torch_ms']} ms against ours {chosen['ours_ms']} ms)")
     on_cpu = next(layers[0].buffers()).device.type == "cpu"
     why = (cpu_gemv.unavailable_reason() if on_cpu else "they run on CPU only") or "a layer's shape"
     return f"torch's weight-only kernels; ours not used: {why}"
@@ -143,7 +188,8 @@ class _WeightOnlyLinear(nn.Module):
     """A Linear whose weights stay quantized and go straight into a weight-only kernel.
 
     On CPU where our AVX2 kernels run (`gemv` is True; engine/cpu_gemv.py), every product goes
-    to them, in fp32 (faster than torch's at every row count measured, 1 to 256). Otherwise
+    to them, in fp32 (on the Zen 3 faster than torch's at every row count measured, 1 to 256; a
+    variant keeps them only where its decode step measured faster through them: `choose_kernels`). Otherwise
     torch's kernel in `compute_dtype` (see `weight_only_compute_dtype`): x is cast in, y cast back to x's
     dtype, so the rest of the model keeps its own dtype. Our kernels' copies of the weights are
     non-persistent buffers: derived, so `weight_bytes` counts the weights once.
@@ -175,6 +221,11 @@ class _WeightOnlyLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"compute_dtype={dtype_name(self.compute_dtype)}, gemv={self.gemv}")
+
+    @property
+    def has_ours(self) -> bool:
+        """Whether this layer holds our kernel's layout (then `gemv` may switch between the two)."""
+        return "gemv_scale" in self._buffers
 
     @staticmethod
     def _use_gemv(requested: bool, device) -> bool:
