@@ -1,14 +1,15 @@
-"""The load's clients in a process of their own, as real clients are: `drive_elsewhere`.
+"""The load's clients (`drive`), in a process of their own as real clients are (`drive_elsewhere`).
 
 Why: clients on a thread of the server's process share its interpreter lock with the worker
 thread that drives the model, and the more tokens the server streams, the more the clients' own
 parsing holds that lock: a load measured so penalizes the faster configuration. Measured (AMD EPYC
-Zen 4, 2 cores, 16 clients, max batch 8 against 1, output tok/s, pairs side by side): clients in
-the server's process 3.2-3.8x, in their own process 3.8-4.5x. The clients still share the machine's
-cores with the server, as a browser on the same laptop would.
+Zen 4, 2 cores, 16 clients, max batch 8 against 1, requests/s, pairs side by side): clients in the
+server's process 3.2-3.8x; in their own process 3.4-4.0x (the bench: both engines in one process),
+3.8-4.5x (each engine in a server process of its own). The clients still share the machine's cores
+with the server, as a browser on the same laptop would.
 
 The parent sends the pool (each turn with its reference reply) and the run's settings as one JSON
-object on stdin; the child runs `load_drive.drive` and writes one JSON line per judged request,
+object on stdin; the child runs `drive` and writes one JSON line per judged request,
 then one with the wall time. `python -m server.bench.load_clients` is that child.
 """
 
@@ -19,15 +20,61 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict
 
-from .load_pool import Result, ScriptedConversation, Turn
+from .load_pool import Result, ScriptedConversation, Turn, judge, one_request
+
+
+async def drive(url: str, pool: list[ScriptedConversation], clients: int, duration: float, max_requests: int,
+                cancel_every: int, deadline: float, api_key: str | None = None, headers: dict | None = None,
+                on_result=None) -> tuple[list[Result], float]:
+    """`clients` clients play conversations until `duration` is up (then finish what they sent).
+    `headers`: sent with every request (the page forwards its own auth); `on_result(result)`: called
+    as each request is judged (the page's live plots)."""
+    import httpx
+
+    references = {t.key: t.ref_text for c in pool for t in c.turns}
+    results: list[Result] = []
+    sent = 0
+    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(deadline + 30, connect=10), limits=limits,
+                                 headers=headers) as http:
+        t0 = time.perf_counter()
+        end = t0 + duration
+
+        async def client(c: int) -> None:
+            nonlocal sent
+            i = 0
+            while time.perf_counter() < end and sent < max_requests:
+                conv = pool[(c + i * clients) % len(pool)]
+                i += 1
+                session = None
+                if conv.with_session:
+                    resp = await http.post(url + "/v1/sessions")
+                    session = resp.json()["id"]
+                for turn in conv.turns:
+                    if sent >= max_requests:
+                        return
+                    sent += 1
+                    cancel = None
+                    if cancel_every and sent % cancel_every == 0:
+                        cancel = "queued" if (sent // cancel_every) % 2 else "midway"
+                    r = await one_request(http, url, turn, session, cancel, deadline, clients)
+                    r.outcome = judge(r, turn, references)
+                    results.append(r)
+                    if on_result is not None:
+                        on_result(r)
+
+        await asyncio.gather(*(client(c) for c in range(clients)))
+        return results, time.perf_counter() - t0
 
 
 def drive_elsewhere(url: str, pool: list[ScriptedConversation], clients: int, duration: float, max_requests: int,
                     cancel_every: int, deadline: float, api_key: str | None = None, headers: dict | None = None,
                     on_result=None, stop: threading.Event | None = None) -> tuple[list[Result], float]:
-    """`load_drive.drive` with the same arguments, run by a child process. `stop`: set it to end the
+    """`drive` with the same arguments, run by a child process. `stop`: set it to end the
     run early (the child is killed; its open streams close, so the server cancels their generations)."""
     spec = {"url": url, "pool": [asdict(c) for c in pool], "clients": clients, "duration": duration,
             "max_requests": max_requests, "cancel_every": cancel_every, "deadline": deadline,
@@ -70,8 +117,6 @@ def _pool(data: list[dict]) -> list[ScriptedConversation]:
 
 
 def main() -> None:
-    from .load_drive import drive
-
     spec = json.loads(sys.stdin.read())
 
     def on_result(result: Result) -> None:

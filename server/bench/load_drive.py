@@ -1,66 +1,20 @@
-"""Running the load: the clients that drive the API, the memory sampler, and `run_load` (every
-level, `repeat` times, with the checks after each level). The scenario: server/bench/load.py.
+"""Running the load: the memory sampler, and `run_load` (every level, `repeat` times, with the
+checks after each level). The clients: load_clients.py; the scenario: server/bench/load.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import threading
 import time
 
 from .load_clients import drive_elsewhere
 from .load_figures import BAD, COMPLETE, level_row
-from .load_pool import Result, ScriptedConversation, judge, one_request
+from .load_pool import Result, ScriptedConversation
 
 # RSS besides the KV cache may grow this much from the first run to the last (allocator noise was
 # 1-4 MiB a run here); a leak of each request's KV (~3 MB fp32 x ~20 requests a run) is far more.
 MEMORY_GROWTH_LIMIT_MB = 32
-
-
-async def drive(url: str, pool: list[ScriptedConversation], clients: int, duration: float, max_requests: int,
-                cancel_every: int, deadline: float, api_key: str | None = None, headers: dict | None = None,
-                on_result=None) -> tuple[list[Result], float]:
-    """`clients` clients play conversations until `duration` is up (then finish what they sent).
-    `headers`: sent with every request (the page forwards its own auth); `on_result(result)`: called
-    as each request is judged (the page's live plots)."""
-    import httpx
-
-    references = {t.key: t.ref_text for c in pool for t in c.turns}
-    results: list[Result] = []
-    sent = 0
-    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(deadline + 30, connect=10), limits=limits,
-                                 headers=headers) as http:
-        t0 = time.perf_counter()
-        end = t0 + duration
-
-        async def client(c: int) -> None:
-            nonlocal sent
-            i = 0
-            while time.perf_counter() < end and sent < max_requests:
-                conv = pool[(c + i * clients) % len(pool)]
-                i += 1
-                session = None
-                if conv.with_session:
-                    resp = await http.post(url + "/v1/sessions")
-                    session = resp.json()["id"]
-                for turn in conv.turns:
-                    if sent >= max_requests:
-                        return
-                    sent += 1
-                    cancel = None
-                    if cancel_every and sent % cancel_every == 0:
-                        cancel = "queued" if (sent // cancel_every) % 2 else "midway"
-                    r = await one_request(http, url, turn, session, cancel, deadline, clients)
-                    r.outcome = judge(r, turn, references)
-                    results.append(r)
-                    if on_result is not None:
-                        on_result(r)
-
-        await asyncio.gather(*(client(c) for c in range(clients)))
-        return results, time.perf_counter() - t0
 
 
 # --- memory --------------------------------------------------------------------------------------
