@@ -138,7 +138,7 @@ class FastLlama(nn.Module):
     @torch.inference_mode()
     def choose_one_row_path(self, rounds: int = 5, steps: int = 2) -> dict | None:
         """Measure a one-token decode step through each fp32 one-row kernel here — MKL's GEMV, the
-        packed oneDNN weights, our AVX2 kernel (engine/cpu_gemv.py) where it builds — alternating
+        packed oneDNN weights, our panel kernel (engine/cpu_gemv.py, AVX2 or AVX-512) where it builds — alternating
         (paired per round: a neighbour's load slows all), and keep the fastest. Why measured: the
         order depends on the CPU and the thread count (Zen 3, AVX2, 2 threads, 300 tokens of context:
         packed 84 ms a step vs GEMV 104 ms; at 1 thread 119 vs 100 ms; our kernel streams the weights at
@@ -170,8 +170,8 @@ class FastLlama(nn.Module):
         self.packed_rows[torch.float32], self.ours_rows = (paths[best][0], hi), paths[best][1]
         if best == "ours":  # ours now takes every row count the packed fp32 copies served: free them
             for module in self.modules():
-                if isinstance(module, nn.Linear):
-                    _PACKED.pop(module.weight, None) if module.weight.dtype == torch.float32 else None
+                if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
+                    _PACKED.pop(module.weight, None)
         ms = {f"{p}_ms": round(statistics.median(times[p]) * 1e3, 2) if p in times else None
               for p in ("packed", "gemv", "ours")}
         self.one_row_path = {"path": best, "threads": torch.get_num_threads(), **ms, "ratio": round(ratio, 3)}
@@ -250,7 +250,7 @@ ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single row
 OURS_ROWS = 256
 
 
-ONE_ROW_KERNELS = {"packed": "packed oneDNN weights", "gemv": "MKL GEMV", "ours": "our AVX2 kernel"}
+ONE_ROW_KERNELS = {"packed": "packed oneDNN weights", "gemv": "MKL GEMV", "ours": "our panel kernel"}
 
 
 def one_row_summary(one_row: dict) -> str:
