@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_attention
-from .fast_llama import (BATCH_ROWS, OURS_ROWS, FastLlama, _gemm_backend, ours, ours_serves, packed_weight, panels,
-                         project, roped_heads)
+from . import cpu_attention, cpu_layers
+from .cpu_gemv import ours, ours_serves, panels
+from .fast_llama import BATCH_ROWS, OURS_ROWS, FastLlama, _gemm_backend, packed_weight, project, roped_heads
 from .kv_cache import KVCache
 
 
@@ -91,22 +91,36 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
         if s + n > model.max_context:
             raise ValueError(f"position {s + n} is beyond the context window ({model.max_context})")
         c.ensure_capacity(s + n)
-    H, KV, D = model.n_heads, model.n_kv_heads, model.head_dim
     device = model.device
-    R = sum(lengths)
     pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(device)
     cos, sin = model.cos[pos], model.sin[pos]  # [R, D]: each row at its own sequence's position
     x = model.embed(torch.tensor([t for r in rows for t in r], dtype=torch.long, device=device)[None])  # [1, R, hidden]
     masks = [None if n == 1 or s == 0 else torch.ones(n, s + n, dtype=torch.bool, device=device).tril(diagonal=s)
              for s, n in zip(starts, lengths)]  # as FastLlama._blocks: new tokens see the prefix and each other
     kinds = _Rows(lengths, device)
-    _linear, offsets = kinds.linear, kinds.offsets
+    offsets = kinds.offsets
     # Decode rows (one token) of every sequence in one call of our kernel where it serves; prompt rows
     # per sequence through SDPA. A sequence alone makes the same choice (FastLlama._blocks): same bits.
-    kernel = cpu_attention.serves(caches[0].k, H)
+    kernel = cpu_attention.serves(caches[0].k, model.n_heads)
     decode = [b for b, n in enumerate(lengths) if kernel and n == 1]
     others = [b for b, n in enumerate(lengths) if not (kernel and n == 1)]
-    decode_rows = torch.tensor([offsets[b] for b in decode], device=device)
+    if kinds.all_small and cpu_layers.serves(model):  # the same loop in one C++ call: the same bits, far fewer lock hand-offs
+        x = cpu_layers.run_layers(model, x, cos, sin, caches, starts, lengths, offsets, decode, others, masks)
+    else:
+        x = _layers(model, x, cos, sin, caches, starts, lengths, kinds, decode, others, masks)
+    for c, s, n in zip(caches, starts, lengths):
+        c.length = s + n
+    last = torch.tensor([o + n - 1 for o, n in zip(offsets, lengths)], device=device)
+    head = model.lm_head  # one row per sequence, its last: through our kernel, as a lone decode step's
+    h = model.norm(x[:, last])
+    return (ours(head, h) if ours_serves(head) else _packed(head, h))[0].float()
+
+
+def _layers(model, x, cos, sin, caches, starts, lengths, kinds: _Rows, decode, others, masks):
+    """forward_batch's layer loop in Python (engine/cpu_layers.cpp is this loop in C++)."""
+    H, KV, D = model.n_heads, model.n_kv_heads, model.head_dim
+    R, _linear, offsets = x.shape[1], kinds.linear, kinds.offsets
+    decode_rows = torch.tensor([offsets[b] for b in decode], device=x.device)
     for i, blk in enumerate(model.blocks):
         q, k, v = roped_heads(blk, _linear(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)  # [1, heads, R, D]
         if not others:  # decode only: rows are sequences, in order
@@ -128,9 +142,4 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
         x = x + _linear(blk.o, attn)
         gate, up = _linear(blk.gate_up, blk.mlp_norm(x)).chunk(2, dim=-1)
         x = x + _linear(blk.down, F.silu(gate) * up)
-    for c, s, n in zip(caches, starts, lengths):
-        c.length = s + n
-    last = torch.tensor([o + n - 1 for o, n in zip(offsets, lengths)], device=device)
-    head = model.lm_head  # one row per sequence, its last: through our kernel, as a lone decode step's
-    h = model.norm(x[:, last])
-    return (ours(head, h) if ours_serves(head) else _packed(head, h))[0].float()
+    return x

@@ -45,8 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import capabilities, cpu_attention
+from .cpu_gemv import ours, plain_fp32_cpu
 from .errors import InvalidRequest
-from .fast_llama import FastLlama, ours, plain_fp32_cpu
+from .fast_llama import FastLlama
 from .model import first_line
 from .quality import quality_inputs
 from .weight_only import _WeightOnlyLinear

@@ -37,9 +37,11 @@ import logging
 import os
 import platform
 import threading
+import weakref
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from . import capabilities
 from .errors import first_line
@@ -47,8 +49,9 @@ from .errors import first_line
 NAME = "latency_lab AVX2 kernels (engine/cpu_gemv.py)"  # what engine info and the benches call them
 GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)
 PANEL = 16  # the fp32 kernel's output channels per panel (cpu_gemv.cpp: kPanel)
-# One extension for all our CPU kernels: these products and decode attention (engine/cpu_attention.py).
-_SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_gemv.cpp", "cpu_attention.cpp")]
+# One extension for all our CPU kernels: these products, decode attention (engine/cpu_attention.py)
+# and the layer loop that calls them (engine/cpu_layers.py).
+_SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_gemv.cpp", "cpu_attention.cpp", "cpu_layers.cpp")]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
 log = logging.getLogger(__name__)
 _build_lock = threading.Lock()  # the worker may build a variant while the API asks for engine info
@@ -183,6 +186,11 @@ def fp32_mm(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     return torch.ops.latency_lab_gemv.fp32_mm(x, panels, n, _wide)
 
 
+def wide() -> bool:
+    """Whether fp32_mm runs its AVX-512 form here (decided when the kernels were built)."""
+    return _wide
+
+
 def wide_fp32() -> bool:
     """Whether the fp32 kernel runs its AVX-512 form (8 rows a pass) here: where torch dispatches
     AVX-512 (ATEN_CPU_CAPABILITY=avx2 turns it off, as it does torch's own)."""
@@ -201,3 +209,54 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset
     """x [M, K] fp32 @ the 4-bit weights of `pack_int4`.T -> [M, N] fp32 (each row computed alone: the same bits at any M)."""
     return torch.ops.latency_lab_gemv.int4_gemv(x, packed, scale, offset, GROUP)
 
+
+# --- our fp32 kernel on a model's Linears (fast_llama, batch_forward, cpu_layers, compiled_step) ---
+def plain_fp32_cpu(linear: nn.Module) -> bool:
+    """A plain (not quantized) Linear with a contiguous fp32 CPU weight: what our fp32 kernel takes.
+    Tensor properties only, so the compiled step can ask it while tracing."""
+    w = getattr(linear, "weight", None)
+    return type(linear) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
+
+
+def ours_serves(linear: nn.Module) -> bool:
+    """Whether our fp32 kernel (engine/cpu_gemv.py) runs this Linear here."""
+    return plain_fp32_cpu(linear) and available()
+
+
+class _Panels:
+    """Our fp32 kernel's copy of one Linear's weight (fp32_panels), kept on the module, where
+    the compiled step's tracing can read it. Not deep-copied: a variant copied from the model makes
+    its own on first use. `weight`: the tensor it was made from (a replaced weight is packed again)."""
+
+    __slots__ = ("weight", "panels", "__weakref__")
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight, self.panels = weight, fp32_panels(weight)
+        _PANELS.add(self)
+
+    def __deepcopy__(self, memo):
+        return None
+
+
+_PANELS = weakref.WeakSet()  # every live _Panels: their bytes count in fast_llama.packed_bytes()
+
+
+def panels_bytes() -> int:
+    """Bytes held by every live model's panel copies."""
+    return sum(h.panels.numel() * h.panels.element_size() for h in _PANELS)
+
+
+def panels(linear: nn.Linear) -> torch.Tensor:
+    """The panels our fp32 kernel reads for `linear` (made once)."""
+    held = linear.__dict__.get("_ours_panels")
+    if held is None or held.weight is not linear.weight:
+        held = linear.__dict__["_ours_panels"] = _Panels(linear.weight)
+    return held.panels
+
+
+def ours(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) through our fp32 kernel: the same bits for a row in any batch."""
+    y = fp32_mm(x.reshape(-1, x.shape[-1]).contiguous(), panels(linear), linear.out_features)
+    if linear.bias is not None:
+        y = y + linear.bias
+    return y.view(*x.shape[:-1], y.shape[-1])

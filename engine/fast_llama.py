@@ -16,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import capabilities, cpu_attention, cpu_gemv
+from . import capabilities, cpu_attention, cpu_gemv, cpu_layers
+from .cpu_gemv import ours, ours_serves, panels, plain_fp32_cpu  # noqa: F401 - our fp32 kernel's glue, used here and re-exported
 from .kv_cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -213,8 +213,11 @@ class FastLlama(nn.Module):
                 q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask,
                 is_causal=T > 1 and start == 0, scale=blk.scaling, enable_gqa=self.n_heads != self.n_kv_heads)
 
-        return self.run_blocks(self.embed(ids[None]), self.cos[start:end], self.sin[start:end],
-                               lambda linear, x: project(linear, x, rows, self.ours_rows), attend)
+        x, cos, sin = self.embed(ids[None]), self.cos[start:end], self.sin[start:end]
+        if T <= self.ours_rows and cpu_layers.serves(self):  # the same loop in one C++ call: same bits
+            return cpu_layers.run_layers(self, x, cos, sin, [cache], [start], [T], [0], [0] if decode_kernel else [],
+                                         [] if decode_kernel else [0], [mask])
+        return self.run_blocks(x, cos, sin, lambda linear, x: project(linear, x, rows, self.ours_rows), attend)
 
     def run_blocks(self, x, cos, sin, linear, attend) -> torch.Tensor:
         """The decoder blocks over hidden states x ([1, T, hidden]): `linear(module, x)` runs a
@@ -294,54 +297,8 @@ def packed_weight(linear: nn.Module):
 
 def packed_bytes() -> int:
     """Bytes held by packed weight copies, oneDNN's and our fp32 kernel's panels (all live models)."""
-    copies = [p for p in _PACKED.values() if p is not False] + [h.panels for h in _PANELS]
-    return sum(p.numel() * p.element_size() for p in copies)
-
-
-def plain_fp32_cpu(linear: nn.Module) -> bool:
-    """A plain (not quantized) Linear with a contiguous fp32 CPU weight: what our fp32 kernel takes.
-    Tensor properties only, so the compiled step can ask it while tracing."""
-    w = getattr(linear, "weight", None)
-    return type(linear) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
-
-
-def ours_serves(linear: nn.Module) -> bool:
-    """Whether our fp32 kernel (engine/cpu_gemv.py) runs this Linear here."""
-    return plain_fp32_cpu(linear) and cpu_gemv.available()
-
-
-class _Panels:
-    """Our fp32 kernel's copy of one Linear's weight (cpu_gemv.fp32_panels), kept on the module, where
-    the compiled step's tracing can read it. Not deep-copied: a variant copied from the model makes
-    its own on first use. `weight`: the tensor it was made from (a replaced weight is packed again)."""
-
-    __slots__ = ("weight", "panels", "__weakref__")
-
-    def __init__(self, weight: torch.Tensor):
-        self.weight, self.panels = weight, cpu_gemv.fp32_panels(weight)
-        _PANELS.add(self)
-
-    def __deepcopy__(self, memo):
-        return None
-
-
-_PANELS = weakref.WeakSet()  # every live _Panels: their bytes count in packed_bytes()
-
-
-def panels(linear: nn.Linear) -> torch.Tensor:
-    """The panels our fp32 kernel reads for `linear` (made once)."""
-    held = linear.__dict__.get("_ours_panels")
-    if held is None or held.weight is not linear.weight:
-        held = linear.__dict__["_ours_panels"] = _Panels(linear.weight)
-    return held.panels
-
-
-def ours(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x) through our fp32 kernel: the same bits for a row in any batch."""
-    y = cpu_gemv.fp32_mm(x.reshape(-1, x.shape[-1]).contiguous(), panels(linear), linear.out_features)
-    if linear.bias is not None:
-        y = y + linear.bias
-    return y.view(*x.shape[:-1], y.shape[-1])
+    copies = [p for p in _PACKED.values() if p is not False]
+    return sum(p.numel() * p.element_size() for p in copies) + cpu_gemv.panels_bytes()
 
 
 def project(linear: nn.Module, x: torch.Tensor, rows: dict | None = None, ours_rows: int = 0) -> torch.Tensor:

@@ -54,6 +54,7 @@ class EngineInfo:
     load_s: float | None = None
     fast_path: bool | None = None
     decode_attention: str | None = None  # what a decode row's attention runs on (cpu_attention.kernel_name); None: generic forward
+    layer_loop: str | None = None  # where the fast path's layer loop runs (cpu_layers.describe); None: generic forward
     notes: tuple[str, ...] = ()
     variants: tuple[VariantInfo, ...] = ()
     speculation: tuple[SpeculationInfo, ...] = ()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from . import capabilities, compiled_step, cpu_attention
+from . import capabilities, compiled_step, cpu_attention, cpu_layers
 from .config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, LoadConfig
 from .fast_llama import packed_bytes
 from .info import EngineInfo, SpeculationInfo
@@ -97,6 +97,7 @@ class Engine:
             threads=torch.get_num_threads() if lm.device.type == "cpu" else None, context_max=lm.max_context,
             weight_bytes=lm.weight_bytes(), load_s=round(lm.load_s, 3), fast_path=lm.fast_path,
             decode_attention=cpu_attention.kernel_name(lm.model.dtype, lm.device.type) if lm.fast_path else None,
+            layer_loop=cpu_layers.describe(lm.model) if lm.fast_path else None,
             notes=tuple(lm.notes), variants=self.variants.infos(),
             speculation=tuple(SpeculationInfo(m, m != "draft" or draft_missing is None,
                                               draft_missing if m == "draft" else None) for m in SPECULATIVE_MODES),
