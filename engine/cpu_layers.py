@@ -15,6 +15,7 @@ fp32 Linear they serve; else the Python loop runs, as before. `LATENCY_LAB_LAYER
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -27,11 +28,27 @@ NAME = "one C++ call a forward (engine/cpu_layers.py)"
 PYTHON = "Python, an op call at a time"
 
 
+_forced_python = False  # python_loop(): a bench measures both loops side by side
+
+
 def unavailable_reason() -> str | None:
     """Why forwards run their layers in Python here (None: in one C++ call where the model allows)."""
     if os.environ.get("LATENCY_LAB_LAYERS", "").lower() in ("0", "off", "python"):
         return "turned off (LATENCY_LAB_LAYERS=off)"
+    if _forced_python:
+        return "turned off for a measurement (cpu_layers.python_loop)"
     return cpu_gemv.unavailable_reason()
+
+
+@contextlib.contextmanager
+def python_loop():
+    """Forwards in this block run the Python loop (`python -m engine.bench bandwidth --python-loop`)."""
+    global _forced_python
+    saved, _forced_python = _forced_python, True
+    try:
+        yield
+    finally:
+        _forced_python = saved
 
 
 def serves(model) -> bool:

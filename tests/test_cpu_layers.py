@@ -103,3 +103,11 @@ def cpu_gemv_reason():
     from engine import cpu_gemv
 
     return cpu_gemv.unavailable_reason()
+
+
+def test_a_bench_can_measure_the_python_loop_side_by_side(bundled):
+    """`bench bandwidth --python-loop`: the Python loop inside python_loop(), the C++ one after."""
+    with cpu_layers.python_loop():
+        assert not cpu_layers.serves(bundled.model)
+        assert cpu_layers.describe(bundled.model).startswith(cpu_layers.PYTHON)
+    assert cpu_layers.serves(bundled.model) == CAN_BUILD

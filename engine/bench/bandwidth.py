@@ -30,6 +30,9 @@ def add_args(p):
     p.add_argument("--torch-kernels", action="store_true",
                    help="also measure each weight-only variant's eager step with torch's kernels instead of "
                         "ours (engine/cpu_gemv.py), side by side")
+    p.add_argument("--python-loop", action="store_true",
+                   help="also measure the loaded model's step with its layer loop in Python instead of one C++ call "
+                        "(engine/cpu_layers.py), side by side")
 
 
 class TorchKernels:
@@ -50,6 +53,22 @@ class TorchKernels:
         finally:
             for m in self.layers:
                 m.gemv = True
+
+
+class PythonLoop:
+    """A model-like: `model`'s steps with the layer loop in Python, not one C++ call (engine/cpu_layers.py)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def new_cache(self, capacity: int):
+        return self.model.new_cache(capacity)
+
+    def forward(self, ids, cache, all_logits: bool = False):
+        from ..cpu_layers import python_loop
+
+        with python_loop():
+            return self.model.forward(ids, cache, all_logits)
 
 
 def copy_bandwidth(mb: int, runs: int = 7) -> float:
@@ -74,7 +93,7 @@ def bytes_read_per_step(model, context: int) -> int:
 
 
 def run(args, out):
-    from .. import capabilities, compiled_step, cpu_gemv
+    from .. import capabilities, compiled_step, cpu_gemv, cpu_layers
     from ..errors import LatencyLabError
     from ..fast_llama import one_row_summary
     from ..variants import VariantSet
@@ -102,10 +121,13 @@ def run(args, out):
     for name in list(models) if args.torch_kernels else ():
         if not isinstance(models[name], compiled_step.CompiledDecode) and TorchKernels(models[name]).layers:
             models[f"{name} torch"] = TorchKernels(models[name])
+    if args.python_loop:
+        models[f"{lm.dtype_name} python loop"] = PythonLoop(lm.model)
     machine = copy_bandwidth(args.copy_mb)
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
     out(f"weight-only kernels: {cpu_gemv.kernel_name('int4wo')}")
+    out(f"layer loop: {cpu_layers.describe(lm.model)}")
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
     one_row = getattr(lm.model, "one_row_path", None)  # measured at load: which fp32 one-row kernel the steps use
     if one_row:
@@ -113,7 +135,7 @@ def run(args, out):
     rows = {}
     for name, m in models.items():
         step = median(times[name])
-        read = bytes_read_per_step(m.model if isinstance(m, (compiled_step.CompiledDecode, TorchKernels)) else m,
+        read = bytes_read_per_step(m.model if isinstance(m, (compiled_step.CompiledDecode, TorchKernels, PythonLoop)) else m,
                                    args.context)
         gbps = read / step / 1e9
         rows[name] = {"step_ms": round(step * 1e3, 2), "tok_s": round(1 / step, 1), "mb_per_step": round(read / 1e6, 1),
@@ -129,4 +151,4 @@ def run(args, out):
     return {"copy_gbps": round(machine, 2), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
             "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_copy"],
             "capabilities": capabilities.detect().summary(), "one_row_path": one_row,
-            "gemv_kernels": cpu_gemv.unavailable_reason() or "ours"}
+            "gemv_kernels": cpu_gemv.unavailable_reason() or "ours", "layer_loop": cpu_layers.describe(lm.model)}
