@@ -59,9 +59,10 @@ class _Rows:
         self.offsets = offsets = [sum(lengths[:b]) for b in range(len(lengths))]  # sequence b's first row
         small = [n <= OURS_ROWS for n in lengths]
         self.all_small, self.any_small = all(small), any(small)
-        self.small, self.large = (torch.tensor([o + j for o, n, s in zip(offsets, lengths, small) if s == want
-                                                for j in range(n)], dtype=torch.long, device=device)
-                                  for want in (True, False))
+        if self.any_small and not self.all_small:  # the row indices only a mixed forward splits by
+            self.small, self.large = (torch.tensor([o + j for o, n, s in zip(offsets, lengths, small) if s == want
+                                                    for j in range(n)], dtype=torch.long, device=device)
+                                      for want in (True, False))
 
     def linear(self, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if not self.any_small or not ours_serves(linear):
@@ -104,8 +105,9 @@ def forward_batch(model: FastLlama, rows: list[list[int]], caches: list[KVCache]
     kernel = cpu_attention.serves(caches[0].k, model.n_heads)
     decode = [b for b, n in enumerate(lengths) if kernel and n == 1]
     others = [b for b, n in enumerate(lengths) if not (kernel and n == 1)]
-    if kinds.all_small and cpu_layers.serves(model):  # the same loop in one C++ call: the same bits, far fewer lock hand-offs
-        x = cpu_layers.run_layers(model, x, cos, sin, caches, starts, lengths, offsets, decode, others, masks)
+    layers = cpu_layers.layer_weights(model) if kinds.all_small else None
+    if layers is not None:  # the same loop in one C++ call: the same bits, far fewer lock hand-offs
+        x = cpu_layers.run_layers(model, layers, x, cos, sin, caches, starts, lengths, offsets, decode, others, masks)
     else:
         x = _layers(model, x, cos, sin, caches, starts, lengths, kinds, decode, others, masks)
     for c, s, n in zip(caches, starts, lengths):

@@ -1,5 +1,6 @@
-// The decoder layers of a batched forward (engine/batch_forward.py) in one call: the same ATen ops
-// and our kernels, on the same tensors, in the same order as the Python loop, so the same bits.
+// The decoder layers of a forward (engine/batch_forward.py for a batch, fast_llama.FastLlama for one
+// sequence) in one call: the same ATen ops and our kernels, on the same tensors, in the same order as
+// the Python loop, so the same bits.
 //
 // Why in C++: the Python loop makes ~20 op calls a layer, ~600 a forward. Each releases the
 // interpreter lock and takes it back; in the server the HTTP thread holds it between, and while the
@@ -20,7 +21,7 @@
 namespace {
 
 at::Tensor mm(const at::Tensor& x, const at::Tensor& panels, int64_t n, const std::optional<at::Tensor>& bias,
-              bool wide) {  // fast_llama.ours: x [1, R, K] -> [1, R, n]
+              bool wide) {  // cpu_gemv.ours: x [1, R, K] -> [1, R, n]
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("latency_lab_gemv::fp32_mm", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool)>();

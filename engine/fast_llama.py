@@ -214,9 +214,10 @@ class FastLlama(nn.Module):
                 is_causal=T > 1 and start == 0, scale=blk.scaling, enable_gqa=self.n_heads != self.n_kv_heads)
 
         x, cos, sin = self.embed(ids[None]), self.cos[start:end], self.sin[start:end]
-        if T <= self.ours_rows and cpu_layers.serves(self):  # the same loop in one C++ call: same bits
-            return cpu_layers.run_layers(self, x, cos, sin, [cache], [start], [T], [0], [0] if decode_kernel else [],
-                                         [] if decode_kernel else [0], [mask])
+        layers = cpu_layers.layer_weights(self) if T <= self.ours_rows else None
+        if layers is not None:  # the same loop in one C++ call: the same bits
+            return cpu_layers.run_layers(self, layers, x, cos, sin, [cache], [start], [T], [0],
+                                         [0] if decode_kernel else [], [] if decode_kernel else [0], [mask])
         return self.run_blocks(x, cos, sin, lambda linear, x: project(linear, x, rows, self.ours_rows), attend)
 
     def run_blocks(self, x, cos, sin, linear, attend) -> torch.Tensor:

@@ -35,15 +35,22 @@ def add_args(p):
                         "(engine/cpu_layers.py), side by side")
 
 
-class TorchKernels:
-    """A model-like: `model`'s steps with every weight-only layer on torch's kernel, not ours."""
+class _StepsOf:
+    """A model-like over `model` (its steps, measured another way): what step_times calls."""
 
     def __init__(self, model):
         self.model = model
-        self.layers = [m for m in model.modules() if getattr(m, "gemv", False)]
 
     def new_cache(self, capacity: int):
         return self.model.new_cache(capacity)
+
+
+class TorchKernels(_StepsOf):
+    """A model-like: `model`'s steps with every weight-only layer on torch's kernel, not ours."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.layers = [m for m in model.modules() if getattr(m, "gemv", False)]
 
     def forward(self, ids, cache, all_logits: bool = False):
         for m in self.layers:
@@ -55,14 +62,8 @@ class TorchKernels:
                 m.gemv = True
 
 
-class PythonLoop:
+class PythonLoop(_StepsOf):
     """A model-like: `model`'s steps with the layer loop in Python, not one C++ call (engine/cpu_layers.py)."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def new_cache(self, capacity: int):
-        return self.model.new_cache(capacity)
 
     def forward(self, ids, cache, all_logits: bool = False):
         from ..cpu_layers import python_loop
@@ -135,7 +136,7 @@ def run(args, out):
     rows = {}
     for name, m in models.items():
         step = median(times[name])
-        read = bytes_read_per_step(m.model if isinstance(m, (compiled_step.CompiledDecode, TorchKernels, PythonLoop)) else m,
+        read = bytes_read_per_step(m.model if isinstance(m, (compiled_step.CompiledDecode, _StepsOf)) else m,
                                    args.context)
         gbps = read / step / 1e9
         rows[name] = {"step_ms": round(step * 1e3, 2), "tok_s": round(1 / step, 1), "mb_per_step": round(read / 1e6, 1),
