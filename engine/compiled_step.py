@@ -34,7 +34,9 @@ machines without a C++ compiler (CPU) or Triton (CUDA).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import os
 import statistics
 import threading
 import time
@@ -87,6 +89,26 @@ def _decode_attend(q, k, v, step_t, layer: int, pos_t, scale: float):
 for _key in ("CPU", "CUDA"):
     _LIB.impl("decode_attend", _decode_attend, _key)
 _LIB.impl("decode_attend", lambda q, k, v, step_t, layer, pos, scale: torch.empty_like(q), "Meta")
+
+
+def cache_per_cpu() -> str | None:
+    """Point Inductor's caches at a folder of this CPU's own; returns it (None: the user chose one).
+
+    Inductor keys a compiled graph on the graph and torch's version, not on the instruction set it
+    generated code for (seen with torch 2.13: a graph compiled with ATEN_CPU_CAPABILITY=default was a
+    cache hit in the next, AVX2 process). A cache that moves between machines, as a CI runner's or a
+    home folder's may, could then hand AVX-512 code to an AVX2 CPU."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # Inductor writes its default here once it has run
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return None
+
+    caps = capabilities.detect()
+    isa = hashlib.sha1(",".join(caps.isa).encode()).hexdigest()[:8]
+    folder = os.path.join(default_cache_dir(), f"cpu-{caps.torch_cpu_capability.lower()}-{isa}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
 
 
 def unavailable_reason(model) -> str | None:
@@ -213,6 +235,7 @@ class CompiledDecode:
             if self._failed:  # it failed once: not again for every request
                 raise InvalidRequest(self._failed, "compiled_decode")
             t0 = time.perf_counter()
+            cache_per_cpu()
             # Dynamo keeps compiled graphs per code object, at most `recompile_limit` (8) each: a copy
             # of _step's code per model keeps one model's graph from counting against another's
             own_step = types.FunctionType(CompiledDecode._step.__code__.replace(), globals(), "_step")

@@ -1,6 +1,8 @@
 """The compiled decode step (engine/compiled_step.py, the `compiled_decode` toggle): the same
 tokens as the eager step where it runs, a clear refusal where it cannot, its fallback paths."""
 
+import os
+
 import pytest
 import torch
 
@@ -41,6 +43,25 @@ def test_compiled_greedy_is_the_eager_greedy_in_fp32(bundled):
     info = compiled_step.info_for(bundled.model)
     assert info["top1_agreement"] == 1.0 and info["positions"] >= 16
     assert info["max_logit_diff"] < 1e-2  # fp32 rounding in another order, not a different computation
+
+
+def test_compiled_graphs_are_cached_in_a_folder_per_cpu(monkeypatch):
+    """Inductor's cache does not key on the instruction set (a graph built for one CPU is a hit on
+    another): the engine keeps a folder per CPU, and leaves a folder the user chose alone."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    here = compiled_step.cache_per_cpu()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == here
+    assert os.path.basename(here).startswith(f"cpu-{capabilities.detect().torch_cpu_capability.lower()}-")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # Inductor's own default: not a choice
+    assert compiled_step.cache_per_cpu() == here
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    with capabilities.forced(isa=("avx2", "fma")):  # another CPU
+        assert compiled_step.cache_per_cpu() != here
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/users-own")
+    assert compiled_step.cache_per_cpu() is None
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/users-own"
 
 
 @needs_compiler
