@@ -6,7 +6,7 @@ projection is not our fp32 kernel's."""
 import pytest
 import torch
 
-from engine import capabilities, cpu_layers
+from engine import capabilities, cpu_gemv, cpu_layers
 from engine.batch_forward import forward_batch
 from engine.config import LoadConfig
 from engine.loader import load
@@ -96,13 +96,7 @@ def test_engine_info_says_where_the_layer_loop_runs(bundled_engine, monkeypatch)
     _layers(monkeypatch, False)
     off = bundled_engine.info().layer_loop
     assert off == f"{cpu_layers.PYTHON} (turned off (LATENCY_LAB_LAYERS=off))"
-    assert on == (cpu_layers.NAME if CAN_BUILD else f"{cpu_layers.PYTHON} ({cpu_gemv_reason()})")
-
-
-def cpu_gemv_reason():
-    from engine import cpu_gemv
-
-    return cpu_gemv.unavailable_reason()
+    assert on == (cpu_layers.NAME if CAN_BUILD else f"{cpu_layers.PYTHON} ({cpu_gemv.unavailable_reason()})")
 
 
 def test_a_bench_can_measure_the_python_loop_side_by_side(bundled):
