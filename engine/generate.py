@@ -104,6 +104,7 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
         timeline.add_tokens(len(kept), t)
         if getattr(dec, "batched", False):  # continuous batching: how many sequences the forward that made them ran
             timeline.batch_size.extend([dec.batch_size] * len(kept))
+            timeline.batch_prompt_tokens.extend([dec.batch_prompt_tokens] * len(kept))
         produced += len(kept)
         shown, hit_stop = stops.push(detok.add([tok for tok in kept if tok not in eos_token_ids]))
         if hit_stop:

@@ -49,6 +49,7 @@ class BatchedDecoding(Decoding):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.batch_size = 1  # sequences in the forward that made the latest token (prefill: itself)
+        self.batch_prompt_tokens = 0  # prompt tokens (anyone's prefill) in that forward
         self.logits = None
 
     @property
@@ -61,15 +62,23 @@ class BatchedDecoding(Decoding):
             return self.ids[self.prefilled : min(self.prefilled + self.interleave_chunk, self.prompt_len)]
         return self.ids[-1:]
 
-    def ran(self, rows: int, logits, batch_size: int) -> None:
-        """The scheduler's forward ran `rows` of next_rows(); keep what prefill() or step() will sample from."""
-        self.batch_size = batch_size
+    def ran(self, rows: int, logits, batch_size: int, prompt_tokens: int = 0) -> None:
+        """The scheduler's forward ran `rows` of next_rows() beside others (`batch_size` sequences,
+        `prompt_tokens` prompt rows in all); keep what prefill() or step() will sample from."""
+        self.batch_size, self.batch_prompt_tokens = batch_size, prompt_tokens
         if self.prefilling:
             self.prefilled += rows
             self.forward_passes += 1
             self._prefill_logits = logits if not self.prefilling else None
         else:
             self.logits = logits
+
+    def prefill_chunks(self, chunk_tokens: int):
+        """The request's own chunked-prefill toggle: its chunks run alone, outside the batch."""
+        before = self.prefilled
+        for end in super().prefill_chunks(chunk_tokens):
+            self.batch_size, self.batch_prompt_tokens, before = 1, end - before, end
+            yield end
 
     def step(self) -> list[int]:
         logits, self.logits = self.logits, None
@@ -249,6 +258,8 @@ class BatchingWorker(Worker):
                 if event.kind == "done":
                     if not seq.batched:  # each of its tokens came from a forward of its own
                         tl.batch_size = [1] * tl.output_tokens
+                        tl.batch_prompt_tokens = [tl.prefill_tokens or 0] + [0] * (tl.output_tokens - 1) \
+                            if tl.output_tokens else []  # its own prompt, in the forward of its first token
                     self._annotate(tl, seq.variant, seq.handle.request.config)
                     self.completed += 1
                     self.variants.record(seq.variant.name, tl)
@@ -287,13 +298,14 @@ class BatchingWorker(Worker):
 
             torch.cuda.synchronize(decs[0].device)
         B = len(decs)
+        prompt_tokens = sum(len(r) for r, d in zip(rows, decs) if d.prefilling)  # newcomers' prompt rows
         s = self.stats
         s.steps += 1
         s.rows += B
         s.max_rows = max(s.max_rows, B)
         s.histogram[B] = s.histogram.get(B, 0) + 1
         for i, (seq, dec) in enumerate(zip(seqs, decs)):
-            dec.ran(len(rows[i]), logits[i : i + 1], B)
+            dec.ran(len(rows[i]), logits[i : i + 1], B, prompt_tokens)
             seq.waiting = None
             self._advance(seq)
 

@@ -43,6 +43,7 @@ class Timeline:
     chunk_out_ns: list[int] = field(default_factory=list)  # when each chunk was handed to the transport
     chunk_tokens: list[int] = field(default_factory=list)  # output tokens emitted so far, per chunk
     batch_size: list[int] = field(default_factory=list)  # continuous batching: sequences in the forward of token i
+    batch_prompt_tokens: list[int] = field(default_factory=list)  # ...and prompt tokens (anyone's prefill) in it
     done_ns: int | None = None  # the engine finished (last token, stop, error or cancel)
     # Token counts: None where unknown (a remote server that does not report them), never a guessed 0.
     prompt_tokens: int | None = 0
@@ -260,7 +261,8 @@ class Timeline:
             "token_ms": [rel(t) for t in self.token_ns],
             "chunk_out_ms": [rel(t) for t in self.chunk_out_ns],
             "chunk_tokens": list(self.chunk_tokens),
-            **({"batch_size": list(self.batch_size)} if self.batch_size else {}),  # only when batching ran
+            **({"batch_size": list(self.batch_size), "batch_prompt_tokens": list(self.batch_prompt_tokens)}
+               if self.batch_size else {}),  # only when batching ran
             "received_ns": origin,
             "roofline": {"weight_bytes": self.weight_bytes, "compute_dtype": self.compute_dtype,
                          "prefill_flops": self.prefill_flops, "decode_steps": self.decode_steps,

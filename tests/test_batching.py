@@ -89,6 +89,16 @@ def test_greedy_tokens_equal_batched_and_alone_fp32(batching_bundled):
         assert b.timeline.batch_size[0] >= 1  # its prefill shared the forward of the running batch
     assert all(a.timeline.batch_size == [1] * a.output_tokens for a in alone)
     assert max(max(b.timeline.batch_size) for b in batched) > 1  # they really were batched
+    # batch_prompt_tokens: alone, only the first token's forward carried a prompt (its own uncached part);
+    # batched, each request but the last had a later one's prompt ride in some of its decode steps
+    for a in alone:
+        assert a.timeline.batch_prompt_tokens == [a.timeline.prefill_tokens] + [0] * (a.output_tokens - 1)
+    for b in batched:
+        assert len(b.timeline.batch_prompt_tokens) == b.output_tokens
+        assert b.timeline.batch_prompt_tokens[0] >= b.timeline.prefill_tokens  # its own prompt, maybe others' too
+        assert "batch_prompt_tokens" in b.timeline.to_dict()
+    for b, joined in zip(batched, batched[1:]):
+        assert joined.timeline.prefill_tokens in b.timeline.batch_prompt_tokens[1:]  # the next one's prefill
     info = batching_bundled.info().batching
     assert info["max_batch"] == 8 and info["max_batch_size_seen"] > 1
 
@@ -201,7 +211,10 @@ def test_under_load_batched_replies_are_exact_and_nothing_is_lost(bundled):
         bad = (*load_figures.BAD, "4xx", "429")
         assert {k: t[k] for k in bad} == {k: 0 for k in bad}, result
         assert t["exact"] >= 6 and result["stuck_workers"] == 0 and result["server_5xx"] == 0
-        assert result["rows"][0]["batch_size_mean"] > 1  # they were decoded together
+        row = result["rows"][0]
+        assert row["batch_size_mean"] > 1  # they were decoded together
+        assert 0 < row["with_prompt_share"] <= 1  # newcomers' prompts rode in decode steps
+        assert row["itl_ms_with_prompt_p50"] is not None and row["itl_ms_decode_only_p50"] is not None
     finally:
         engine.close()
 

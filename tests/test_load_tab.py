@@ -159,9 +159,31 @@ def test_figures_delta_table_and_sentence_state_the_measured_trade_off():
     assert "run 1: max batch 1" in table and "run 2: max batch 8" in table and "2.00×" in table
 
 
+def test_tokens_beside_a_prefill_are_split_out_and_explained():
+    def beside(prompts, itl):
+        r = _result("exact", tokens=len(prompts))
+        r.timings.update(batch_prompt_tokens=list(prompts), itl_ms=list(itl))
+        return r
+
+    # token 0 (its own prefill) is not a decode token; of the 6 decode tokens 2 shared a forward with a prompt
+    two = _run("max batch 8", 8, [beside([13, 0, 40, 0, 0], [30, 90, 31, 29]), beside([9, 0, 0], [33, 28])], 2.0)
+    f = two.figures
+    assert (f.with_prompt_share, f.itl_ms_decode_only_p50) == (round(1 / 6, 3), 30.0)
+    assert f.itl_ms_with_prompt_p50 == 90.0
+    one = _run("max batch 1", 1, [beside([13, 0, 0], [30, 31])], 4.0)
+    assert one.figures.with_prompt_share == 0.0 and one.figures.itl_ms_with_prompt_p50 is None
+    sentence = pair_sentence(2, one, two)
+    assert "In max batch 8, 17% of the decode tokens shared their forward with a newcomer's prompt" in sentence
+    assert "p50 ITL 90.0 ms, against 30.0 ms in decode-only forwards" in sentence
+    assert "shared their forward" not in pair_sentence(2, two, one)  # run 2 had none: no clause
+    table = delta_html(one, two)
+    assert '<tr data-metric="itl_ms_with_prompt_p50">' in table and "<td>—</td><td>90.0</td>" in table
+
+
 def test_unknown_figures_are_a_dash_never_zero():
     remote = _run("run 1", None, [Result("c0t1", 2, outcome="exact", timings={"output_tokens": 4})], 1.0)
     assert remote.figures.batch_size_mean is None and remote.figures.ttft_ms_p50 is None
+    assert remote.figures.with_prompt_share is None and remote.figures.itl_ms_decode_only_p50 is None
     table = delta_html(remote, remote)
     assert '<tr data-metric="ttft_ms_p50"><th title="' in table and "<td>—</td><td>—</td><td>—</td>" in table
     assert "noise" in pair_sentence(2, remote, remote) and "from — to — ms" in pair_sentence(2, remote, remote)

@@ -89,6 +89,15 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "its graph built and checked against the eager step (first request per weights variant; part of setup_ms)"),
     _M("batch_size", "batch size", "", "",
        "sequences in the forward that produced token i (continuous batching, --max-batch; 1: alone)", better=""),
+    _M("batch_prompt_tokens", "prompt tokens in the forward", "tok", "",
+       "prompt tokens (any request's prefill) in the forward that produced token i (continuous batching): "
+       "they cost as much batched as alone", better=""),
+    _M("with_prompt_share", "tokens beside a prefill", "%", "",
+       "decode tokens (i ≥ 1) whose forward carried prompt tokens: batch_prompt_tokens[i] > 0", better=""),
+    _M("itl_ms_with_prompt_p50", "ITL p50 beside a prefill", "ms", "token i−1 sampled",
+       "token i sampled, over decode tokens whose forward carried prompt tokens (median)"),
+    _M("itl_ms_decode_only_p50", "ITL p50, decode-only forwards", "ms", "token i−1 sampled",
+       "token i sampled, over decode tokens whose forward carried no prompt tokens (median)"),
     # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.
     _M("client_feedback_ms", "first feedback", "ms", "user pressed send",
        "the message and a status painted (Nielsen's 'instant' is 100 ms)", "browser"),

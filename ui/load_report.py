@@ -84,6 +84,9 @@ class RunFigures:
     queue_ms_p90: float | None
     e2e_ms_p50: float | None
     batch_size_mean: float | None  # None: the server reported no batch sizes (a remote, say)
+    with_prompt_share: float | None  # decode tokens whose forward carried a newcomer's prompt (0..1)
+    itl_ms_with_prompt_p50: float | None
+    itl_ms_decode_only_p50: float | None
     exact: int
     differs: int  # whole replies unlike their reference where exactness is not promised (bf16, a remote…)
     cancelled: int
@@ -104,6 +107,7 @@ class RunFigures:
                    **{f"{m}_{q}": row[f"{m}_{q}"] for m in ("ttft_ms", "tpot_ms", "queue_ms") for q in ("p50", "p90")},
                    e2e_ms_p50=row["e2e_ms_p50"],
                    batch_size_mean=round(sum(sizes) / len(sizes), 2) if sizes else None,
+                   **{k: row[k] for k in ("with_prompt_share", "itl_ms_with_prompt_p50", "itl_ms_decode_only_p50")},
                    **{k: row[k] for k in JUDGED}, errors=row["4xx"] + row["429"] + row["5xx"])
 
     def to_dict(self) -> dict:
@@ -122,6 +126,9 @@ DELTA_ROWS = (
     ("queue_ms_p90", "queue p90 (ms)", "queue_ms", False),
     ("e2e_ms_p50", "total p50 (ms)", "e2e_ms", False),
     ("batch_size_mean", "mean batch size", "batch_size", None),
+    ("with_prompt_share", "decode tokens beside a prefill (share)", "with_prompt_share", None),
+    ("itl_ms_with_prompt_p50", "ITL p50 beside a prefill (ms)", "itl_ms_with_prompt_p50", False),
+    ("itl_ms_decode_only_p50", "ITL p50, decode-only forwards (ms)", "itl_ms_decode_only_p50", False),
     ("requests", "requests", None, None),
     ("exact", "exact (as alone)", None, None),
     ("differs", "differs (exactness not promised)", None, None),
@@ -185,4 +192,14 @@ def pair_sentence(clients: int, one, two) -> str:
         elif b.tpot_ms_p50 < a.tpot_ms_p50 and b.queue_ms_p50 > a.queue_ms_p50:
             why = ": fewer requests per step, faster steps, longer waits to start"
     same = "" if one.max_batch != two.max_batch else " (both runs had the same max batch: the difference is noise)"
-    return f"{head}; {lat}{why}{same}."
+    return f"{head}; {lat}{why}{same}.{_prefill_clause(two)}"
+
+
+def _prefill_clause(run) -> str:
+    """Why a batch is slower a step: the share of its tokens made beside a newcomer's prompt."""
+    f = run.figures
+    if not f.with_prompt_share or f.itl_ms_with_prompt_p50 is None:
+        return ""
+    return (f" In {run.label}, {f.with_prompt_share:.0%} of the decode tokens shared their forward with a newcomer's "
+            f"prompt (p50 ITL {fmt(f.itl_ms_with_prompt_p50)} ms, against {fmt(f.itl_ms_decode_only_p50)} ms in "
+            "decode-only forwards): prompt tokens cost as much batched as alone.")

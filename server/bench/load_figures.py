@@ -33,7 +33,27 @@ def level_row(clients: int, results: list[Result], wall_s: float) -> dict:
     row["client_ttft_ms_p50"] = percentiles([r.client_ttft_ms for r in done])["p50"]
     sizes = [b for r in done for b in (r.timings or {}).get("batch_size") or []]
     row["batch_size_mean"] = round(float(np.mean(sizes)), 2) if sizes else 1.0  # tokens' forwards, all requests
+    row.update(prompt_split(done))
     return row
+
+
+def prompt_split(done: list[Result]) -> dict:
+    """Decode tokens (i >= 1) by whether the forward that made them carried prompt tokens
+    (`batch_prompt_tokens[i]` > 0, a newcomer's prefill riding in the batch): their share and each
+    kind's p50 ITL. Why a batch of N does not give N times the tokens: prompt rows are compute-bound
+    and cost as much in a batch as alone, and every token of that forward waits for them. None
+    where the server reported no `batch_prompt_tokens` (max batch 1, a remote server)."""
+    beside, alone = [], []
+    for r in done:
+        t = r.timings or {}
+        prompts, itl = t.get("batch_prompt_tokens"), t.get("itl_ms")
+        if prompts is None or itl is None:
+            continue
+        for n, gap in zip(prompts[1:], itl):  # itl_ms[i - 1]: token i - 1 to token i
+            (beside if n else alone).append(gap)
+    total = len(beside) + len(alone)
+    return {"with_prompt_share": round(len(beside) / total, 3) if total else None,
+            "itl_ms_with_prompt_p50": percentiles(beside)["p50"], "itl_ms_decode_only_p50": percentiles(alone)["p50"]}
 
 
 def table(rows: list[dict]) -> str:
@@ -58,7 +78,7 @@ def merge_rows(rows: list[dict]) -> dict:
         out[k] = sum(r[k] for r in rows)
     out["wall_s"] = round(sum(r["wall_s"] for r in rows), 2)
     for k, v in rows[0].items():
-        if k.endswith(("_p50", "_p90", "_p99", "_per_s")) or k == "batch_size_mean":
+        if k.endswith(("_p50", "_p90", "_p99", "_per_s")) or k in ("batch_size_mean", "with_prompt_share"):
             xs = [r[k] for r in rows if r.get(k) is not None]
             out[k] = float(np.median(xs)) if xs else None
     return out
@@ -74,7 +94,9 @@ def compare_rows(levels, base_rows, rows) -> list[dict]:
         row = {"clients": n}
         for key, name in (("output_tok_per_s", "tok_per_s"), ("req_per_s", "req_per_s"), ("ttft_ms_p50", "ttft_p50"),
                           ("tpot_ms_p50", "tpot_p50"), ("queue_ms_p50", "queue_p50"), ("e2e_ms_p50", "e2e_p50"),
-                          ("batch_size_mean", "batch_size_mean")):
+                          ("batch_size_mean", "batch_size_mean"), ("with_prompt_share", "with_prompt_share"),
+                          ("itl_ms_with_prompt_p50", "itl_with_prompt_p50"),
+                          ("itl_ms_decode_only_p50", "itl_decode_only_p50")):
             row[f"{name}_a"], row[f"{name}_b"] = a.get(key), b.get(key)
             row[f"{name}_ratio"] = ratio(a.get(key), b.get(key))
         out.append(row)
@@ -107,6 +129,10 @@ def trade_off(rows: list[dict], a: int, b: int) -> str:
                      f"{f_(low['tpot_p50_a'])} ms ({f_(low['tpot_p50_ratio'])}×)")
     parts.append(f"each step of a batch is slower (p50 TPOT at {top['clients']} clients {f_(top['tpot_p50_b'])} ms "
                  f"against {f_(top['tpot_p50_a'])} ms alone) but serves up to {b} requests at once")
+    if top.get("with_prompt_share_b") is not None:
+        parts.append(f"{top['with_prompt_share_b']:.0%} of its decode tokens shared their forward with a newcomer's "
+                     f"prompt (p50 ITL {f_(top['itl_with_prompt_p50_b'])} ms against "
+                     f"{f_(top['itl_decode_only_p50_b'])} ms in decode-only forwards)")
     return "; ".join(parts) + "."
 
 
