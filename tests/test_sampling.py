@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import sampling
+from engine import sampling, sampling_cpu
 from engine.config import GenerationConfig
 from engine.sampling import Sampler
 
@@ -57,3 +57,48 @@ def test_draw_is_reproducible_per_seed_and_refuses_a_distribution_with_no_mass()
         a.draw(torch.zeros(10))
     with pytest.raises(ValueError, match="no mass"):
         a.draw(torch.full((10,), float("nan")))
+
+
+# --- the CPU path (engine/sampling_cpu.py, numpy) against the torch one, and the definitions ---------------
+@pytest.mark.parametrize("spread", [8.0, 3.0, 0.05])  # the first threshold, the second, and all tokens
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_cpu_nucleus_is_the_nucleus_of_a_full_sort(spread, top_p):
+    gen = torch.Generator().manual_seed(int(spread * 100 + top_p * 10) + 1)
+    logits = torch.randn(3, 49152, generator=gen) * spread
+    want = _nucleus_by_full_sort(logits, top_p)
+    ranked, order = torch.sort(logits, dim=-1, descending=True)
+    p = ranked.softmax(-1)
+    above = torch.empty_like(p).scatter_(-1, order, p.cumsum(-1) - p)
+    for row in range(3):
+        got = torch.zeros(49152, dtype=torch.bool)
+        got[torch.from_numpy(sampling_cpu.nucleus(logits[row].numpy(), top_p))] = True
+        differs = got != want[row]
+        assert int(differs.sum()) <= 2 and bool(((above[row][differs] - top_p).abs() < 1e-5).all())
+
+
+CONFIGS = [dict(temperature=0.7, top_p=0.9), dict(temperature=1.0), dict(temperature=1.3, top_k=40),
+           dict(temperature=0.8, top_k=50, top_p=0.95), dict(temperature=0.0)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_cpu_probs_are_the_torch_path_s_distribution(cfg):
+    sampler = Sampler(GenerationConfig(**cfg, seed=3))
+    logits = torch.randn(4, 49152, generator=torch.Generator().manual_seed(7)) * 3  # a verify step's rows
+    cpu, reference = sampler.probs(logits), sampler.probs_torch(logits)
+    assert cpu.shape == reference.shape and cpu.dtype == torch.float32
+    assert torch.allclose(cpu, reference, atol=1e-6, rtol=1e-4)
+    assert torch.equal(cpu > 0, reference > 0)  # the same tokens can be drawn
+    assert torch.allclose(cpu.sum(-1), torch.ones(4))
+
+
+def test_cpu_sample_matches_greedy_ties_and_seeded_draws():
+    greedy = Sampler(GenerationConfig(temperature=0.0))
+    tied = torch.zeros(49152)
+    tied[[17, 400, 9000]] = 5.0
+    assert greedy.sample(tied) == int(tied.argmax()) == 17  # the first of equal maxima
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(1)) * 3
+    a = Sampler(GenerationConfig(temperature=0.7, top_p=0.9, seed=21))
+    b = Sampler(GenerationConfig(temperature=0.7, top_p=0.9, seed=21))
+    draws = [a.sample(logits) for _ in range(50)]
+    assert draws == [b.draw(b.probs_torch(logits)) for _ in range(50)]  # the same stream, the same tokens
+    assert len(set(draws)) > 1
