@@ -242,3 +242,24 @@ def test_a_request_failing_mid_batch_fails_alone(tiny):
         assert engine.complete(ask("Name a color."), GREEDY).token_ids == ref.token_ids  # still serving
     finally:
         engine.close()
+
+
+def test_batch_ceiling_bench_reports_the_ratio_its_own_forward_costs_give(tiny_model_dir):
+    """`python -m engine.bench batch_ceiling`: decode and prompt forwards timed alone, and the ceiling
+    (P1 + n·d1) / (Pb + n·dB/B) computed from exactly the figures it prints."""
+    from engine.bench import batch_ceiling, build_parser
+
+    argv = ["batch_ceiling", "--model", str(tiny_model_dir), "--rounds", "2", "--batch", "3", "--context", "8",
+            "--prompt-tokens", "5", "--cached-tokens", "4", "--output-tokens", "6"]
+    parser, module = build_parser(argv)
+    lines = []
+    result = module.run(parser.parse_args(argv), lines.append)
+    ms = result["forward_ms"]
+    assert set(ms) == {"decode_1", "decode_2", "decode_3", "prompt_alone", "prompt_beside"}
+    assert all(v > 0 for v in ms.values()) and result["dtype"] == "fp32"
+    assert result["prompt_added_ms"] == round(ms["prompt_beside"] - ms["decode_2"], 2)
+    want = batch_ceiling.ceiling(ms["decode_1"], ms["decode_3"], ms["prompt_alone"], result["prompt_added_ms"], 6, 3)
+    assert result["ceiling"] == result["ratio"] == round(want, 2)
+    assert f"a ceiling of {result['ceiling']}x" in lines[-1]
+    with pytest.raises(InvalidRequest, match="at least 2"):
+        module.run(parser.parse_args([*argv, "--batch", "1"]), lines.append)

@@ -27,6 +27,7 @@ SCENARIOS = {
     "quant_steps": "one decode step per quantization variant, alternating: decode ratios over the loaded model",
     "lookup": "prompt-lookup speculation on copy-heavy prompts: decode tok/s with vs without, acceptance",
     "draft": "draft-model speculation on ordinary chat prompts: decode tok/s with vs without, acceptance",
+    "batch_ceiling": "how far continuous batching can go on a mix: decode and prompt forward costs alone, the ratio they allow",
     "verify": "a forward over T tokens in one-token steps, packed oneDNN weights vs plain (speculation's verify cost)",
     "prefill_chunks": "what chunked prefill costs on a long prompt, per chunk size (why the default chunk)",
     "peer": "ours vs llama.cpp (llama-cpp-python in its own venv) on the same GGUF and token ids: decode, TTFT",
