@@ -178,6 +178,7 @@ def test_tokens_beside_a_prefill_are_split_out_and_explained():
     assert "shared their forward" not in pair_sentence(2, two, one)  # run 2 had none: no clause
     table = delta_html(one, two)
     assert '<tr data-metric="itl_ms_with_prompt_p50">' in table and "<td>—</td><td>90.0</td>" in table
+    assert "<td>0%</td><td>17%</td>" in table  # the share as a percentage
 
 
 def test_unknown_figures_are_a_dash_never_zero():

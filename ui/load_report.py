@@ -126,7 +126,7 @@ DELTA_ROWS = (
     ("queue_ms_p90", "queue p90 (ms)", "queue_ms", False),
     ("e2e_ms_p50", "total p50 (ms)", "e2e_ms", False),
     ("batch_size_mean", "mean batch size", "batch_size", None),
-    ("with_prompt_share", "decode tokens beside a prefill (share)", "with_prompt_share", None),
+    ("with_prompt_share", "decode tokens beside a prefill (%)", "with_prompt_share", None),
     ("itl_ms_with_prompt_p50", "ITL p50 beside a prefill (ms)", "itl_ms_with_prompt_p50", False),
     ("itl_ms_decode_only_p50", "ITL p50, decode-only forwards (ms)", "itl_ms_decode_only_p50", False),
     ("requests", "requests", None, None),
@@ -138,6 +138,13 @@ DELTA_ROWS = (
     ("stuck", "stuck", None, False),
     ("errors", "errors (4xx/5xx)", None, False),
 )
+
+
+SHARES = ("with_prompt_share",)  # fractions, shown as percentages
+
+
+def fmt_share(v) -> str:
+    return "—" if v is None else f"{v:.0%}"
 
 
 def fmt(v) -> str:
@@ -165,7 +172,8 @@ def delta_html(one, two) -> str:
         va, vb = getattr(a, name), getattr(b, name)
         better = None if higher is None or va is None or vb is None or va == vb else (
             "b" if (vb > va) == higher else "a")
-        cells = "".join(f'<td{" class=lab-win" if better == side else ""}>{fmt(v)}</td>'
+        show = fmt_share if name in SHARES else fmt
+        cells = "".join(f'<td{" class=lab-win" if better == side else ""}>{show(v)}</td>'
                         for side, v in (("a", va), ("b", vb)))
         r = ratio(va, vb)
         hover = METRICS[metric].hover if metric in METRICS else label

@@ -61,7 +61,7 @@ def test_two_small_runs_plot_live_and_fill_the_delta_table(load_server, browser_
         assert len(cells) == 3 and all(c.strip() not in ("", "—") for c in cells[:2]), (metric, cells)
     assert page.inner_text("#lab-load-delta tr[data-metric='lost']").split()[-3:-1] == ["0", "0"]
     # one at a time, no decode token shares its forward with another's prompt: a measured 0, not unknown
-    assert page.locator("#lab-load-delta tr[data-metric='with_prompt_share'] td").all_inner_texts()[0] == "0.00"
+    assert page.locator("#lab-load-delta tr[data-metric='with_prompt_share'] td").all_inner_texts()[0] == "0%"
     assert snap["runs"][1]["figures"]["itl_ms_decode_only_p50"] is not None
     sentence = page.inner_text("#lab-load-sentence")
     assert sentence.startswith("Max batch 2 gave") and "at 2 clients" in sentence and "p50 TTFT went from" in sentence
