@@ -72,8 +72,10 @@ def test_cpu_nucleus_is_the_nucleus_of_a_full_sort(spread, top_p):
     for row in range(3):
         got = torch.zeros(49152, dtype=torch.bool)
         got[torch.from_numpy(sampling_cpu.nucleus(logits[row].numpy(), top_p))] = True
+        # Only boundary tokens may differ: their higher-ranked mass is top_p within float rounding. A 0.99
+        # nucleus of ~12k tokens has several such (4 under qemu's Haswell, AVX2: other reduction widths).
         differs = got != want[row]
-        assert int(differs.sum()) <= 2 and bool(((above[row][differs] - top_p).abs() < 1e-5).all())
+        assert int(differs.sum()) <= 8 and bool(((above[row][differs] - top_p).abs() < 1e-5).all())
 
 
 CONFIGS = [dict(temperature=0.7, top_p=0.9), dict(temperature=1.0), dict(temperature=1.3, top_k=40),
