@@ -91,7 +91,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "sequences in the forward that produced token i (continuous batching, --max-batch; 1: alone)", better=""),
     _M("batch_prompt_tokens", "prompt tokens in the forward", "tok", "",
        "prompt tokens (any request's prefill) in the forward that produced token i (continuous batching): "
-       "they cost as much batched as alone", better=""),
+       "they cost nearly as much batched as alone", better=""),
     _M("with_prompt_share", "tokens beside a prefill", "%", "",
        "decode tokens (i ≥ 1) whose forward carried prompt tokens: batch_prompt_tokens[i] > 0", better=""),
     _M("itl_ms_with_prompt_p50", "ITL p50 beside a prefill", "ms", "token i−1 sampled",

@@ -210,4 +210,4 @@ def _prefill_clause(run) -> str:
         return ""
     return (f" In {run.label}, {f.with_prompt_share:.0%} of the decode tokens shared their forward with a newcomer's "
             f"prompt (p50 ITL {fmt(f.itl_ms_with_prompt_p50)} ms, against {fmt(f.itl_ms_decode_only_p50)} ms in "
-            "decode-only forwards): prompt tokens cost as much batched as alone.")
+            "decode-only forwards): prompt tokens cost nearly as much batched as alone.")

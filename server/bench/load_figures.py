@@ -41,7 +41,7 @@ def prompt_split(done: list[Result]) -> dict:
     """Decode tokens (i >= 1) by whether the forward that made them carried prompt tokens
     (`batch_prompt_tokens[i]` > 0, a newcomer's prefill riding in the batch): their share and each
     kind's p50 ITL. Why a batch of N does not give N times the tokens: prompt rows are compute-bound
-    and cost as much in a batch as alone, and every token of that forward waits for them. None
+    and cost nearly as much in a batch as alone, and every token of that forward waits for them. None
     where the server reported no `batch_prompt_tokens` (max batch 1, a remote server)."""
     beside, alone = [], []
     for r in done:
