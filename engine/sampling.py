@@ -72,11 +72,9 @@ class Sampler:
     def sample(self, logits: torch.Tensor) -> int:
         """One token id from logits of shape [vocab] or [1, vocab]."""
         row = logits.reshape(-1, logits.shape[-1])[-1]
-        if row.device.type == "cpu":
-            return sampling_cpu.sample(self, row.detach().float().numpy())
-        if self.greedy:
-            return int(row.argmax().item())
-        return self.draw(self.probs(row))
+        if self.greedy:  # on CPU through numpy (the first of equal maxima, as torch.argmax)
+            return int(row.detach().float().numpy().argmax()) if row.device.type == "cpu" else int(row.argmax().item())
+        return self.draw(self.probs(row))  # probs and draw take the CPU path themselves
 
     def uniform(self) -> float:
         """A uniform draw in [0, 1) from this request's generator (speculative acceptance)."""

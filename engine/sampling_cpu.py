@@ -77,9 +77,3 @@ def draw(p: np.ndarray, uniform: Callable[[], float]) -> int:
         raise ValueError("cannot sample from a distribution with no mass (all zero or NaN)")
     return int(idx[min(np.searchsorted(cdf, uniform() * cdf[-1], side="right"), len(cdf) - 1)])
 
-
-def sample(sampler, row: np.ndarray) -> int:
-    """Sampler.sample for one CPU row of logits."""
-    if sampler.greedy:
-        return int(row.argmax())  # the first of equal maxima, as torch.argmax
-    return draw(probs(sampler, row), sampler.uniform64)

@@ -258,8 +258,10 @@ def test_batch_ceiling_bench_reports_the_ratio_its_own_forward_costs_give(tiny_m
     assert set(ms) == {"decode_1", "decode_2", "decode_3", "prompt_alone", "prompt_beside"}
     assert all(v > 0 for v in ms.values()) and result["dtype"] == "fp32"
     assert result["prompt_added_ms"] == round(ms["prompt_beside"] - ms["decode_2"], 2)
-    want = batch_ceiling.ceiling(ms["decode_1"], ms["decode_3"], ms["prompt_alone"], result["prompt_added_ms"], 6, 3)
-    assert result["ceiling"] == result["ratio"] == round(want, 2)
+    alone, batched = batch_ceiling.request_costs(ms["decode_1"], ms["decode_3"], ms["prompt_alone"],
+                                                 result["prompt_added_ms"], 6, 3)
+    assert (alone, batched) == (ms["prompt_alone"] + 6 * ms["decode_1"], result["prompt_added_ms"] + 6 * ms["decode_3"] / 3)
+    assert result["ceiling"] == result["ratio"] == round(alone / batched, 2)
     assert f"a ceiling of {result['ceiling']}x" in lines[-1]
     with pytest.raises(InvalidRequest, match="at least 2"):
         module.run(parser.parse_args([*argv, "--batch", "1"]), lines.append)

@@ -8,7 +8,7 @@ import html
 import math
 from dataclasses import asdict, dataclass
 
-from server.bench.load_figures import COMPLETE
+from server.bench.load_figures import COMPLETE, prefill_clause
 
 from .glossary import METRICS
 
@@ -140,10 +140,8 @@ DELTA_ROWS = (
 )
 
 
-SHARES = ("with_prompt_share",)  # fractions, shown as percentages
-
-
 def fmt_share(v) -> str:
+    """A fraction shown as a percentage (a glossary metric whose unit is %)."""
     return "—" if v is None else f"{v:.0%}"
 
 
@@ -172,7 +170,7 @@ def delta_html(one, two) -> str:
         va, vb = getattr(a, name), getattr(b, name)
         better = None if higher is None or va is None or vb is None or va == vb else (
             "b" if (vb > va) == higher else "a")
-        show = fmt_share if name in SHARES else fmt
+        show = fmt_share if metric in METRICS and METRICS[metric].unit == "%" else fmt
         cells = "".join(f'<td{" class=lab-win" if better == side else ""}>{show(v)}</td>'
                         for side, v in (("a", va), ("b", vb)))
         r = ratio(va, vb)
@@ -208,6 +206,5 @@ def _prefill_clause(run) -> str:
     f = run.figures
     if not f.with_prompt_share or f.itl_ms_with_prompt_p50 is None:
         return ""
-    return (f" In {run.label}, {f.with_prompt_share:.0%} of the decode tokens shared their forward with a newcomer's "
-            f"prompt (p50 ITL {fmt(f.itl_ms_with_prompt_p50)} ms, against {fmt(f.itl_ms_decode_only_p50)} ms in "
-            "decode-only forwards): prompt tokens cost nearly as much batched as alone.")
+    clause = prefill_clause(f.with_prompt_share, f.itl_ms_with_prompt_p50, f.itl_ms_decode_only_p50, fmt)
+    return f" In {run.label}, {clause}: prompt tokens cost nearly as much batched as alone."

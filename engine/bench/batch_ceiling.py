@@ -25,9 +25,9 @@ def add_args(p):
     p.add_argument("--rounds", type=int, default=15)
 
 
-def ceiling(d1: float, dB: float, prompt_alone: float, prompt_added: float, n: float, B: int) -> float:
-    """(P1 + n·d1) / (Pb + n·dB/B): a request's cost one at a time over its cost in a batch of B."""
-    return (prompt_alone + n * d1) / (prompt_added + n * dB / B)
+def request_costs(d1: float, dB: float, prompt_alone: float, prompt_added: float, n: float, B: int):
+    """A request's cost one at a time (P1 + n·d1) and in a batch of B (Pb + n·dB/B), in ms."""
+    return prompt_alone + n * d1, prompt_added + n * dB / B
 
 
 def run(args, out):
@@ -74,12 +74,13 @@ def run(args, out):
     d1, dB = ms["decode_1"], ms[f"decode_{B}"]
     added = round(ms["prompt_beside"] - ms[f"decode_{B - 1}"], 2)  # what the prompt's rows add to a shared forward
     n = args.output_tokens
-    bound = round(ceiling(d1, dB, ms["prompt_alone"], added, n, B), 2)
+    alone, batched = request_costs(d1, dB, ms["prompt_alone"], added, n, B)
+    bound = round(alone / batched, 2)  # the ceiling
     out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {args.rounds} rounds (median ms)")
     out(f"  decode step: 1 row {d1} ms, {B} rows {dB} ms ({dB / d1:.2f}x)")
     out(f"  {args.prompt_tokens}-token prompt after {args.cached_tokens} cached: alone {ms['prompt_alone']} ms, "
         f"beside {B - 1} decode rows +{added} ms ({added / args.prompt_tokens:.2f} ms a prompt token)")
-    out(f"  per request (n = {n} output tokens): max batch 1 {ms['prompt_alone'] + n * d1:.0f} ms, max batch {B} "
-        f"{added + n * dB / B:.0f} ms: a ceiling of {bound}x the output tok/s")
+    out(f"  per request (n = {n} output tokens): max batch 1 {alone:.0f} ms, max batch {B} {batched:.0f} ms: "
+        f"a ceiling of {bound}x the output tok/s")
     return {"batch": B, "output_tokens": n, "prompt_tokens": args.prompt_tokens, "forward_ms": ms,
             "prompt_added_ms": added, "ceiling": bound, "ratio": bound, "dtype": lm.dtype_name}

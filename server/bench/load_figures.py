@@ -56,6 +56,12 @@ def prompt_split(done: list[Result]) -> dict:
             "itl_ms_with_prompt_p50": percentiles(beside)["p50"], "itl_ms_decode_only_p50": percentiles(alone)["p50"]}
 
 
+def prefill_clause(share: float, with_prompt_p50, decode_only_p50, fmt) -> str:
+    """The prompt split (prompt_split) in words, for the bench's trade-off and the Load tab's sentence."""
+    return (f"{share:.0%} of the decode tokens shared their forward with a newcomer's prompt (p50 ITL "
+            f"{fmt(with_prompt_p50)} ms, against {fmt(decode_only_p50)} ms in decode-only forwards)")
+
+
 def table(rows: list[dict]) -> str:
     """A Markdown table of the rows (what the README shows)."""
     head = ["clients", "requests", "req/s", "tok/s"] + [f"{m} p50/p90/p99" for m in METRICS]
@@ -130,9 +136,8 @@ def trade_off(rows: list[dict], a: int, b: int) -> str:
     parts.append(f"each step of a batch is slower (p50 TPOT at {top['clients']} clients {f_(top['tpot_p50_b'])} ms "
                  f"against {f_(top['tpot_p50_a'])} ms alone) but serves up to {b} requests at once")
     if top.get("with_prompt_share_b") is not None:
-        parts.append(f"{top['with_prompt_share_b']:.0%} of its decode tokens shared their forward with a newcomer's "
-                     f"prompt (p50 ITL {f_(top['itl_with_prompt_p50_b'])} ms against "
-                     f"{f_(top['itl_decode_only_p50_b'])} ms in decode-only forwards)")
+        parts.append(prefill_clause(top["with_prompt_share_b"], top["itl_with_prompt_p50_b"],
+                                    top["itl_decode_only_p50_b"], f_))
     return "; ".join(parts) + "."
 
 
