@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from engine.cli import load_config_from_args
-    from engine.errors import EXIT_FAILURE, LatencyLabError, exit_code
+    from engine.core.errors import EXIT_FAILURE, LatencyLabError, exit_code
     from server import build_backends, create_api
     from ui.webapp import create_app
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
             backends = {"paced test source": PacedSource(args.paced_source)}
         else:
-            from engine.service import Engine
+            from engine.serving.service import Engine
 
             backends = build_backends(
                 args, lambda: Engine.load(load_config_from_args(args), max_queue=args.max_queue))
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(api.state.backends, app=api)
     if args.share:
         _share(args.host, args.port)
-    from engine import capabilities
+    from engine.measure import capabilities
 
     print(f"this machine: {capabilities.detect().summary()}", file=sys.stderr)
     print(f"Latency Lab on http://{args.host}:{args.port}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Latency Lab's inference engine: load a model, serve requests, time every stage.
 
 Knows nothing of Gradio or HTTP. Heavy modules load lazily, so importing a small piece
-(`engine.timeline`, `engine.detokenize`) stays cheap.
+(`engine.core.timeline`, `engine.serving.detokenize`) stays cheap.
 """
 
 __all__ = ["Engine", "GenerationConfig", "LoadConfig", "Timeline"]
@@ -9,15 +9,15 @@ __all__ = ["Engine", "GenerationConfig", "LoadConfig", "Timeline"]
 
 def __getattr__(name):
     if name == "Engine":
-        from .service import Engine
+        from engine.serving.service import Engine
 
         return Engine
     if name in ("GenerationConfig", "LoadConfig"):
-        from . import config
+        from engine.core import config
 
         return getattr(config, name)
     if name == "Timeline":
-        from .timeline import Timeline
+        from engine.core.timeline import Timeline
 
         return Timeline
     raise AttributeError(name)

@@ -10,9 +10,9 @@ import argparse
 import json
 import sys
 
-from .config import DEVICES, DTYPES, TOGGLES, GenerationConfig, LoadConfig
-from .errors import EXIT_OK, InvalidRequest, LatencyLabError, exit_code
-from .sessions import Conversation
+from engine.core.config import DEVICES, DTYPES, TOGGLES, GenerationConfig, LoadConfig
+from engine.core.errors import EXIT_OK, InvalidRequest, LatencyLabError, exit_code
+from engine.serving.sessions import Conversation
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -105,7 +105,7 @@ def _answer(engine, messages, gen, stream_to=None, session: str = "cli"):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .service import Engine
+    from engine.serving.service import Engine
 
     try:
         gen = generation_config_from_args(args)

@@ -8,7 +8,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from engine.cli import add_load_args, load_config_from_args
-    from engine.errors import EXIT_FAILURE, LatencyLabError, exit_code
+    from engine.core.errors import EXIT_FAILURE, LatencyLabError, exit_code
 
     from . import add_server_args, build_backends, create_api
 
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     add_server_args(p)
     args = p.parse_args(argv)
     try:
-        from engine.service import Engine
+        from engine.serving.service import Engine
 
         backends = build_backends(args, lambda: Engine.load(load_config_from_args(args), max_queue=args.max_queue))
     except LatencyLabError as exc:

@@ -34,8 +34,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from engine.errors import LatencyLabError
-from engine.timeline import Timeline
+from engine.core.errors import LatencyLabError
+from engine.core.timeline import Timeline
 
 from .auth import APIKeyAuth
 from .limits import BodySizeLimit

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from engine.errors import InvalidRequest
+from engine.core.errors import InvalidRequest
 
 BACKENDS = ("local", "openai", "both")
 DEFAULT_MAX_QUEUE = 64
@@ -55,7 +55,7 @@ def build_backends(args, load_local) -> dict:
     if args.backend in ("openai", "both"):
         if not args.base_url or not args.remote_model:
             raise InvalidRequest("--backend openai needs --base-url URL and --remote-model NAME", "base_url")
-        from engine.remote import RemoteEngine
+        from engine.remote.client import RemoteEngine
 
         remote = RemoteEngine(args.base_url, args.remote_model, api_key=args.remote_api_key,
                               dialect=getattr(args, "remote_dialect", "auto"))

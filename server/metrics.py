@@ -26,8 +26,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from engine.errors import LatencyLabError
-from engine.timeline import Timeline
+from engine.core.errors import LatencyLabError
+from engine.core.timeline import Timeline
 
 PREFIX = "latency_lab:"
 LABEL = "model_name"

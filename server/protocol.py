@@ -13,15 +13,15 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from engine.config import TOGGLES as CONFIG_TOGGLES
-from engine.config import GenerationConfig
-from engine.errors import ContextOverflow, InvalidRequest, LatencyLabError
-from engine.timeline import Timeline
-from engine.wire import validate_messages
+from engine.core.config import TOGGLES as CONFIG_TOGGLES
+from engine.core.config import GenerationConfig
+from engine.core.errors import ContextOverflow, InvalidRequest, LatencyLabError
+from engine.core.request import validate_messages
+from engine.core.timeline import Timeline
 
 MAX_SESSION_CHARS = 200
 # Our optimization toggles, accepted as extra body fields (the openai SDK sends them via extra_body);
-# derived from their one declaration (engine/config.py).
+# derived from their one declaration (engine/core/config.py).
 TOGGLES = tuple(t.name for t in CONFIG_TOGGLES if "local" in t.backends)
 # Fields we read; any other field is refused with a 400 that names it, except these standard
 # OpenAI fields, which are accepted and ignored (they change nothing a local engine does).
@@ -250,7 +250,7 @@ class APIError(Exception):
 
 def api_error_from(exc: BaseException) -> APIError:
     """Our exceptions → OpenAI status codes and error types. Bad input is never a 5xx."""
-    from engine.wire import QueueFull
+    from engine.core.request import QueueFull
 
     if isinstance(exc, APIError):
         return exc

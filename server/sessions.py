@@ -1,6 +1,6 @@
 """API session ids: issued by this server, unguessable, checked without keeping state.
 
-A session is a prefix-cache scope (engine/prefix_cache.py): requests of one session reuse each
+A session is a prefix-cache scope (engine/serving/prefix_cache.py): requests of one session reuse each
 other's KV, and nobody else's. If a client could name any session string, one that guessed
 another user's ("demo", "tab-1", a user name) would share their scope and could learn by timing
 (a fast first token = a cache hit) what that user's prompts began with. So the API accepts only
@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import secrets
 
-from engine.errors import InvalidRequest
+from engine.core.errors import InvalidRequest
 
 PREFIX = "sess_"
 ENGINE_PREFIX = "api:"

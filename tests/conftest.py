@@ -18,15 +18,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def bundled():
     """The bundled SmolLM2-135M-Instruct, fp32, fast path."""
-    from engine.config import LoadConfig
-    from engine.loader import load
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
 
     return load(LoadConfig(dtype="fp32", progress=False))
 
 
 @pytest.fixture(scope="session")
 def bundled_engine(bundled):
-    from engine.service import Engine
+    from engine.serving.service import Engine
 
     engine = Engine(bundled)
     yield engine
@@ -67,7 +67,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="session")
 def tiny(tiny_model_dir):
-    from engine.config import LoadConfig
-    from engine.loader import load
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
 
     return load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))

@@ -48,11 +48,11 @@ def cancel_once_streaming(handle, after_tokens: int = 2, timeout: float = 120):
 
 
 def public_preamble(engine, timeout: float = 120) -> int:
-    """The length of the public preamble's entry (engine/public_prefix.py) once the engine's idle
+    """The length of the public preamble's entry (engine/serving/public_prefix.py) once the engine's idle
     worker has prefilled it: what any request with KV reuse on is served, whoever sent it."""
     import time
 
-    from engine.public_prefix import preamble_ids
+    from engine.serving.public_prefix import preamble_ids
 
     model = engine.loaded.model
     key = engine.prefix_cache.key_for(model)

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import ask, served
 
-from engine.config import GenerationConfig
-from engine.decoding import Decoding
-from engine.service import Engine
-from engine.worker import Worker
+from engine.core.config import GenerationConfig
+from engine.serving.decoding import Decoding
+from engine.serving.service import Engine
+from engine.serving.worker import Worker
 from server.api import create_api
 from server.run import BackgroundServer
 

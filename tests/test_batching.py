@@ -6,13 +6,13 @@ import time
 import pytest
 from support import ask, cancel_once_streaming
 
-from engine import capabilities
 from engine.cli import build_parser, load_config_from_args
-from engine.config import GenerationConfig, LoadConfig
-from engine.errors import InvalidRequest
-from engine.scheduler import BatchedDecoding, BatchingWorker
-from engine.service import Engine
-from engine.worker import Worker
+from engine.core.config import GenerationConfig, LoadConfig
+from engine.core.errors import InvalidRequest
+from engine.measure import capabilities
+from engine.serving.scheduler import BatchedDecoding, BatchingWorker
+from engine.serving.service import Engine
+from engine.serving.worker import Worker
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
 PROMPTS = [
@@ -194,7 +194,7 @@ def test_a_failing_request_fails_alone(batching_tiny):
 def test_under_load_batched_replies_are_exact_and_nothing_is_lost(bundled):
     """The load bench's checks (server/bench/load.py) against a batching engine: 6 streaming
     clients, mixed toggles (reuse, sessions, seeded sampling, speculation), some disconnecting."""
-    from engine.prefix_cache import PrefixCache
+    from engine.serving.prefix_cache import PrefixCache
     from server.api import create_api
     from server.bench import load_drive, load_figures, load_pool
     from server.run import BackgroundServer

@@ -6,11 +6,16 @@ import pytest
 import torch
 from torch import nn
 
-from engine import capabilities, quantize, weight_only
-from engine.errors import LoadError
-from engine.fast_llama import BATCH_ROWS, packed_weight, project
-from engine.loader import resolve_dtype
-from engine.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_variant
+from engine.core.errors import LoadError
+from engine.measure import capabilities
+from engine.model.fast_llama import BATCH_ROWS, packed_weight, project
+from engine.model.loader import resolve_dtype
+from engine.quant import quantize, weight_only
+from engine.quant.quantize import (
+    Int4WeightOnlyLinear,
+    Int8WeightOnlyLinear,
+    build_variant,
+)
 
 CAPS = capabilities.detect()
 
@@ -23,7 +28,7 @@ def test_detect_reports_this_machine_and_forced_changes_it_only_inside():
     assert capabilities.detect() == CAPS
 
 
-# --- packed oneDNN bf16 weights (engine/fast_llama.py) ----------------------------------------------
+# --- packed oneDNN bf16 weights (engine/model/fast_llama.py) ----------------------------------------------
 def test_packed_weights_fall_back_to_plain_linear_without_onednn_bf16():
     lin = nn.Linear(64, 96, bias=True).to(torch.bfloat16)
     x = torch.randn(1, 5, 64).to(torch.bfloat16)
@@ -68,16 +73,17 @@ def test_the_one_row_path_is_measured_at_load_and_either_choice_keeps_greedy_exa
     """`choose_one_row_path` measures every one-row kernel here and keeps the fastest (the packed copy
     only with a 5% lead over GEMV); whichever it picks, greedy decoding is unchanged, and the batched
     forward's decode rows are our kernel's bits (where it builds) or the packed copy's."""
-    from engine import cpu_gemv, fast_llama
-    from engine.batch_forward import forward_batch
+    from engine.kernels import cpu_gemm
+    from engine.model import fast_llama
+    from engine.model.batch_forward import forward_batch
 
     model = tiny.model
     saved = dict(model.packed_rows), model.ours_rows
     try:
         choice = model.choose_one_row_path(rounds=2, steps=1)
         assert choice["packed_ms"] > 0 and choice["gemv_ms"] > 0
-        assert (choice["ours_ms"] is not None) == cpu_gemv.available()
-        assert choice["path"] in (("packed", "gemv", "ours") if cpu_gemv.available() else ("packed", "gemv"))
+        assert (choice["ours_ms"] is not None) == cpu_gemm.available()
+        assert choice["path"] in (("packed", "gemv", "ours") if cpu_gemm.available() else ("packed", "gemv"))
         if choice["path"] != "ours":
             assert (choice["path"] == "packed") == (choice["ratio"] <= fast_llama.ONE_ROW_PACKED_IF)
         assert model.packed_rows[torch.float32][0] == (1 if choice["path"] == "packed" else 2)
@@ -91,7 +97,7 @@ def test_the_one_row_path_is_measured_at_load_and_either_choice_keeps_greedy_exa
             outs[path] = model.forward(torch.tensor([21]), cache)
         cache = model.new_cache(16)
         forward_batch(model, [ids.tolist()], [cache])
-        batched = "ours" if cpu_gemv.available() else "packed"
+        batched = "ours" if cpu_gemm.available() else "packed"
         assert torch.equal(outs[batched], forward_batch(model, [[21]], [cache]))  # a lone decode row: batching's bits
         for path in ("gemv", "ours"):
             torch.testing.assert_close(outs["packed"], outs[path], atol=1e-4, rtol=1e-4)
@@ -111,7 +117,7 @@ def test_fast_llama_forward_is_right_without_packed_weights(tiny):
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-# --- the auto dtype (engine/loader.py) ----------------------------------------------------------------
+# --- the auto dtype (engine/model/loader.py) ----------------------------------------------------------------
 def test_auto_dtype_follows_native_bf16_and_cuda_bf16():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     with capabilities.forced(native_bf16=True):
@@ -125,7 +131,7 @@ def test_auto_dtype_follows_native_bf16_and_cuda_bf16():
         assert resolve_dtype("auto", cuda) == torch.float16
 
 
-# --- torch's weight-only kernels (engine/quantize.py) ---------------------------------------------------
+# --- torch's weight-only kernels (engine/quant/quantize.py) ---------------------------------------------------
 def _layer(seed=0, n=96, k=128):
     torch.manual_seed(seed)
     return nn.Linear(k, n, bias=True), torch.randn(3, 5, k)
@@ -203,8 +209,8 @@ def odd_model(tmp_path_factory, tokenizer):
     """A tiny Llama with 48-wide layers: neither bitsandbytes' AVX512-BF16 4-bit kernel nor int4wo take them."""
     from conftest import build_tiny_model_dir
 
-    from engine.config import LoadConfig
-    from engine.loader import load
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
 
     path = build_tiny_model_dir(tmp_path_factory.mktemp("odd-llama"), tokenizer, hidden_size=48)
     return load(LoadConfig(model=str(path), dtype="fp32", progress=False))
@@ -231,7 +237,7 @@ def test_bnb_4bit_generic_kernel_takes_any_shape(odd_model):
 def test_bitsandbytes_is_refused_up_front_where_importing_it_would_crash(bundled):
     """On an x86 CPU without AVX2, importing bitsandbytes dies with SIGILL: its variants must be
     refused with the reason before anything imports it (the page then does not offer them)."""
-    from engine.quantize import precheck
+    from engine.quant.quantize import precheck
 
     reason = capabilities._bitsandbytes_unusable("DEFAULT", cuda=False)
     assert reason and "AVX2" in reason

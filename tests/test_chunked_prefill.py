@@ -4,12 +4,12 @@ events that rise to the total, Stop between chunks, and the same through the gen
 import pytest
 
 from engine.bench.prefill_chunks import prompt_ids
-from engine.config import GenerationConfig, LoadConfig
-from engine.decoding import Decoding
-from engine.errors import InvalidRequest
-from engine.generate import generate
-from engine.timeline import Timeline
-from engine.wire import Request
+from engine.core.config import GenerationConfig, LoadConfig
+from engine.core.errors import InvalidRequest
+from engine.core.request import Request
+from engine.core.timeline import Timeline
+from engine.serving.decoding import Decoding
+from engine.serving.generate import generate
 
 
 def run(lm, ids, should_stop=lambda: False, **cfg):
@@ -89,7 +89,7 @@ def test_stop_during_a_chunked_prefill_ends_before_the_first_token(tiny):
 
 
 def test_the_generic_transformers_forward_prefills_in_chunks_too(tiny_model_dir):
-    from engine.loader import load
+    from engine.model.loader import load
 
     hf = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False, fast_path=False))
     ids = list(range(100, 360))

@@ -1,19 +1,19 @@
-"""The compiled decode step (engine/compiled_step.py, the `compiled_decode` toggle): the same
+"""The compiled decode step (engine/model/compiled_step.py, the `compiled_decode` toggle): the same
 tokens as the eager step where it runs, a clear refusal where it cannot, its fallback paths."""
 
 import os
 
 import pytest
 import torch
-
-from engine import capabilities, compiled_step
-from engine.config import GenerationConfig, LoadConfig
-from engine.errors import InvalidRequest
-from engine.generate import generate
-from engine.timeline import Timeline
-from engine.wire import Request
-
 from support import ask
+
+from engine.core.config import GenerationConfig, LoadConfig
+from engine.core.errors import InvalidRequest
+from engine.core.request import Request
+from engine.core.timeline import Timeline
+from engine.measure import capabilities
+from engine.model import compiled_step
+from engine.serving.generate import generate
 
 NO_COMPILER = "no C++ compiler on PATH: torch.compile cannot build CPU code here (the refusal is tested below)"
 needs_compiler = pytest.mark.skipif(not capabilities.detect().cpp_compiler, reason=NO_COMPILER)
@@ -68,7 +68,7 @@ def test_compiled_graphs_are_cached_in_a_folder_per_cpu(monkeypatch):
 def test_compiled_int4_step_measures_its_agreement_and_serves(bundled):
     """A 4-bit weight-only variant, the case the toggle is for: its agreement with its own eager
     step is measured at compile time, and a request through it streams a normal reply."""
-    from engine.variants import VariantSet
+    from engine.quant.variants import VariantSet
 
     variant = VariantSet(bundled, quality_texts=0).get("int4wo+head").loaded
     done = run(variant, ask("List three fruits that are red."), temperature=0.0, max_new_tokens=24,
@@ -83,7 +83,7 @@ def test_compiled_int4_step_measures_its_agreement_and_serves(bundled):
 def test_without_a_compiler_the_request_is_refused_and_the_model_keeps_serving(tiny_model_dir):
     """The fallback a machine without g++ takes: an InvalidRequest naming the toggle and the way
     out, before any token; the same model then answers the request without the toggle."""
-    from engine.loader import load
+    from engine.model.loader import load
 
     lm = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))  # never compiled
     with capabilities.forced(cpp_compiler=None):
@@ -96,7 +96,7 @@ def test_without_a_compiler_the_request_is_refused_and_the_model_keeps_serving(t
 
 
 def test_models_the_graph_cannot_trace_are_refused_with_the_reason(tiny_model_dir):
-    from engine.loader import load
+    from engine.model.loader import load
 
     generic = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False, fast_path=False))
     assert "generic transformers" in compiled_step.unavailable_reason(generic.model)
@@ -112,8 +112,8 @@ def test_models_the_graph_cannot_trace_are_refused_with_the_reason(tiny_model_di
 def test_a_bf16_model_whose_every_linear_is_weight_only_compiles(tiny_model_dir):
     """What an AVX-512 BF16 machine loads by default (bf16): its int8wo+head variant has no plain
     linear left, so its step compiles, and picks the eager step's tokens."""
-    from engine.loader import load
-    from engine.quantize import build_variant
+    from engine.model.loader import load
+    from engine.quant.quantize import build_variant
 
     bf16 = load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False))
     variant = build_variant(bf16, "int8wo+head")
@@ -148,7 +148,7 @@ def test_a_compile_failure_is_an_error_once_and_the_eager_step_keeps_serving(tin
     """Inductor failing (a broken compiler, a lowering it lacks) must not take the worker down: the
     request gets an InvalidRequest with the cause, the failure is remembered (not retried for every
     request), and requests without the toggle are served."""
-    from engine.loader import load
+    from engine.model.loader import load
 
     lm = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))
     calls = []
@@ -173,7 +173,7 @@ def test_a_compile_failure_is_an_error_once_and_the_eager_step_keeps_serving(tin
 def test_a_variant_built_after_compiling_gets_its_own_step(tiny):
     """Variants are deep copies of the loaded model: one built after the loaded model compiled its
     step must build (a graph cannot be copied) and start without a compiled step of its own."""
-    from engine.quantize import build_variant
+    from engine.quant.quantize import build_variant
 
     compiled_step.for_model(tiny.model).prepare(tiny.tokenizer)
     variant = build_variant(tiny, "int8wo")

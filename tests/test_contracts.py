@@ -4,14 +4,13 @@ shapes): the typed EngineInfo, and every declared toggle reaching GenerationConf
 from __future__ import annotations
 
 import pytest
-
 from support import ask
 
 from engine.cli import build_parser, generation_config_from_args
-from engine.config import TOGGLE, TOGGLES, GenerationConfig
-from engine.errors import InvalidRequest
-from engine.info import EngineInfo
-from engine.remote_wire import FORWARDED, request_body
+from engine.core.config import TOGGLE, TOGGLES, GenerationConfig
+from engine.core.errors import InvalidRequest
+from engine.core.info import EngineInfo
+from engine.remote.wire import FORWARDED, request_body
 from server.protocol import parse_chat_request
 from ui import controls, engine_info, glossary, records, settings
 from ui.page import preset_missing, preset_settings
@@ -123,7 +122,7 @@ def test_every_preset_sets_only_declared_fields_with_values_the_page_offers(bund
 def test_a_toggle_the_machine_cannot_run_is_shown_disabled_with_its_reason(bundled_engine):
     """No C++ compiler (forced): engine info says why compiled_decode cannot run, the page's checkbox
     is disabled with that reason, and the preset that needs it says so instead of failing."""
-    from engine import capabilities
+    from engine.measure import capabilities
     from ui.controls import toggle_control
 
     with capabilities.forced(cpp_compiler=None):
@@ -143,10 +142,10 @@ def test_weights_that_cannot_compile_leave_the_toggle_on_offer_for_the_variants_
     compiled step, int8wo+head / int4wo+head can. The toggle stays on offer with a note on the loaded
     weights, the preset that compiles int4wo+head runs, and a request on the loaded weights is refused
     with what to pick."""
-    from engine import compiled_step
-    from engine.config import LoadConfig
-    from engine.loader import load
-    from engine.service import Engine
+    from engine.core.config import LoadConfig
+    from engine.model import compiled_step
+    from engine.model.loader import load
+    from engine.serving.service import Engine
     from ui.controls import toggle_control
 
     engine = Engine(load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False)))

@@ -1,13 +1,14 @@
-"""Our decode attention kernel (engine/cpu_attention.py): SDPA's result for every decode row, the
+"""Our decode attention kernel (engine/kernels/cpu_attention.py): SDPA's result for every decode row, the
 same bits alone and in a batch, the new key and value stored, and SDPA again where it cannot run."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import capabilities, cpu_attention
-from engine.batch_forward import forward_batch
-from engine.kv_cache import KVCache
+from engine.kernels import cpu_attention
+from engine.measure import capabilities
+from engine.model.batch_forward import forward_batch
+from engine.model.kv_cache import KVCache
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
              and bool(capabilities.detect().cpp_compiler))

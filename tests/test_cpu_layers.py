@@ -1,17 +1,17 @@
-"""The layer loop in one C++ call (engine/cpu_layers.py): the same bits as the Python loop it
+"""The layer loop in one C++ call (engine/kernels/cpu_layers.py): the same bits as the Python loop it
 replaces, batched (decode rows, prompt rows from position 0 and after a prefix, together) and
 alone (FastLlama.forward), with projection biases (a Qwen2), and the Python loop wherever a
 projection is not our fp32 kernel's."""
 
 import pytest
 import torch
-
-from engine import capabilities, cpu_gemv, cpu_layers
-from engine.batch_forward import forward_batch
-from engine.config import LoadConfig
-from engine.loader import load
-
 from conftest import build_tiny_model_dir
+
+from engine.core.config import LoadConfig
+from engine.kernels import cpu_gemm, cpu_layers
+from engine.measure import capabilities
+from engine.model.batch_forward import forward_batch
+from engine.model.loader import load
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
              and bool(capabilities.detect().cpp_compiler))
@@ -96,7 +96,7 @@ def test_engine_info_says_where_the_layer_loop_runs(bundled_engine, monkeypatch)
     _layers(monkeypatch, False)
     off = bundled_engine.info().layer_loop
     assert off == f"{cpu_layers.PYTHON} (turned off (LATENCY_LAB_LAYERS=off))"
-    assert on == (cpu_layers.NAME if CAN_BUILD else f"{cpu_layers.PYTHON} ({cpu_gemv.unavailable_reason()})")
+    assert on == (cpu_layers.NAME if CAN_BUILD else f"{cpu_layers.PYTHON} ({cpu_gemm.unavailable_reason()})")
 
 
 def test_a_bench_can_measure_the_python_loop_side_by_side(bundled):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.detokenize import REPLACEMENT, IncrementalDetokenizer, StopStrings
+from engine.serving.detokenize import REPLACEMENT, IncrementalDetokenizer, StopStrings
 
 TEXTS = [
     "Café crème — naïve façade. 日本語のテキスト。 Emoji: 🧪🚀👩‍🔬 and ½ ∑ ∫ ≠ ≤.",

@@ -9,8 +9,8 @@ import pytest
 
 import app
 import engine.bench
-from engine.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from engine.remote import RemoteEngine
+from engine.core.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from engine.remote.client import RemoteEngine
 from server.api import create_api
 from server.run import BackgroundServer
 from ui.paced import PacedSource

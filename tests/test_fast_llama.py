@@ -4,10 +4,10 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir
 
-from engine import capabilities
-from engine.fast_llama import FastLlama, unsupported_reason
-from engine.hf_model import HFCausalLM
-from engine.kv_cache import KVCache
+from engine.measure import capabilities
+from engine.model.fast_llama import FastLlama, unsupported_reason
+from engine.model.hf_model import HFCausalLM
+from engine.model.kv_cache import KVCache
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -97,7 +97,7 @@ def test_multi_row_projections_use_a_packed_weight_with_identical_results():
     a replaced or non-bf16 weight never meets a stale copy."""
     from torch import nn
 
-    from engine.fast_llama import packed_weight, project
+    from engine.model.fast_llama import packed_weight, project
 
     lin = nn.Linear(64, 96, bias=True).to(torch.bfloat16)
     x = torch.randn(1, 5, 64).to(torch.bfloat16)
@@ -112,7 +112,7 @@ def test_multi_row_projections_use_a_packed_weight_with_identical_results():
 @pytest.mark.parametrize("shape", [(1, 1, 576), (1, 37, 576), (1, 5, 64)])
 def test_fp32_norm_is_bit_for_bit_the_transformers_formula(shape):
     """RMSNorm takes torch's fused rms_norm in fp32 only because it gives the very same bits."""
-    from engine.fast_llama import RMSNorm
+    from engine.model.fast_llama import RMSNorm
 
     gen = torch.Generator().manual_seed(sum(shape))
     x, w = torch.randn(shape, generator=gen) * 3, torch.randn(shape[-1], generator=gen)

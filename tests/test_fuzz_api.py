@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from engine.config import GenerationConfig
+from engine.core.config import GenerationConfig
 from server.api import MAX_BODY_BYTES, create_api
 from server.run import BackgroundServer
 

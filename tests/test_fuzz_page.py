@@ -13,7 +13,7 @@ from gradio_client.exceptions import AppError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import GenerationConfig
+from engine.core.config import GenerationConfig
 from server.api import create_api
 from server.run import BackgroundServer
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from engine.config import GenerationConfig
-from engine.generate import build_prompt_ids, generate
-from engine.timeline import Timeline
-from engine.wire import Request
+from engine.core.config import GenerationConfig
+from engine.core.request import Request
+from engine.core.timeline import Timeline
+from engine.serving.generate import build_prompt_ids, generate
 
 PROMPTS = [
     "What is the capital of France?",
@@ -27,7 +27,7 @@ def run(lm, messages, **cfg):
 
 @pytest.fixture(scope="module")
 def reference(bundled):
-    from engine.loader import load_reference
+    from engine.model.loader import load_reference
 
     return load_reference(bundled)
 
@@ -110,7 +110,7 @@ def test_cancellation_mid_stream(bundled):
 
 def test_a_vanishing_temperature_samples_the_argmax_instead_of_failing():
     """T = 1e-50 underflows float32 (logits / T would be NaN); its limit, greedy, is what is drawn."""
-    from engine.sampling import Sampler
+    from engine.serving.sampling import Sampler
 
     logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
     for t in (1e-50, 1e-8):

@@ -5,13 +5,12 @@ import threading
 
 import pytest
 
+from engine.serving.service import Engine
 from server.api import create_api
 from server.bench.load_clients import drive_elsewhere
 from server.bench.load_drive import wait_idle
 from server.bench.load_pool import build_pool, compute_references
 from server.run import BackgroundServer
-
-from engine.service import Engine
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,25 @@ delta table and sentence (ui/load_run.py, ui/load_report.py). The page itself: t
 import pytest
 from support import ask
 
-from engine.config import GenerationConfig
-from engine.errors import InvalidRequest
-from engine.service import Engine
+from engine.core.config import GenerationConfig
+from engine.core.errors import InvalidRequest
+from engine.serving.service import Engine
 from server.bench.load_pool import Result
 from server.protocol import parse_chat_request
-from ui.load_report import LoadPoint, RunFigures, delta_html, pair_sentence, throughput_series
-from ui.load_run import LOAD_POOL, PAGE_MAX_BATCH, RunState, build_conversations, parse_spec
+from ui.load_report import (
+    LoadPoint,
+    RunFigures,
+    delta_html,
+    pair_sentence,
+    throughput_series,
+)
+from ui.load_run import (
+    LOAD_POOL,
+    PAGE_MAX_BATCH,
+    RunState,
+    build_conversations,
+    parse_spec,
+)
 
 LONG = GenerationConfig(temperature=0.0, max_new_tokens=64)
 
@@ -87,7 +99,7 @@ class _Local:
         return "s"
 
     def info(self):
-        from engine.info import EngineInfo
+        from engine.core.info import EngineInfo
 
         return EngineInfo(name="m", source="bundled", batching={"max_batch": self.max_batch} if self.max_batch > 1 else None)
 
@@ -194,7 +206,7 @@ def test_where_exactness_is_not_promised_an_unlike_reply_differs_and_still_count
     """fp32 weights as loaded promise exact replies; bf16, quantized weights and remote servers do not
     (EngineInfo.exact_replies). There a reply unlike its reference but nobody else's *differs*: counted
     among whole replies (throughput, latency), not as a failure; a crossed one is a failure everywhere."""
-    from engine.info import EngineInfo, VariantInfo
+    from engine.core.info import EngineInfo, VariantInfo
     from server.bench.load_figures import BAD, level_row
     from server.bench.load_pool import Turn, judge
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import LoadConfig
-from engine.errors import InvalidRequest, LoadError
-from engine.loader import load, resolve_dtype
+from engine.core.config import LoadConfig
+from engine.core.errors import InvalidRequest, LoadError
+from engine.model.loader import load, resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def test_bundled_model_facts(bundled):
 def test_local_folder_loads_and_generates(tiny):
     assert tiny.source == "folder" and tiny.fast_path
     from engine.bench import run_request
-    from engine.config import GenerationConfig
+    from engine.core.config import GenerationConfig
 
     done = run_request(tiny, [{"role": "user", "content": "hi"}], GenerationConfig(max_new_tokens=5, temperature=0))
     assert done.output_tokens >= 1

@@ -3,7 +3,7 @@ queries resolves here once `vllm:` is swapped for `latency_lab:`. No model is lo
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.timeline import Timeline
+from engine.core.timeline import Timeline
 from server.metrics import Metrics
 
 # The series queried by vLLM's Grafana dashboard, vllm-project/vllm

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engine.errors import InvalidRequest
-from engine.timeline import Timeline
+from engine.core.errors import InvalidRequest
+from engine.core.timeline import Timeline
 from server.protocol import completion_body
 from ui import network, records, settings
 

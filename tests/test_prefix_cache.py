@@ -10,16 +10,16 @@ import threading
 import numpy as np
 import pytest
 
-from engine.config import GenerationConfig, LoadConfig
-from engine.decoding import Decoding
-from engine.errors import InvalidRequest
-from engine.generate import build_prompt_ids, generate
-from engine.kv_cache import KVCache
-from engine.loader import load
-from engine.prefix_cache import PrefixCache, common_prefix_length
-from engine.sessions import Conversation, SessionStore
-from engine.timeline import Timeline
-from engine.wire import Request
+from engine.core.config import GenerationConfig, LoadConfig
+from engine.core.errors import InvalidRequest
+from engine.core.request import Request
+from engine.core.timeline import Timeline
+from engine.model.kv_cache import KVCache
+from engine.model.loader import load
+from engine.serving.decoding import Decoding
+from engine.serving.generate import build_prompt_ids, generate
+from engine.serving.prefix_cache import PrefixCache, common_prefix_length
+from engine.serving.sessions import Conversation, SessionStore
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=10)
 

@@ -1,14 +1,14 @@
-"""The public preamble (engine/public_prefix.py): the chat template's text before any user text,
+"""The public preamble (engine/serving/public_prefix.py): the chat template's text before any user text,
 prefilled once by the idle worker and served to every request with KV reuse on, exactly."""
 
 import pytest
 from support import public_preamble
 
-from engine.config import GenerationConfig, LoadConfig
-from engine.generate import build_prompt_ids
-from engine.loader import load
-from engine.public_prefix import preamble_ids
-from engine.service import Engine
+from engine.core.config import GenerationConfig, LoadConfig
+from engine.model.loader import load
+from engine.serving.generate import build_prompt_ids
+from engine.serving.public_prefix import preamble_ids
+from engine.serving.service import Engine
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 TURNS = [
@@ -56,7 +56,7 @@ def test_the_idle_worker_prefills_it_once_and_every_request_is_served_it_exactly
 
 
 def test_no_budget_no_entry_and_the_engine_still_serves(tiny_model_dir):
-    from engine.prefix_cache import PrefixCache
+    from engine.serving.prefix_cache import PrefixCache
 
     fresh = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))
     engine = Engine(fresh, prefix_cache=PrefixCache(budget_mb=0))

@@ -13,13 +13,14 @@ import torch
 from conftest import build_tiny_model_dir
 from support import ask
 
-from engine import capabilities
 from engine.bench import run_request
-from engine.config import GenerationConfig, LoadConfig
-from engine.errors import InvalidRequest, LoadError
-from engine.loader import load
-from engine.model import weight_bytes
-from engine.quantize import (
+from engine.core.config import GenerationConfig, LoadConfig
+from engine.core.errors import InvalidRequest, LoadError
+from engine.core.request import Request
+from engine.measure import capabilities
+from engine.model.loaded import weight_bytes
+from engine.model.loader import load
+from engine.quant.quantize import (
     INT4_GROUP_SIZE,
     QUANTIZED,
     Int4WeightOnlyLinear,
@@ -27,9 +28,8 @@ from engine.quantize import (
     build_variant,
     quantizable_linears,
 )
-from engine.variants import VariantSet
-from engine.wire import Request
-from engine.worker import Worker
+from engine.quant.variants import VariantSet
+from engine.serving.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 BNB = ("int8", "nf4", "fp4")  # the bitsandbytes variants
@@ -275,7 +275,7 @@ def test_cli_quantization_flag(tiny_model_dir):
 
 @pytest.mark.parametrize("max_batch", [1, 4])  # the batching worker's idle loop measured nothing once
 def test_an_engine_measures_a_new_variants_quality_after_the_request_not_inside_it(tiny, max_batch):
-    from engine.service import Engine
+    from engine.serving.service import Engine
 
     engine = Engine(tiny, max_batch=max_batch)
     try:

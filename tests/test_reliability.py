@@ -19,12 +19,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from support import ask, public_preamble
 
-from engine.config import GenerationConfig, LoadConfig
-from engine.decoding import Decoding
-from engine.errors import InvalidRequest
-from engine.prefix_cache import PrefixCache
-from engine.service import Engine
-from engine.worker import Worker
+from engine.core.config import GenerationConfig, LoadConfig
+from engine.core.errors import InvalidRequest
+from engine.serving.decoding import Decoding
+from engine.serving.prefix_cache import PrefixCache
+from engine.serving.service import Engine
+from engine.serving.worker import Worker
 from server.api import create_api
 from server.bench import load_drive, load_figures, load_pool
 from server.run import BackgroundServer
@@ -365,7 +365,7 @@ def test_request_size_is_limited_on_every_route_of_the_app(bundled_engine):
 def test_a_remote_engine_never_sends_our_session_strings(served, bundled_engine):
     """The page's session ids are secrets of this machine: a remote Latency Lab gets ids it issued
     itself (one per session of ours, so KV reuse still works there); other servers get none."""
-    from engine.remote import RemoteEngine
+    from engine.remote.client import RemoteEngine
 
     public = public_preamble(bundled_engine)
     remote = RemoteEngine(served + "/v1", bundled_engine.info().name)

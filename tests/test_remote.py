@@ -16,10 +16,10 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from support import ask, cancel_once_streaming, served
 
-from engine.config import GenerationConfig
-from engine.errors import InvalidRequest
-from engine.remote import RemoteEngine
-from engine.remote_wire import RemoteError
+from engine.core.config import GenerationConfig
+from engine.core.errors import InvalidRequest
+from engine.remote.client import RemoteEngine
+from engine.remote.wire import RemoteError
 from server.api import create_api
 from server.cli import add_server_args, build_backends
 from server.run import BackgroundServer

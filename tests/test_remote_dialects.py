@@ -9,8 +9,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from support import ask
 
-from engine.config import GenerationConfig
-from engine.remote import RemoteEngine
+from engine.core.config import GenerationConfig
+from engine.remote.client import RemoteEngine
 from server.run import BackgroundServer
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
@@ -173,7 +173,7 @@ def test_the_openai_dialect_skips_the_ollama_probe():
     with BackgroundServer(app) as url:
         engine = RemoteEngine(url + "/v1", "m", dialect="openai")
         try:
-            from engine.remote_wire import RemoteError
+            from engine.remote.wire import RemoteError
 
             with pytest.raises(RemoteError, match="native API"):
                 engine.complete(ask("hi"), GREEDY)

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from engine import machine_limits, roofline
-from engine.config import GenerationConfig
-from engine.machine_limits import MachineLimits
-from engine.service import Engine
-from engine.timeline import Timeline
+from engine.core.config import GenerationConfig
+from engine.core.timeline import Timeline
+from engine.measure import machine_limits, roofline
+from engine.measure.machine_limits import MachineLimits
+from engine.serving.service import Engine
 
 # Per layer: q 64×64, k and v 64×32 each, o 64×64 = 12,288; MLP 3 × 64×128 = 24,576 → 36,864; ×2 layers.
 LAYER_PARAMS = 73_728

@@ -1,11 +1,11 @@
-"""The sampler's fast top-p and draw against their plain definitions (engine/sampling.py)."""
+"""The sampler's fast top-p and draw against their plain definitions (engine/serving/sampling.py)."""
 
 import pytest
 import torch
 
-from engine import sampling, sampling_cpu
-from engine.config import GenerationConfig
-from engine.sampling import Sampler
+from engine.core.config import GenerationConfig
+from engine.serving import sampling, sampling_cpu
+from engine.serving.sampling import Sampler
 
 
 def _nucleus_by_full_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -59,7 +59,7 @@ def test_draw_is_reproducible_per_seed_and_refuses_a_distribution_with_no_mass()
         a.draw(torch.full((10,), float("nan")))
 
 
-# --- the CPU path (engine/sampling_cpu.py, numpy) against the torch one, and the definitions ---------------
+# --- the CPU path (engine/serving/sampling_cpu.py, numpy) against the torch one, and the definitions ---------------
 @pytest.mark.parametrize("spread", [8.0, 3.0, 0.05])  # the first threshold, the second, and all tokens
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
 def test_cpu_nucleus_is_the_nucleus_of_a_full_sort(spread, top_p):

@@ -11,13 +11,15 @@ import pytest
 import torch
 from support import ask
 
-from engine.config import GenerationConfig
-from engine.decoding import Decoding
-from engine.errors import InvalidRequest, LoadError
-from engine.generate import build_prompt_ids, generate
-from engine.loader import load_draft
-from engine.prefix_cache import PrefixCache
-from engine.sampling import Sampler
+from engine.core.config import GenerationConfig
+from engine.core.errors import InvalidRequest, LoadError
+from engine.core.request import Request
+from engine.core.timeline import Timeline
+from engine.model.loader import load_draft
+from engine.serving.decoding import Decoding
+from engine.serving.generate import build_prompt_ids, generate
+from engine.serving.prefix_cache import PrefixCache
+from engine.serving.sampling import Sampler
 from engine.speculative import (
     AdaptiveK,
     CostModel,
@@ -28,8 +30,6 @@ from engine.speculative import (
     verify_greedy,
     verify_sampling,
 )
-from engine.timeline import Timeline
-from engine.wire import Request
 
 # Varied prompts: copy-heavy ones (where prompt lookup finds matches) and open-ended ones.
 TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps in the sun all afternoon."
@@ -191,9 +191,9 @@ def test_an_idle_engine_calibrates_so_the_first_speculative_request_measures_not
     """The cost table is measured by the idle worker (both workers), not in the first speculative
     request's setup, where it cost ~5 s on the Zen 3; and a request that comes mid-calibration
     interrupts it."""
-    from engine.config import LoadConfig
-    from engine.loader import load
-    from engine.service import Engine
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
+    from engine.serving.service import Engine
     from engine.speculative import costs
 
     fresh = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))  # never measured

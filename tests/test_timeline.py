@@ -2,7 +2,7 @@
 
 import json
 
-from engine.timeline import Timeline
+from engine.core.timeline import Timeline
 
 MS = 1_000_000
 

@@ -7,8 +7,8 @@ import concurrent.futures
 
 import pytest
 
-from engine.config import GenerationConfig
-from engine.errors import InvalidRequest
+from engine.core.config import GenerationConfig
+from engine.core.errors import InvalidRequest
 from ui.chat import ChatStore
 from ui.paced import PacedSource
 from ui.sweep import run_sweep, summary

@@ -3,7 +3,7 @@ timeline, how the page shows them, and the smoothing / chunked-prefill settings 
 
 import pytest
 
-from engine.errors import InvalidRequest
+from engine.core.errors import InvalidRequest
 from ui import perceived, presets, record_view, records, settings
 from ui.glossary import METRICS
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine.errors import InvalidRequest
+from engine.core.errors import InvalidRequest
 from ui import compare, presets, record_view, records, settings
 from ui.glossary import METRICS, as_json, hover
 

@@ -5,11 +5,11 @@ import threading
 import pytest
 from support import ask, cancel_once_streaming
 
-from engine.config import GenerationConfig
-from engine.decoding import Decoding
-from engine.errors import ContextOverflow, InvalidRequest
-from engine.wire import Request
-from engine.worker import Worker
+from engine.core.config import GenerationConfig
+from engine.core.errors import ContextOverflow, InvalidRequest
+from engine.core.request import Request
+from engine.serving.decoding import Decoding
+from engine.serving.worker import Worker
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=8)
 

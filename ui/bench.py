@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.scenario == "rate" or args.paced_source:
         engine = PacedSource(args.paced_source or 100.0, markdown=args.markdown_text)
     else:
-        from engine.service import Engine
+        from engine.serving.service import Engine
 
         engine = Engine.load(load_config_from_args(args, progress=False))
     try:

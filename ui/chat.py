@@ -15,10 +15,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidRequest
-from engine.info import EngineInfo
-from engine.sessions import Conversation, Message
-from engine.timeline import Timeline
+from engine.core.errors import InvalidRequest
+from engine.core.info import EngineInfo
+from engine.core.timeline import Timeline
+from engine.serving.sessions import Conversation, Message
 
 from . import engine_info, records
 from .settings import normalized, parse

@@ -1,4 +1,4 @@
-"""One pane's controls, built from the declarations: each engine toggle (engine/config.py) and
+"""One pane's controls, built from the declarations: each engine toggle (engine/core/config.py) and
 each page setting (ui/settings.py) becomes the control its kind calls for, with its label, help
 and bounds. Returned in the order of `settings.FIELDS`, whose names the page's JS uses."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine.config import TOGGLES
-from engine.info import EngineInfo
-from engine.toggles import Toggle
+from engine.core.config import TOGGLES
+from engine.core.info import EngineInfo
+from engine.core.toggles import Toggle
 
 from . import engine_info
 from .network import PRESETS

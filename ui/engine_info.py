@@ -1,13 +1,13 @@
-"""What the page offers, read from the engine's typed `EngineInfo` (engine/info.py): exactly the
+"""What the page offers, read from the engine's typed `EngineInfo` (engine/core/info.py): exactly the
 variants and speculation modes that exist, and the reason for each one this machine cannot run."""
 
 from __future__ import annotations
 
-from engine.info import EngineInfo
+from engine.core.info import EngineInfo
 
 
 def describe(engine) -> EngineInfo:
-    """engine.info(), or a bare description if the engine cannot answer (a remote that is down must
+    """engine.core.info(), or a bare description if the engine cannot answer (a remote that is down must
     not take the page with it)."""
     try:
         return engine.info()

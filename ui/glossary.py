@@ -65,7 +65,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("acceptance_rate", "acceptance", "%", "", "accepted / drafted", better="higher"),
     _M("tokens_per_step", "tokens/step", "tok", "", "output tokens per target forward pass", better="higher"),
     _M("weight_mb", "weights", "MB", "", "bytes of the model variant's weights", better="lower"),
-    # The roofline (engine/roofline.py): each stage against the machine's measured limit.
+    # The roofline (engine/measure/roofline.py): each stage against the machine's measured limit.
     _M("prefill_tps", "prefill rate", "tok/s", "prefill forward begins",
        "first token sampled: prefill tokens / prefill_ms (prompt processing rate)", better="higher"),
     _M("context_tokens", "context used", "tok", "", "prompt + output tokens of this request", better=""),
@@ -118,7 +118,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
 
 
 # Other tools' names for ours (docs/api.md): what the API also answers under their names
-# (Timeline.llama_cpp_timings / vllm_metrics) and what engine/remote_dialects.py reads from their servers.
+# (Timeline.llama_cpp_timings / vllm_metrics) and what engine/remote/dialects.py reads from their servers.
 FOREIGN: dict[str, dict[str, str]] = {
     "llama.cpp timings": {"prompt_n": "prefill_tokens", "prompt_ms": "prefill_ms", "predicted_n": "output_tokens",
                           "predicted_ms": "decode_ms", "cache_n": "cached_tokens", "draft_n": "drafted",

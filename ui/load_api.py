@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from engine.errors import LatencyLabError
+from engine.core.errors import LatencyLabError
 
 from .load_report import delta_html
 from .load_run import LoadBusy, LoadRunner

@@ -25,8 +25,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from engine.errors import InvalidRequest, LatencyLabError
-from engine.toggles import Toggle
+from engine.core.errors import InvalidRequest, LatencyLabError
+from engine.core.toggles import Toggle
 
 from .load_report import LoadPoint, RunFigures, pair_sentence, throughput_series
 

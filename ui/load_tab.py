@@ -7,10 +7,17 @@ from dataclasses import replace
 
 import gradio as gr
 
-from engine.info import EngineInfo
+from engine.core.info import EngineInfo
 
 from .controls import toggle_control
-from .load_run import LOAD_FIELDS, LOAD_POOL, LOAD_SETTINGS, PAGE_MAX_BATCH, prompt_set_choices, scope_limit
+from .load_run import (
+    LOAD_FIELDS,
+    LOAD_POOL,
+    LOAD_SETTINGS,
+    PAGE_MAX_BATCH,
+    prompt_set_choices,
+    scope_limit,
+)
 
 EXPLAIN = (
     "N simulated clients send requests through this server's own API (HTTP on loopback, as "

@@ -14,9 +14,9 @@ import queue
 import threading
 import time
 
-from engine.info import EngineInfo
-from engine.timeline import Timeline, now_ns
-from engine.wire import Event, Request, RequestHandle
+from engine.core.info import EngineInfo
+from engine.core.request import Event, Request, RequestHandle
+from engine.core.timeline import Timeline, now_ns
 
 _ids = itertools.count(1)
 WORDS = ("the", "page", "keeps", "up", "with", "a", "fast", "stream", "of", "short", "tokens", "and")
@@ -46,7 +46,7 @@ class PacedSource:
                           notes=("no model: tokens are emitted at a set pace to measure the page itself",))
 
     def submit(self, messages=None, config=None, *, prompt_ids=None, session=None, timeline=None):
-        from engine.config import GenerationConfig
+        from engine.core.config import GenerationConfig
 
         request = Request(messages=messages, prompt_ids=prompt_ids, config=(config or GenerationConfig()).validate(),
                           session=session, id=f"paced-{next(_ids)}")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.config import TOGGLES
-from engine.errors import LatencyLabError
-from engine.info import EngineInfo
+from engine.core.config import TOGGLES
+from engine.core.errors import LatencyLabError
+from engine.core.info import EngineInfo
 from server.bench.load_figures import BAD, COMPLETE
 
 from . import engine_info, glossary, load_tab, sweep
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
 EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
-LIMITS_HOVER = ("Measured on this machine at first start (engine/machine_limits.py): memory copy bandwidth "
+LIMITS_HOVER = ("Measured on this machine at first start (engine/measure/machine_limits.py): memory copy bandwidth "
                 "(read + write bytes of a copy far past the caches) and matmul throughput per dtype. Each reply's "
                 "prefill is shown against the matmul peak, its decode against the copy bandwidth.")
 
@@ -280,7 +280,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                 gr.Markdown("Every number on the page, with the events it starts and ends at. Hover a number "
                             "anywhere to see its definition.")
                 gr.HTML(glossary_html())
-                gr.Markdown("### Settings\nEach pane's settings, as declared once in the code (`engine/config.py`, "
+                gr.Markdown("### Settings\nEach pane's settings, as declared once in the code (`engine/core/config.py`, "
                             "`ui/settings.py`). *Network* is simulated on the page's own transport; the server's "
                             "figures stay the engine's.")
                 gr.HTML(settings_glossary_html())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.errors import InvalidRequest
+from engine.core.errors import InvalidRequest
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 MAX_CUSTOM_PROMPTS = 200

@@ -14,8 +14,8 @@ import io
 import json
 import math
 
-from engine.config import TOGGLES
-from engine.errors import InvalidRequest
+from engine.core.config import TOGGLES
+from engine.core.errors import InvalidRequest
 
 from . import perceived
 from .settings import PAGE_SETTINGS

@@ -2,7 +2,7 @@
 //
 // Prefill is compute-bound: its bar is prefill_tflops against the matmul peak of its dtype.
 // Decode is memory-bound: its bar is decode_gbps against the copy bandwidth. Both limits were
-// measured on this machine (engine/machine_limits.py; the header shows them and re-measures).
+// measured on this machine (engine/measure/machine_limits.py; the header shows them and re-measures).
 // Pure HTML strings from numbers (no model text), plus the header's re-measure button.
 (function (root) {
   "use strict";

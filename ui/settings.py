@@ -1,7 +1,7 @@
 """A pane's settings as the page sends them → (system prompt, GenerationConfig).
 
 The page's controls are named by `FIELDS`, which derives from the declarations: the sampling
-fields below, every engine toggle (engine/config.py TOGGLES), the backend, and the page's own
+fields below, every engine toggle (engine/core/config.py TOGGLES), the backend, and the page's own
 settings (`PAGE_SETTINGS`: how the browser paints text; the engine never sees them). The page's
 JS zips its controls' values with these names and sends an object keyed by name.
 
@@ -12,9 +12,9 @@ the page next to the reply that did not run.
 
 from __future__ import annotations
 
-from engine.config import TOGGLES, GenerationConfig
-from engine.errors import InvalidRequest
-from engine.toggles import Toggle
+from engine.core.config import TOGGLES, GenerationConfig
+from engine.core.errors import InvalidRequest
+from engine.core.toggles import Toggle
 
 from .network import NETWORKS
 from .perceived import SMOOTHING_MODES, SMOOTHING_UNITS

@@ -21,9 +21,9 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse
 
-from engine.errors import LatencyLabError
-from engine.timeline import Timeline
-from engine.wire import QueueFull
+from engine.core.errors import LatencyLabError
+from engine.core.request import QueueFull
+from engine.core.timeline import Timeline
 
 from . import compare, engine_info, network, record_view, records
 from .chat import ChatStore, check_id

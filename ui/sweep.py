@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
 
-from engine.errors import InvalidRequest
+from engine.core.errors import InvalidRequest
 
 from . import compare, record_view, records
 from .chat import ChatStore

@@ -3,7 +3,7 @@
 Each scenario is a module in this package with `add_args(parser)` (optional) and
 `run(args, out) -> dict`. Human-readable lines go through `out(...)` as the scenario runs;
 with --json the last line printed is one JSON object holding the raw figures and a `ratio`.
-A scenario that judges its own run sets `"ok"`; `"ok": false` exits 1 (engine/errors.py: exit codes).
+A scenario that judges its own run sets `"ok"`; `"ok": false` exits 1 (engine/core/errors.py: exit codes).
 Runs alternate between the variants compared, in one process, and report medians: these
 machines are shared and noisy, so a lone absolute time means little.
 """
@@ -51,7 +51,7 @@ def build_parser(argv: list[str] | None = None, scenarios: dict | None = None, p
     """The parser for the scenario that argv names (the load flags plus the scenario's own), and
     the scenario's module. `scenarios`/`package`: another set of scenarios run the same way
     (server/bench: the ones that need the HTTP server, which engine/ does not import)."""
-    from ..cli import add_load_args
+    from engine.cli import add_load_args
 
     scenarios = scenarios or SCENARIOS
     prog = f"python -m {package}"
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None, scenarios: dict | None = None, package: 
     def out(*parts):
         print(*parts, flush=True)
 
-    from ..errors import EXIT_FAILURE, EXIT_OK, LatencyLabError, exit_code
+    from engine.core.errors import EXIT_FAILURE, EXIT_OK, LatencyLabError, exit_code
 
     t0 = time.perf_counter()
     try:
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None, scenarios: dict | None = None, package: 
 
 def load_model(args, **overrides):
     """Load the model the flags name (no progress bar in the figures' output)."""
-    from ..cli import load_config_from_args
-    from ..loader import load
+    from engine.cli import load_config_from_args
+    from engine.model.loader import load
 
     cfg = load_config_from_args(args, progress=False)
     if overrides:
@@ -110,9 +110,9 @@ def load_model(args, **overrides):
 
 def run_request(loaded, messages, config, prefix_cache=None, **request_kw):
     """Run one request through the decode loop on this thread; return the done event."""
-    from ..generate import generate
-    from ..timeline import Timeline
-    from ..wire import Request
+    from engine.core.request import Request
+    from engine.core.timeline import Timeline
+    from engine.serving.generate import generate
 
     tl = Timeline()
     tl.started_ns = tl.enqueued_ns = tl.received_ns

@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from . import median
-from .quant_steps import step_times
+from engine.bench import median
+from engine.bench.quant_steps import step_times
 
 DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,int4wo+head8"
 
@@ -29,10 +29,10 @@ def add_args(p):
                    help="also measure each variant's compiled decode step (the compiled_decode toggle)")
     p.add_argument("--torch-kernels", action="store_true",
                    help="also measure each weight-only variant's eager step with torch's kernels instead of "
-                        "ours (engine/cpu_gemv.py), side by side")
+                        "ours (engine/kernels/cpu_gemm.py), side by side")
     p.add_argument("--python-loop", action="store_true",
                    help="also measure the loaded model's step with its layer loop in Python instead of one C++ call "
-                        "(engine/cpu_layers.py), side by side")
+                        "(engine/kernels/cpu_layers.py), side by side")
 
 
 class _StepsOf:
@@ -63,10 +63,10 @@ class TorchKernels(_StepsOf):
 
 
 class PythonLoop(_StepsOf):
-    """A model-like: `model`'s steps with the layer loop in Python, not one C++ call (engine/cpu_layers.py)."""
+    """A model-like: `model`'s steps with the layer loop in Python, not one C++ call (engine/kernels/cpu_layers.py)."""
 
     def forward(self, ids, cache, all_logits: bool = False):
-        from ..cpu_layers import python_loop
+        from engine.kernels.cpu_layers import python_loop
 
         with python_loop():
             return self.model.forward(ids, cache, all_logits)
@@ -87,18 +87,20 @@ def copy_bandwidth(mb: int, runs: int = 7) -> float:
 
 def bytes_read_per_step(model, context: int) -> int:
     """Weight bytes a decode step reads (roofline.step_weight_bytes), plus the KV at `context`."""
-    from ..roofline import ModelShape, step_weight_bytes
+    from engine.measure.roofline import ModelShape, step_weight_bytes
 
     element = getattr(model, "dtype", torch.float32).itemsize
     return step_weight_bytes(model) + ModelShape.of(model).kv_bytes_per_token(element) * context
 
 
 def run(args, out):
-    from .. import capabilities, compiled_step, cpu_gemv, cpu_layers
-    from ..errors import LatencyLabError
-    from ..fast_llama import one_row_summary
-    from ..variants import VariantSet
-    from . import load_model
+    from engine.bench import load_model
+    from engine.core.errors import LatencyLabError
+    from engine.kernels import cpu_gemm, cpu_layers
+    from engine.measure import capabilities
+    from engine.model import compiled_step
+    from engine.model.fast_llama import one_row_summary
+    from engine.quant.variants import VariantSet
 
     lm = load_model(args)
     threads = torch.get_num_threads()
@@ -127,7 +129,7 @@ def run(args, out):
     machine = copy_bandwidth(args.copy_mb)
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
-    out(f"weight-only kernels: {cpu_gemv.kernel_name('int4wo')}")
+    out(f"weight-only kernels: {cpu_gemm.kernel_name('int4wo')}")
     out(f"layer loop: {cpu_layers.describe(lm.model)}")
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
     one_row = getattr(lm.model, "one_row_path", None)  # measured at load: which fp32 one-row kernel the steps use
@@ -152,4 +154,4 @@ def run(args, out):
     return {"copy_gbps": round(machine, 2), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
             "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_copy"],
             "capabilities": capabilities.detect().summary(), "one_row_path": one_row,
-            "gemv_kernels": cpu_gemv.unavailable_reason() or "ours", "layer_loop": cpu_layers.describe(lm.model)}
+            "gemv_kernels": cpu_gemm.unavailable_reason() or "ours", "layer_loop": cpu_layers.describe(lm.model)}

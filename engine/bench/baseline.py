@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from . import CHAT_PROMPTS, load_model, median, run_request
+from engine.bench import CHAT_PROMPTS, load_model, median, run_request
 
 
 def add_args(p):
@@ -50,9 +50,9 @@ def _generate_run(ref, tokenizer, prompt_ids, eos, n):
 
 
 def run(args, out):
-    from ..config import GenerationConfig
-    from ..generate import build_prompt_ids
-    from ..loader import load_reference
+    from engine.core.config import GenerationConfig
+    from engine.model.loader import load_reference
+    from engine.serving.generate import build_prompt_ids
 
     lm = load_model(args)
     ref = load_reference(lm)

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from . import load_model, median
+from engine.bench import load_model, median
 
 
 def add_args(p):
@@ -31,8 +31,8 @@ def request_costs(d1: float, dB: float, prompt_alone: float, prompt_added: float
 
 
 def run(args, out):
-    from ..batch_forward import forward_batch, pack, supports
-    from ..errors import InvalidRequest
+    from engine.core.errors import InvalidRequest
+    from engine.model.batch_forward import forward_batch, pack, supports
 
     lm = load_model(args)
     model, B = lm.model, args.batch

@@ -3,9 +3,9 @@ default, or --draft-model PATH."""
 
 from __future__ import annotations
 
-from . import load_model
-from .spec_prompts import DRAFT_PROMPTS
-from .speculation import add_common_args, compare, header
+from engine.bench import load_model
+from engine.bench.spec_prompts import DRAFT_PROMPTS
+from engine.bench.speculation import add_common_args, compare, header
 
 
 def add_args(p):

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from . import CHAT_PROMPTS, load_model, median, run_request
+from engine.bench import CHAT_PROMPTS, load_model, median, run_request
 
 TEXT = ("The printing press changed how knowledge spread across Europe. Before it, books were copied by hand, "
         "slowly and at great cost, and few people could read. ") * 40
@@ -24,7 +24,7 @@ def add_args(p):
 
 
 def run(args, out):
-    from ..config import GenerationConfig
+    from engine.core.config import GenerationConfig
 
     results, ref_logits = {}, None
     for name in args.dtypes.split(","):

@@ -1,4 +1,4 @@
-"""Our kernels (engine/cpu_gemv.py) against torch's, on the loaded model's own layer shapes with
+"""Our kernels (engine/kernels/cpu_gemm.py) against torch's, on the loaded model's own layer shapes with
 random weights: every projection of one forward, at each row count, taking turns. Weight-only int8
 and 4-bit against torch's weight-only kernels; fp32 (our panel kernel) against oneDNN's packed copy
 and the plain call (MKL)."""
@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from . import load_model, median
+from engine.bench import load_model, median
 
 
 def add_args(p):
@@ -20,11 +20,13 @@ def add_args(p):
 
 
 def run(args, out):
-    from .. import capabilities, cpu_gemv, fast_llama
-    from ..errors import LatencyLabError
-    from ..weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+    from engine.core.errors import LatencyLabError
+    from engine.kernels import cpu_gemm
+    from engine.measure import capabilities
+    from engine.model import fast_llama
+    from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
-    reason = cpu_gemv.unavailable_reason()
+    reason = cpu_gemm.unavailable_reason()
     if reason:
         raise LatencyLabError(f"our kernels do not run here: {reason}")
     lm = load_model(args)

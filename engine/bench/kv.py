@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import load_model, median, run_request
+from engine.bench import load_model, median, run_request
 
 ARTICLE = (
     "Our team runs a small bakery in a coastal town. We open at six, bake three kinds of bread, croissants "
@@ -49,9 +49,9 @@ def add_args(p):
 
 
 def run(args, out):
-    from ..config import GenerationConfig
-    from ..prefix_cache import PrefixCache
-    from ..sessions import Conversation
+    from engine.core.config import GenerationConfig
+    from engine.serving.prefix_cache import PrefixCache
+    from engine.serving.sessions import Conversation
 
     lm = load_model(args)
     out(f"model {lm.name} {lm.dtype_name} on {lm.device}, {torch.get_num_threads()} threads; "

@@ -3,9 +3,9 @@ and, as the guard rail, on open-ended chat prompts where there is little to copy
 
 from __future__ import annotations
 
-from . import load_model
-from .spec_prompts import DRAFT_PROMPTS, LOOKUP_PROMPTS
-from .speculation import add_common_args, compare, header
+from engine.bench import load_model
+from engine.bench.spec_prompts import DRAFT_PROMPTS, LOOKUP_PROMPTS
+from engine.bench.speculation import add_common_args, compare, header
 
 
 def add_args(p):

@@ -21,8 +21,8 @@ import os
 import platform
 import subprocess
 
-from . import CHAT_PROMPTS, load_model, median, run_request
-from .kv import ARTICLE
+from engine.bench import CHAT_PROMPTS, load_model, median, run_request
+from engine.bench.kv import ARTICLE
 
 # The peer side, run by the peer venv's python: token ids in, per-token timestamps out.
 PEER_SCRIPT = r"""
@@ -79,8 +79,8 @@ def token_ids(tokenizer, messages, reply_open: bool = True) -> list[int]:
 
 
 def ours(model, ids: dict, args, compiled: bool) -> dict:
-    from ..config import GenerationConfig
-    from ..prefix_cache import PrefixCache
+    from engine.core.config import GenerationConfig
+    from engine.serving.prefix_cache import PrefixCache
 
     greedy = GenerationConfig(temperature=0.0, max_new_tokens=args.max_tokens, quantization=None,
                               compiled_decode=compiled)
@@ -100,7 +100,7 @@ def peer(args, job: dict) -> dict:
     r = subprocess.run([args.peer_python, "-c", PEER_SCRIPT], input=json.dumps(job), capture_output=True,
                        text=True, timeout=1200)
     if r.returncode != 0:
-        from ..errors import LatencyLabError
+        from engine.core.errors import LatencyLabError
 
         raise LatencyLabError(f"llama-cpp-python failed ({args.peer_python}): {r.stderr.strip()[-400:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -109,11 +109,11 @@ def peer(args, job: dict) -> dict:
 def run(args, out):
     import torch
 
-    from .. import compiled_step
-    from ..capabilities import detect
-    from ..errors import LatencyLabError
-    from ..loader import bundled_gguf_path
-    from ..variants import VariantSet
+    from engine.core.errors import LatencyLabError
+    from engine.measure.capabilities import detect
+    from engine.model import compiled_step
+    from engine.model.loader import bundled_gguf_path
+    from engine.quant.variants import VariantSet
 
     if not os.path.exists(args.peer_python):
         raise LatencyLabError(f"no llama-cpp-python venv at {args.peer_python}: build one (see "

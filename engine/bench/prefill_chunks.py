@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from . import load_model, median
+from engine.bench import load_model, median
 
 # A long, ordinary chat turn: about 1,500 tokens with the chat template.
 PARAGRAPH = ("The city council met on Tuesday to discuss the new public library. The architect presented three "
@@ -31,7 +31,7 @@ def add_args(p):
 
 
 def prompt_ids(tokenizer, n: int) -> list[int]:
-    from ..generate import build_prompt_ids
+    from engine.serving.generate import build_prompt_ids
 
     text = PARAGRAPH
     while len(build_prompt_ids(tokenizer, [{"role": "user", "content": text}])) < n:
@@ -45,8 +45,8 @@ def time_prefill(lm, ids: list[int], chunk: int | None) -> tuple[float, float, f
 
     CPU time (all of this process's threads) is reported beside wall time: on a machine shared with
     other jobs, wall time swings by ±20% between identical runs, CPU time far less."""
-    from ..config import GenerationConfig
-    from ..decoding import Decoding
+    from engine.core.config import GenerationConfig
+    from engine.serving.decoding import Decoding
 
     dec = Decoding(lm.model, ids, GenerationConfig(max_new_tokens=1, temperature=0.0))
     t0, c0 = time.perf_counter(), time.process_time()

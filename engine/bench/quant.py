@@ -1,6 +1,6 @@
 """Quantization variants side by side: weight bytes, build time, memory, speed and quality.
 
-Every variant is built from the loaded model (engine/quantize.py) and measured in this process:
+Every variant is built from the loaded model (engine/quant/quantize.py) and measured in this process:
   weight_bytes    real storage of its tensors (quantized data, scales and absmax included)
   build_s         building it from the loaded model
   peak_rss_bytes  peak resident memory of a fresh process that loads the model and builds only
@@ -8,7 +8,7 @@ Every variant is built from the loaded model (engine/quantize.py) and measured i
                   dominates it, so build_rss_bytes says what the build added to resident memory
   prefill_tps     a --prefill-tokens prompt, one forward: prompt tokens / prefill time
   decode_tps      greedy chat replies: (tokens - 1) / (last - first token time), median
-  top1_agreement, mean_kl   against the loaded (unquantized) model, engine/quality.py
+  top1_agreement, mean_kl   against the loaded (unquantized) model, engine/quant/quality.py
   decode_vs_default, prefill_vs_default   those speeds over the loaded (default) variant's
 Runs alternate between the variants, and medians are reported. `ratio` = nf4 weight bytes /
 bf16 weight bytes. `+head` rows also quantize lm_head (its own copy; the embedding stays):
@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from . import CHAT_PROMPTS, load_model, median, run_request
-from .dtypes import TEXT
+from engine.bench import CHAT_PROMPTS, load_model, median, run_request
+from engine.bench.dtypes import TEXT
 
 
 def add_args(p):
@@ -38,11 +38,11 @@ def add_args(p):
 
 
 def run(args, out):
-    from .. import capabilities
-    from ..config import GenerationConfig
-    from ..quality import compare, next_token_logits, quality_inputs
-    from ..quantize import QUANTIZED, build_variant, probe_results
-    from ..variants import VariantSet
+    from engine.core.config import GenerationConfig
+    from engine.measure import capabilities
+    from engine.quant.quality import compare, next_token_logits, quality_inputs
+    from engine.quant.quantize import QUANTIZED, build_variant, probe_results
+    from engine.quant.variants import VariantSet
 
     lm = load_model(args)
     names = [v.strip() for v in args.variants.split(",") if v.strip()] or list(QUANTIZED)
@@ -123,9 +123,9 @@ def _peak_memory(args, name: str) -> int | None:
 def memory_probe(load_kwargs: dict, name: str) -> None:
     import psutil
 
-    from ..config import LoadConfig
-    from ..loader import load
-    from ..variants import VariantSet, peak_rss_bytes
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
+    from engine.quant.variants import VariantSet, peak_rss_bytes
 
     variants = VariantSet(load(LoadConfig(**load_kwargs)), budget_bytes=10**13, quality_texts=0)
     loaded_rss = psutil.Process().memory_info().rss

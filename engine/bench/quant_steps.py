@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from . import load_model, median
+from engine.bench import load_model, median
 
 DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,nf4"  # --variants (a load flag) overrides
 
@@ -19,8 +19,8 @@ def add_args(p):
 
 
 def run(args, out):
-    from .. import capabilities
-    from ..quantize import build_variant
+    from engine.measure import capabilities
+    from engine.quant.quantize import build_variant
 
     lm = load_model(args)
     models = {lm.dtype_name: lm.model}

@@ -1,6 +1,6 @@
 """Prompt sets of the speculative-decoding benches (kept out of the draft's training prompts)."""
 
-from . import CHAT_PROMPTS
+from engine.bench import CHAT_PROMPTS
 
 # Ordinary, open-ended chat: nothing to copy from the prompt.
 DRAFT_PROMPTS = CHAT_PROMPTS + [

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from . import median, run_request
+from engine.bench import median, run_request
 
 
 def add_common_args(p, k_default: int):
@@ -25,7 +25,7 @@ def add_common_args(p, k_default: int):
 
 
 def compare(lm, prompts, mode: str, args, out, label: str) -> dict:
-    from ..config import GenerationConfig
+    from engine.core.config import GenerationConfig
 
     off = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     on = off.replace(speculative=mode, num_speculative_tokens=args.k, speculative_adaptive=not args.no_adaptive)

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from . import load_model, median
+from engine.bench import load_model, median
 
 
 def add_args(p):
@@ -17,7 +17,7 @@ def add_args(p):
 
 
 def run(args, out):
-    from .. import fast_llama
+    from engine.model import fast_llama
 
     lm = load_model(args)
     model, sizes = lm.model, [int(t) for t in args.tokens.split(",")]

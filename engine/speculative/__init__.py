@@ -23,7 +23,7 @@ step that verifies k guesses can yield up to k+1 tokens for about the price of o
 Modules: proposers, verification, costs, lookup_policy, policy, decoding (`SpeculativeDecoding`).
 """
 
-from .costs import (
+from engine.speculative.costs import (
     DEFAULT_COSTS,
     CostModel,
     calibrate_idle,
@@ -31,11 +31,11 @@ from .costs import (
     measured_costs,
     measured_draft_cost,
 )
-from .decoding import SpeculativeDecoding
-from .lookup_policy import LookupPolicy
-from .policy import AdaptiveK
-from .proposers import DraftModel, PromptLookup
-from .verification import verify_greedy, verify_sampling
+from engine.speculative.decoding import SpeculativeDecoding
+from engine.speculative.lookup_policy import LookupPolicy
+from engine.speculative.policy import AdaptiveK
+from engine.speculative.proposers import DraftModel, PromptLookup
+from engine.speculative.verification import verify_greedy, verify_sampling
 
 __all__ = ["AdaptiveK", "CostModel", "DEFAULT_COSTS", "calibrate_idle", "DraftModel", "LookupPolicy", "PromptLookup", "SpeculativeDecoding",
            "matmul_weight_ratio", "measured_costs", "measured_draft_cost", "verify_greedy", "verify_sampling"]

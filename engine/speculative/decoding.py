@@ -5,13 +5,18 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from ..decoding import Decoding, cache_capacity
-from ..errors import InvalidRequest
-from .costs import DEFAULT_COSTS, matmul_weight_ratio, measured_costs, measured_draft_cost
-from .lookup_policy import LookupPolicy
-from .policy import AdaptiveK
-from .proposers import DraftModel, PromptLookup
-from .verification import verify_greedy, verify_sampling
+from engine.core.errors import InvalidRequest
+from engine.serving.decoding import Decoding, cache_capacity
+from engine.speculative.costs import (
+    DEFAULT_COSTS,
+    matmul_weight_ratio,
+    measured_costs,
+    measured_draft_cost,
+)
+from engine.speculative.lookup_policy import LookupPolicy
+from engine.speculative.policy import AdaptiveK
+from engine.speculative.proposers import DraftModel, PromptLookup
+from engine.speculative.verification import verify_greedy, verify_sampling
 
 MAX_K_CHANGES_KEPT = 64
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .costs import VERIFY_COST_PER_TOKEN, VERIFY_FIXED_COST
+from engine.speculative.costs import VERIFY_COST_PER_TOKEN, VERIFY_FIXED_COST
 
 
 class AdaptiveK:

@@ -47,7 +47,7 @@ class PromptLookup:
 
 
 class DraftModel:
-    """Propose by running a small draft LM (`engine.draft.Draft`) k times; it keeps its own KV cache."""
+    """Propose by running a small draft LM (`engine.speculative.draft.Draft`) k times; it keeps its own KV cache."""
 
     name = "draft"
 

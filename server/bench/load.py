@@ -85,11 +85,10 @@ def run_side_by_side(loaded, args, levels, batches, out) -> dict:
     """One engine + API per max batch over `loaded`; each level runs on every engine in turn."""
     import contextlib
 
+    from engine.serving.prefix_cache import PrefixCache
+    from engine.serving.service import Engine
     from server.api import create_api
     from server.run import BackgroundServer
-
-    from engine.prefix_cache import PrefixCache
-    from engine.service import Engine
 
     with contextlib.ExitStack() as stack:
         setups = {}
@@ -142,11 +141,10 @@ def run_side_by_side(loaded, args, levels, batches, out) -> dict:
 
 def run_one(loaded, args, levels, max_batch: int, out):
     """The whole load against one engine (max batch `max_batch`) over the loaded model."""
+    from engine.serving.prefix_cache import PrefixCache
+    from engine.serving.service import Engine
     from server.api import create_api
     from server.run import BackgroundServer
-
-    from engine.prefix_cache import PrefixCache
-    from engine.service import Engine
 
     engine = Engine(loaded, max_queue=args.max_queue, max_batch=max_batch,
                     prefix_cache=PrefixCache(args.kv_cache_mb, shared=args.shared_prefix_cache))

@@ -47,7 +47,7 @@ class ScriptedConversation:
 def offered_toggles(engine, probe_tokens: int = 8, variants: str = "auto") -> dict:
     """What the engine really does: speculation if a probe reports drafted tokens, quantization
     variants that `info()` lists. A toggle the engine would accept but ignore is not offered."""
-    from engine.config import GenerationConfig
+    from engine.core.config import GenerationConfig
 
     offers = {"speculative": None, "quantization": None}
     probe = engine.complete([{"role": "user", "content": "Repeat: one two three one two three one two three"}],

@@ -29,21 +29,20 @@ def add_args(p):
 
 
 def run(args, out):
-    from engine.config import GenerationConfig
-    from engine.errors import InvalidRequest
-    from engine.remote import RemoteEngine
+    from engine.core.config import GenerationConfig
+    from engine.core.errors import InvalidRequest
+    from engine.remote.client import RemoteEngine
 
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     prompts = [[{"role": "user", "content": p}] for p in CHAT_PROMPTS[: args.prompts]]
     with contextlib.ExitStack() as stack:
         local = None
         if args.base_url is None:
+            from engine.serving.service import Engine
             from server.api import (
                 create_api,  # the bench serves itself: engine → our API → loopback
             )
             from server.run import BackgroundServer
-
-            from engine.service import Engine
 
             local = Engine(load_model(args))
             stack.callback(local.close)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine import capabilities
+from engine.measure import capabilities
 from ui.page import preset_missing
 from ui.presets import load_prompt_sets, teaching_presets
 

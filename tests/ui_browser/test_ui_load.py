@@ -5,7 +5,7 @@ lost, crossed or mismatched. Bad input gets a message, not a traceback."""
 
 import pytest
 
-from engine.service import Engine
+from engine.serving.service import Engine
 from server.api import create_api
 from server.run import BackgroundServer
 from ui.webapp import create_app

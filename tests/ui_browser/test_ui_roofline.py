@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from engine.machine_limits import MachineLimits
+from engine.measure.machine_limits import MachineLimits
 from server.run import BackgroundServer
 
 LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", copy_gbps=20.0,
@@ -117,7 +117,7 @@ def _no_usage_server():
 
 
 def test_a_remote_reply_shows_a_dash_where_the_server_reported_nothing(browser_page):
-    from engine.remote import RemoteEngine
+    from engine.remote.client import RemoteEngine
     from ui.webapp import create_app
 
     with contextlib.ExitStack() as stack:

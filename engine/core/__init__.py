@@ -1,0 +1,1 @@
+"""Config and toggles, errors, the request and event types, the Timeline."""

@@ -1,0 +1,156 @@
+"""The engine's wire types, without torch: what a request is (`Request`), what it yields (`Event`),
+the handle a caller holds while it runs (`RequestHandle`), and the check of chat messages.
+
+The API, the page, the remote engine and the paced test source use these without importing the
+decode loop; the worker and the batch scheduler produce them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.core.config import GenerationConfig
+from engine.core.errors import InvalidRequest, LatencyLabError
+from engine.core.timeline import Timeline
+
+if TYPE_CHECKING:
+    from engine.serving.decoding import Decoding
+
+
+@dataclass
+class Request:
+    """What to answer: chat `messages` (rendered with the chat template) or ready `prompt_ids`."""
+
+    messages: list[dict] | None = None
+    prompt_ids: list[int] | None = None
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+    session: str | None = None  # prefix-cache scope (KV reuse); None: private to this request
+    batch_scope: str | None = None  # a run-scoped batch limit (Worker.open_batch_scope); None: the engine's own
+    id: str = ""
+
+
+@dataclass
+class Event:
+    kind: str  # status | chunk | done | error (and, between generate and the batch scheduler only: step | pause)
+    text: str = ""  # chunk: the new text; done: the whole reply
+    token_ids: list[int] = field(default_factory=list)  # chunk: new ids; done: all output ids
+    output_tokens: int = 0  # tokens sampled so far
+    stage: str = ""  # status: queued | setup | prefill | decode
+    detail: dict = field(default_factory=dict)  # status/done/error specifics
+    timeline: Timeline | None = None
+    decoding: Decoding | None = None  # done: the finished sequence (cache None once the prefix cache kept it)
+
+    def to_dict(self) -> dict:
+        d = {"kind": self.kind, "text": self.text, "token_ids": list(self.token_ids),
+             "output_tokens": self.output_tokens, "stage": self.stage, "detail": {k: v for k, v in self.detail.items() if k != "exception"}}
+        if self.timeline is not None and self.kind in ("done", "error"):
+            d["timeline"] = self.timeline.to_dict()
+        return d
+
+
+def validate_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a string 'content'", "messages")
+        if m.get("role") not in ("system", "user", "assistant"):
+            raise InvalidRequest(f"messages[{i}].role must be system, user or assistant", "messages")
+        if not _is_unicode(m["content"]):
+            raise InvalidRequest(f"messages[{i}].content is not valid Unicode (a lone surrogate such as \\ud800?)",
+                                 "messages")
+        out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["content"].strip() for m in out if m["role"] != "system"):
+        raise InvalidRequest("the prompt is empty: write a message first", "messages")
+    return out
+
+
+def _is_unicode(text: str) -> bool:
+    """False for text a tokenizer cannot take: lone surrogates (JSON allows "\\ud800"; UTF-8 does not)."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+class QueueFull(LatencyLabError):
+    """The queue is at its bound; try again later (HTTP 429)."""
+
+
+class RequestHandle:
+    def __init__(self, request: Request, timeline: Timeline):
+        self.request = request
+        self.timeline = timeline
+        self.id = request.id
+        self._cancel = threading.Event()
+        self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async: asyncio.Queue[Event] | None = None
+        self.final: Event | None = None
+
+    # --- producer side (worker thread) -----------------------------------------------------
+    def push(self, event: Event) -> None:
+        if event.kind in ("done", "error"):
+            self.final = event
+        with self._lock:
+            if self._loop is None:
+                self._sync.put(event)
+                return
+            loop, aq = self._loop, self._async
+        try:
+            loop.call_soon_threadsafe(aq.put_nowait, event)
+        except RuntimeError:  # the consumer's event loop is gone: nobody is listening any more
+            self.cancel()
+
+    # --- consumer side --------------------------------------------------------------------
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Events until done/error. Each chunk counts as handed to the transport when the
+        consumer comes back for the next event."""
+        while True:
+            event = self._sync.get(timeout=timeout)
+            yield event
+            self._after_yield(event)
+            if event.kind in ("done", "error"):
+                return
+
+    async def aevents(self) -> AsyncIterator[Event]:
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._async = asyncio.Queue()
+            while True:  # events pushed before we attached
+                try:
+                    self._async.put_nowait(self._sync.get_nowait())
+                except queue.Empty:
+                    break
+        while True:
+            event = await self._async.get()
+            yield event
+            self._after_yield(event)
+            if event.kind in ("done", "error"):
+                return
+
+    def _after_yield(self, event: Event) -> None:
+        if event.kind == "chunk":
+            self.timeline.add_chunk_out(event.output_tokens)
+
+    def result(self, timeout: float | None = None) -> Event:
+        """Wait for the end; return the done event, or raise the request's error."""
+        for event in self.events(timeout=timeout):
+            if event.kind == "error":
+                raise event.detail.get("exception") or LatencyLabError(event.detail.get("message", "failed"))
+        return self.final

@@ -1,0 +1,298 @@
+"""The Timeline: every timestamp of one request, and the metrics derived from them.
+
+Raw events are `time.perf_counter_ns()` readings of the server process. Derived metrics use
+the names of the metric glossary (DESIGN.md) and are computed, never stored, so they cannot
+drift from the events. Later features add fields (cached tokens, speculation counts, browser
+timestamps) in `counters` and `client` without reshaping the record.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+now_ns = time.perf_counter_ns
+
+
+def _ms(start_ns: int | None, end_ns: int | None) -> float | None:
+    if start_ns is None or end_ns is None:
+        return None
+    return (end_ns - start_ns) / 1e6
+
+
+def _ratio(num, den, scale: float = 1.0):
+    if num is None or not den:
+        return None
+    return num / den * scale
+
+
+def _int_or_none(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass
+class Timeline:
+    request_id: str = ""
+    received_ns: int = field(default_factory=now_ns)  # request received by the server
+    enqueued_ns: int | None = None  # request put on the worker's queue
+    started_ns: int | None = None  # the worker takes it
+    setup_done_ns: int | None = None  # prompt token ids ready and cache looked up
+    prefill_start_ns: int | None = None  # prefill forward begins
+    token_ns: list[int] = field(default_factory=list)  # when each output token id was sampled
+    chunk_out_ns: list[int] = field(default_factory=list)  # when each chunk was handed to the transport
+    chunk_tokens: list[int] = field(default_factory=list)  # output tokens emitted so far, per chunk
+    batch_size: list[int] = field(default_factory=list)  # continuous batching: sequences in the forward of token i
+    batch_prompt_tokens: list[int] = field(default_factory=list)  # ...and prompt tokens (anyone's prefill) in it
+    done_ns: int | None = None  # the engine finished (last token, stop, error or cancel)
+    # Token counts: None where unknown (a remote server that does not report them), never a guessed 0.
+    prompt_tokens: int | None = 0
+    prefill_tokens: int | None = 0  # prompt tokens actually computed (prompt_tokens - cached_tokens)
+    cached_tokens: int | None = 0
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    queue_position: int | None = None  # position in the queue when enqueued (0: ran at once)
+    context_max: int | None = None  # the model's context window (None: the backend did not say)
+    # The roofline's inputs (engine/measure/roofline.py), None where unknown: work done and the machine's limits.
+    weight_bytes: int | None = None  # weights of the variant that served the request
+    compute_dtype: str | None = None  # the dtype its matmuls ran in
+    prefill_flops: float | None = None
+    decode_steps: int | None = None  # target forward passes after prefill
+    decode_bytes: float | None = None  # weights + KV read over those steps
+    peak_tflops: float | None = None  # the machine's measured matmul peak for compute_dtype
+    copy_gbps: float | None = None  # the machine's measured memory copy bandwidth
+    limits_date: str | None = None
+    counters: dict = field(default_factory=dict)  # feature figures: speculation, quantization...
+    client: dict = field(default_factory=dict)  # browser timestamps and metrics, joined later
+
+    # --- recording -------------------------------------------------------------------------
+    def mark(self, event: str) -> int:
+        t = now_ns()
+        setattr(self, f"{event}_ns", t)
+        return t
+
+    def add_tokens(self, count: int, t_ns: int | None = None) -> int:
+        """Record `count` tokens sampled at one instant (a speculative step yields several)."""
+        t = now_ns() if t_ns is None else t_ns
+        self.token_ns.extend([t] * count)
+        return t
+
+    def add_chunk_out(self, output_tokens: int, t_ns: int | None = None) -> None:
+        self.chunk_out_ns.append(now_ns() if t_ns is None else t_ns)
+        self.chunk_tokens.append(output_tokens)
+
+    # --- derived metrics (glossary names) --------------------------------------------------
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_ns)
+
+    @property
+    def first_token_ns(self) -> int | None:
+        return self.token_ns[0] if self.token_ns else None
+
+    @property
+    def last_token_ns(self) -> int | None:
+        return self.token_ns[-1] if self.token_ns else None
+
+    @property
+    def end_ns(self) -> int | None:
+        """End of e2e: the last chunk handed to the transport (the engine's end if none was)."""
+        return self.chunk_out_ns[-1] if self.chunk_out_ns else self.done_ns
+
+    @property
+    def queue_ms(self):
+        return _ms(self.enqueued_ns, self.started_ns)
+
+    @property
+    def setup_ms(self):
+        return _ms(self.started_ns, self.setup_done_ns)
+
+    @property
+    def prefill_ms(self):
+        return _ms(self.prefill_start_ns, self.first_token_ns)
+
+    @property
+    def ttft_ms(self):
+        return _ms(self.received_ns, self.first_token_ns)
+
+    @property
+    def itl_ms(self) -> list[float]:
+        t = self.token_ns
+        return [(b - a) / 1e6 for a, b in zip(t, t[1:])]
+
+    @property
+    def decode_ms(self):
+        return _ms(self.first_token_ns, self.last_token_ns)
+
+    @property
+    def tpot_ms(self):
+        n = self.output_tokens
+        return self.decode_ms / (n - 1) if n > 1 else None
+
+    @property
+    def decode_tps(self):
+        n, span = self.output_tokens, self.decode_ms
+        return (n - 1) / (span / 1e3) if n > 1 and span else None
+
+    @property
+    def e2e_ms(self):
+        return _ms(self.received_ns, self.end_ns)
+
+    @property
+    def prefill_tps(self):
+        n, ms = self.prefill_tokens, self.prefill_ms
+        return n / (ms / 1e3) if n and ms else None
+
+    @property
+    def context_tokens(self):
+        return None if self.prompt_tokens is None else self.prompt_tokens + self.output_tokens
+
+    @property
+    def prefill_tflops(self):
+        ms = self.prefill_ms
+        return self.prefill_flops / (ms / 1e3) / 1e12 if self.prefill_flops and ms else None
+
+    @property
+    def prefill_compute_fraction(self):
+        v = self.prefill_tflops
+        return v / self.peak_tflops if v is not None and self.peak_tflops else None
+
+    @property
+    def decode_gbps(self):
+        ms = self.decode_ms
+        return self.decode_bytes / (ms / 1e3) / 1e9 if self.decode_bytes and ms else None
+
+    @property
+    def decode_bandwidth_fraction(self):
+        v = self.decode_gbps
+        return v / self.copy_gbps if v is not None and self.copy_gbps else None
+
+    @property
+    def decode_bytes_per_token(self):
+        n = self.output_tokens
+        return self.decode_bytes / (n - 1) if self.decode_bytes and n > 1 else None
+
+    def metrics(self) -> dict:
+        """The glossary's scalar metrics (None where the events are missing)."""
+        itl = self.itl_ms
+        return {
+            "queue_ms": self.queue_ms,
+            "setup_ms": self.setup_ms,
+            "prefill_ms": self.prefill_ms,
+            "ttft_ms": self.ttft_ms,
+            "decode_ms": self.decode_ms,
+            "tpot_ms": self.tpot_ms,
+            "decode_tps": self.decode_tps,
+            "e2e_ms": self.e2e_ms,
+            "itl_p50_ms": statistics.median(itl) if itl else None,
+            "itl_max_ms": max(itl) if itl else None,
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+            "finish_reason": self.finish_reason,
+            "queue_position": self.queue_position,
+            "prefill_tps": self.prefill_tps,
+            "context_tokens": self.context_tokens,
+            "context_max": self.context_max,
+            "prefill_tflops": self.prefill_tflops,
+            "prefill_compute_fraction": self.prefill_compute_fraction,
+            "decode_gbps": self.decode_gbps,
+            "decode_bandwidth_fraction": self.decode_bandwidth_fraction,
+            "decode_bytes_per_token": self.decode_bytes_per_token,
+        }
+
+    # --- other tools' names for ours (DESIGN.md: "Other tools' names") ------------------------
+    def llama_cpp_timings(self) -> dict:
+        """llama.cpp server's `timings` fields, derived from this Timeline (None where unknown).
+
+        `prompt_*` is prefill (the uncached prompt tokens, up to the first token sampled),
+        `predicted_*` is every output token over the decode span (first → last token sampled);
+        llama.cpp divides that span by all predicted tokens, so its per-token figure is a little
+        below `tpot_ms`, which divides by the gaps (output_tokens − 1)."""
+        prompt_n, prompt_ms = self.prefill_tokens, self.prefill_ms
+        predicted_n, predicted_ms = (self.output_tokens or None), self.decode_ms
+        c = self.counters
+        return {
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": _ratio(prompt_ms, prompt_n),
+            "prompt_per_second": _ratio(prompt_n, prompt_ms, 1e3),
+            "predicted_n": predicted_n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": _ratio(predicted_ms, predicted_n),
+            "predicted_per_second": _ratio(predicted_n, predicted_ms, 1e3),
+            "cache_n": self.cached_tokens,
+            "draft_n": _int_or_none(c.get("drafted")),  # None: no speculation ran (llama.cpp omits them)
+            "draft_n_accepted": _int_or_none(c.get("accepted")),
+        }
+
+    def vllm_metrics(self) -> dict:
+        """vLLM's per-request `metrics` object (docs/features/per_request_metrics.md in vLLM):
+        its TTFT starts when the request is scheduled (our `started`), its queue time apart."""
+        itl = self.itl_ms
+        scheduled_to_last = _ms(self.started_ns, self.last_token_ns)
+        return {
+            "time_to_first_token_ms": _ms(self.started_ns, self.first_token_ns),
+            "generation_time_ms": self.decode_ms,
+            "queue_time_ms": self.queue_ms,
+            "mean_itl_ms": statistics.fmean(itl) if itl else None,
+            "tokens_per_second": _ratio(self.output_tokens or None, scheduled_to_last, 1e3),
+        }
+
+    def to_dict(self) -> dict:
+        """JSON-ready: metrics, counters, and the raw events as ms offsets from `received_ns`."""
+        origin = self.received_ns
+
+        def rel(t):
+            return None if t is None else (t - origin) / 1e6
+
+        return {
+            "request_id": self.request_id,
+            **self.metrics(),
+            "itl_ms": self.itl_ms,
+            "events_ms": {
+                "received": 0.0,
+                "enqueued": rel(self.enqueued_ns),
+                "started": rel(self.started_ns),
+                "setup_done": rel(self.setup_done_ns),
+                "prefill_start": rel(self.prefill_start_ns),
+                "done": rel(self.done_ns),
+            },
+            "token_ms": [rel(t) for t in self.token_ns],
+            "chunk_out_ms": [rel(t) for t in self.chunk_out_ns],
+            "chunk_tokens": list(self.chunk_tokens),
+            **({"batch_size": list(self.batch_size), "batch_prompt_tokens": list(self.batch_prompt_tokens)}
+               if self.batch_size else {}),  # only when batching ran
+            "received_ns": origin,
+            "roofline": {"weight_bytes": self.weight_bytes, "compute_dtype": self.compute_dtype,
+                         "prefill_flops": self.prefill_flops, "decode_steps": self.decode_steps,
+                         "decode_bytes": self.decode_bytes, "peak_tflops": self.peak_tflops,
+                         "copy_gbps": self.copy_gbps, "limits_date": self.limits_date},
+            "weight_bytes": self.weight_bytes,
+            **self.counters,
+            "client": dict(self.client),
+        }
+
+    def summary(self) -> str:
+        """One line for a terminal: the numbers a person looks at first."""
+        m = self.metrics()
+
+        def n(v):
+            return "?" if v is None else v
+
+        def f(v, unit="ms", nd=0):
+            return "n/a" if v is None else f"{v:,.{nd}f}{unit}"
+
+        parts = [
+            f"ttft {f(m['ttft_ms'])}",
+            f"(queue {f(m['queue_ms'], nd=1)}, setup {f(m['setup_ms'], nd=1)}, prefill {f(m['prefill_ms'])})",
+            f"tpot {f(m['tpot_ms'], nd=1)}",
+            f"{f(m['decode_tps'], ' tok/s', 1)}",
+            f"e2e {f(m['e2e_ms'])}",
+            f"prompt {n(m['prompt_tokens'])} tok ({n(m['cached_tokens'])} cached)",
+            f"prefill {f(m['prefill_tps'], ' tok/s', 1)} ({f(m['prefill_compute_fraction'] and 100 * m['prefill_compute_fraction'], '% of matmul peak')})",
+            f"decode {f(m['decode_gbps'], ' GB/s', 1)} ({f(m['decode_bandwidth_fraction'] and 100 * m['decode_bandwidth_fraction'], '% of copy bandwidth')})",
+            f"output {m['output_tokens']} tok",
+            f"finish {m['finish_reason']}",
+        ]
+        return " | ".join(parts)

@@ -1,0 +1,120 @@
+"""The optimization toggles: each declared once, as a `GenerationConfig` field carrying a `Toggle`.
+
+A toggle's declaration (name, kind, default, bounds, help, glossary entry, which backends honour
+it) is the metadata of its field in engine/core/config.py. Everything else derives from it:
+`GenerationConfig.validate`, the API's accepted extra fields (server/protocol.py), the CLI flags
+(engine/cli.py), the page's controls and labels (ui/controls.py, ui/records.py), the remote
+engine's forwarding (engine/remote/wire.py), the sweep and the exports. Adding a toggle is one
+`toggle(...)` field plus the code that honours it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.errors import InvalidRequest
+
+BACKENDS = ("local", "remote-lab")  # our own engine; another Latency Lab server behind the remote engine
+
+
+@dataclass(frozen=True)
+class Toggle:
+    name: str  # the GenerationConfig field, the API body field and the page setting
+    kind: str  # bool | int | choice | variant (a quantization variant name; None = the default)
+    default: object
+    label: str  # the page's control label and the A/B config label
+    help: str  # hover text, CLI help
+    choices: tuple[str, ...] = ()
+    lo: int | None = None
+    hi: int | None = None
+    glossary: str | None = None  # the metric (ui/glossary.py) this toggle moves
+    backends: tuple[str, ...] = BACKENDS  # who honours it; other remote servers never get it
+    off_label: str | None = None  # the A/B label when a bool toggle is off ("no kv reuse")
+    only_with: str | None = None  # the toggle that must be on (not at its default) for this one to matter
+    short: str | None = None  # a name in config labels: "k" gives "k=8", "smooth" gives "smooth adaptive"
+
+    @property
+    def cli_flag(self) -> str:
+        """`--kv-reuse` style; a bool that defaults to on is switched with `--no-…` (see cli_names)."""
+        return "--" + self.name.replace("_", "-")
+
+    def applies(self, settings: dict) -> bool:
+        """Whether this toggle matters under `settings`: `only_with` 'speculative' means 'speculative
+        is not at its default'; 'network=custom' means 'network is custom'."""
+        if not self.only_with:
+            return True
+        name, _, wanted = self.only_with.partition("=")
+        if wanted:
+            return str(settings.get(name)) == wanted
+        return name in settings and settings[name] not in (None, False, "off", "")
+
+    def check(self, value) -> None:
+        """Raise InvalidRequest, naming the field, for a value this toggle cannot take."""
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise InvalidRequest(f"{self.name} must be true or false, not {value!r}", self.name)
+        elif self.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidRequest(f"{self.name} must be an integer, not {value!r}", self.name)
+            if self.lo is not None and value < self.lo:
+                raise InvalidRequest(f"{self.name} must be at least {self.lo}, not {value}", self.name)
+            if self.hi is not None and value > self.hi:
+                raise InvalidRequest(f"{self.name} must be at most {self.hi}, not {value}", self.name)
+        elif self.kind == "choice":
+            if value not in self.choices:
+                raise InvalidRequest(f"{self.name} must be one of {', '.join(self.choices)}, not {value!r}",
+                                     self.name)
+        elif self.kind == "variant":
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequest(f"{self.name} must be a variant name, not {value!r}", self.name)
+        else:  # a declaration error, caught by the tests that walk every toggle
+            raise TypeError(f"toggle {self.name}: unknown kind {self.kind!r}")
+
+    def coerce(self, value):
+        """A value as a form or a slider sends it (64.0 for 64, '' for the default) → the toggle's type."""
+        if self.kind == "int" and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if self.kind == "variant" and value == "":
+            return None
+        return value
+
+    def read(self, given: dict):
+        """This toggle's value in `given` (a form's or a request's values): the default when it is
+        missing or empty, else coerced and checked (InvalidRequest naming the field)."""
+        value = given.get(self.name)
+        value = self.default if value is None or value == "" else self.coerce(value)
+        self.check(value)
+        return value
+
+    def describe(self, value) -> str | None:
+        """A short label of a value for config labels ('prompt lookup', 'k=4'), or None for a default.
+        A toggle that only matters with another (`only_with`) is labelled whenever that one is on."""
+        if self.short and self.kind == "int":
+            return f"{self.short}={value}"
+        if self.short and value != self.default or self.short and self.only_with:
+            return f"{self.short} {str(value).replace('_', ' ')}"
+        if value == self.default:
+            return None
+        if self.kind == "bool":
+            return self.label.lower() if value else (self.off_label or f"no {self.label.lower()}")
+        if self.kind in ("choice", "variant"):
+            return str(value).replace("_", " ")
+        return f"{self.label.lower()} {value}"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "default": self.default, "label": self.label,
+                "help": self.help, "choices": list(self.choices), "lo": self.lo, "hi": self.hi,
+                "glossary": self.glossary, "backends": list(self.backends)}
+
+
+def toggle(default, kind: str, label: str, help: str, **declaration):
+    """A GenerationConfig field that is an optimization toggle (its name is filled in by `declared`)."""
+    return field(default=default, metadata={"toggle": dict(kind=kind, default=default, label=label, help=help,
+                                                           **declaration)})
+
+
+def declared(config_class) -> tuple[Toggle, ...]:
+    """The toggles of a dataclass whose fields were declared with `toggle(...)`, in field order."""
+    from dataclasses import fields
+
+    return tuple(Toggle(name=f.name, **f.metadata["toggle"]) for f in fields(config_class) if "toggle" in f.metadata)

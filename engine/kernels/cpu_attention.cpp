@@ -1,0 +1,236 @@
+// Decode attention, AVX2 + FMA, fp32: one new token per sequence against its own KV cache.
+//
+// Why hand-written: a decode step attends one query row per sequence. SDPA then costs ~90 us a call
+// at any short context (Zen 3, 2 threads), and a batch calls it once per sequence and layer, with two
+// small copies per call to store the token's key and value; at long context it reads each KV head
+// once per query head that shares it (GQA) and reached ~3.4 GB/s. Here one call a layer serves every
+// decode sequence of a batch: it stores their new keys and values and streams each KV head once for
+// all its query heads. engine/kernels/cpu_attention.py checks it against SDPA and owns the fallback.
+//
+// Layout: caches [layers, 1, KV, capacity, D] fp32 (engine/model/kv_cache.py); q [R, H, D], k_new and v_new
+// [R, KV, D] (any row and head strides, D contiguous); sequence b is row rows[b], its new token goes
+// to position positions[b], and it attends over [0, positions[b]]. Query head h reads KV head h / G.
+// A sequence's keys are cut into chunks of kChunk (flash-decoding): the chunks depend on its length
+// only and merge in a fixed order, so its result is the same bits whatever else is in the batch.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+#include <torch/library.h>
+
+namespace {
+
+constexpr int64_t kChunk = 256;  // keys per task: 2 x 64 KB of K and V at D = 64, resident in L2
+constexpr int kMaxGroup = 8;     // query heads per KV head served in registers
+constexpr int kMaxDim = 256;     // head_dim up to this
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// exp for x <= 0 (scores minus their max): 2^n * p(r), r in [-ln2/2, ln2/2], Cephes' polynomial
+// (relative error ~2e-7); below -87 it returns 0, as the float result underflows there anyway.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+struct Task {
+  int64_t seq, head, begin, end;  // KV head `head` of sequence `seq`, keys [begin, end)
+};
+
+// One task: G query heads against keys [begin, end) of one KV head. Leaves, per query head, the
+// chunk's max score, its sum of exp(score - max) and its unnormalised output (D floats).
+template <int G>
+void attend_chunk(const float* const* q, const float* k, const float* v, int64_t D, int64_t begin, int64_t end,
+                  float scale, float* scores, float* partial) {
+  const int64_t n = end - begin, vecs = D / 8;
+  __m256 qv[G][kMaxDim / 8];
+  for (int g = 0; g < G; ++g)
+    for (int64_t d = 0; d < vecs; ++d) qv[g][d] = _mm256_mul_ps(_mm256_loadu_ps(q[g] + 8 * d), _mm256_set1_ps(scale));
+  float mx[G];
+  for (int g = 0; g < G; ++g) mx[g] = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {  // scores: each key row read once for all G heads
+    const float* kr = k + (begin + j) * D;
+    __m256 acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < vecs; ++d) {
+      const __m256 kd = _mm256_loadu_ps(kr + 8 * d);
+      for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(qv[g][d], kd, acc[g]);
+    }
+    for (int g = 0; g < G; ++g) {
+      const float s = hsum(acc[g]);
+      scores[g * kChunk + j] = s;
+      mx[g] = std::max(mx[g], s);
+    }
+  }
+  float sum[G];
+  for (int g = 0; g < G; ++g) {  // exp(score - max), in place, and its sum
+    float* s = scores + g * kChunk;
+    const __m256 m = _mm256_set1_ps(mx[g]);
+    __m256 tot = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+      _mm256_storeu_ps(s + j, e);
+      tot = _mm256_add_ps(tot, e);
+    }
+    float t = hsum(tot);
+    for (; j < n; ++j) {
+      s[j] = std::exp(s[j] - mx[g]);
+      t += s[j];
+    }
+    sum[g] = t;
+  }
+  __m256 out[G][kMaxDim / 8];
+  for (int g = 0; g < G; ++g)
+    for (int64_t d = 0; d < vecs; ++d) out[g][d] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {  // weighted values: each value row read once for all G heads
+    const float* vr = v + (begin + j) * D;
+    __m256 w[G];
+    for (int g = 0; g < G; ++g) w[g] = _mm256_set1_ps(scores[g * kChunk + j]);
+    for (int64_t d = 0; d < vecs; ++d) {
+      const __m256 vd = _mm256_loadu_ps(vr + 8 * d);
+      for (int g = 0; g < G; ++g) out[g][d] = _mm256_fmadd_ps(w[g], vd, out[g][d]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    float* p = partial + g * (D + 2);
+    p[0] = mx[g];
+    p[1] = sum[g];
+    for (int64_t d = 0; d < vecs; ++d) _mm256_storeu_ps(p + 2 + 8 * d, out[g][d]);
+  }
+}
+
+template <typename F>
+void by_group(int64_t G, F&& f) {
+  switch (G) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+void check_rows(const at::Tensor& t, const char* name, int64_t heads, int64_t D) {
+  TORCH_CHECK(t.dim() == 3 && t.size(1) == heads && t.size(2) == D && t.stride(2) == 1,
+              name, " must be [R, ", heads, ", ", D, "] with its last dimension contiguous, got ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu(), name, " must be an fp32 CPU tensor");
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                            at::TensorList k_caches, at::TensorList v_caches, at::IntArrayRef rows,
+                            at::IntArrayRef positions, int64_t layer, double scale) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  TORCH_CHECK(B >= 1 && static_cast<int64_t>(positions.size()) == B && static_cast<int64_t>(k_caches.size()) == B &&
+                  static_cast<int64_t>(v_caches.size()) == B,
+              "rows, positions and both cache lists need one entry per sequence");
+  const int64_t H = q.size(1), D = q.size(2), KV = k_new.size(1), R = q.size(0);
+  TORCH_CHECK(KV >= 1 && H % KV == 0 && H / KV <= kMaxGroup, "query heads must be 1 to ", kMaxGroup, " per KV head");
+  TORCH_CHECK(D % 8 == 0 && D <= kMaxDim, "head_dim must be a multiple of 8 up to ", kMaxDim);
+  check_rows(q, "q", H, D);
+  check_rows(k_new, "k_new", KV, D);
+  check_rows(v_new, "v_new", KV, D);
+  TORCH_CHECK(k_new.size(0) == R && v_new.size(0) == R, "q, k_new and v_new need the same rows");
+  const int64_t G = H / KV;
+  std::vector<float*> kp(B), vp(B);
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < B; ++b) {
+    for (const at::Tensor* c : {&k_caches[b], &v_caches[b]}) {
+      TORCH_CHECK(c->dim() == 5 && c->size(1) == 1 && c->size(2) == KV && c->size(4) == D && c->is_contiguous() &&
+                      c->scalar_type() == at::kFloat && c->device().is_cpu(),
+                  "caches must be contiguous fp32 [layers, 1, ", KV, ", capacity, ", D, "]");
+      TORCH_CHECK(layer >= 0 && layer < c->size(0), "layer ", layer, " out of range");
+    }
+    TORCH_CHECK(rows[b] >= 0 && rows[b] < R, "row ", rows[b], " out of range");
+    TORCH_CHECK(positions[b] >= 0 && positions[b] < k_caches[b].size(3), "position ", positions[b], " beyond the cache");
+    const int64_t cap = k_caches[b].size(3);
+    kp[b] = k_caches[b].data_ptr<float>() + layer * KV * cap * D;
+    vp[b] = v_caches[b].data_ptr<float>() + layer * KV * cap * D;
+    for (int64_t h = 0; h < KV; ++h) {  // store the new token's key and value first: its own chunk reads them
+      const float* ks = k_new.data_ptr<float>() + rows[b] * k_new.stride(0) + h * k_new.stride(1);
+      const float* vs = v_new.data_ptr<float>() + rows[b] * v_new.stride(0) + h * v_new.stride(1);
+      std::copy(ks, ks + D, kp[b] + (h * cap + positions[b]) * D);
+      std::copy(vs, vs + D, vp[b] + (h * cap + positions[b]) * D);
+      for (int64_t s = 0; s <= positions[b]; s += kChunk)
+        tasks.push_back({b, h, s, std::min(positions[b] + 1, s + kChunk)});
+    }
+  }
+  const int64_t T = static_cast<int64_t>(tasks.size()), stride = G * (D + 2);
+  std::vector<float> partials(T * stride);
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(G * kChunk);
+    for (int64_t t = t0; t < t1; ++t) {
+      const Task& tk = tasks[t];
+      const int64_t cap = k_caches[tk.seq].size(3);
+      const float* qs[kMaxGroup];
+      for (int64_t g = 0; g < G; ++g)
+        qs[g] = q.data_ptr<float>() + rows[tk.seq] * q.stride(0) + (tk.head * G + g) * q.stride(1);
+      const float* k = kp[tk.seq] + tk.head * cap * D;
+      const float* v = vp[tk.seq] + tk.head * cap * D;
+      by_group(G, [&](auto g) {
+        attend_chunk<decltype(g)::value>(qs, k, v, D, tk.begin, tk.end, static_cast<float>(scale), scores.data(),
+                                         partials.data() + t * stride);
+      });
+    }
+  });
+  at::Tensor out = at::empty({B, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  float* op = out.data_ptr<float>();
+  for (int64_t t = 0; t < T;) {  // merge each (sequence, KV head)'s chunks in order
+    int64_t e = t;
+    while (e < T && tasks[e].seq == tasks[t].seq && tasks[e].head == tasks[t].head) ++e;
+    for (int64_t g = 0; g < G; ++g) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t c = t; c < e; ++c) m = std::max(m, partials[c * stride + g * (D + 2)]);
+      float total = 0.f;
+      float* o = op + (tasks[t].seq * H + tasks[t].head * G + g) * D;
+      std::fill(o, o + D, 0.f);
+      for (int64_t c = t; c < e; ++c) {
+        const float* p = partials.data() + c * stride + g * (D + 2);
+        const float w = std::exp(p[0] - m);
+        total += w * p[1];
+        for (int64_t d = 0; d < D; ++d) o[d] += w * p[2 + d];
+      }
+      const float inv = 1.f / total;
+      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    }
+    t = e;
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
+  m.def("decode_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
+        "int[] rows, int[] positions, int layer, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) { m.impl("decode_attention", &decode_attention); }

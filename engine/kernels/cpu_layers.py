@@ -1,0 +1,101 @@
+"""The decoder layers of a forward in one C++ call (engine/kernels/cpu_layers.cpp), where every projection
+runs on our fp32 kernel.
+
+Why: the Python layer loop makes ~20 op calls a layer. Each call lets go of the interpreter lock
+and takes it back, and in the server the HTTP thread holds it in between; while the model thread
+waits, the OpenMP team falls asleep and the next product wakes it. Measured on 2 cores (Intel Xeon,
+AMX, 16 clients, max batch 8): a forward of 8 decode rows took 56 ms in the server against 41 ms
+alone, its products 32.5 ms against 26.4. The C++ loop calls the same ATen ops and our kernels on
+the same tensors in the same order, so it gives the same bits (tested against the Python loop), and
+lets go of the lock once a forward.
+
+Where: where our kernels build (engine/kernels/cpu_gemm.py) and every projection of the model is a plain
+fp32 Linear they serve; else the Python loop runs, as before. `LATENCY_LAB_LAYERS=off` forces it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from engine.kernels import cpu_gemm
+from engine.kernels.cpu_gemm import panels, plain_fp32_cpu
+
+NAME = "one C++ call a forward (engine/kernels/cpu_layers.py)"
+PYTHON = "Python, an op call at a time"
+
+
+_forced_python = False  # python_loop(): a bench measures both loops side by side
+
+
+def unavailable_reason() -> str | None:
+    """Why forwards run their layers in Python here (None: in one C++ call where the model allows)."""
+    if os.environ.get("LATENCY_LAB_LAYERS", "").lower() in ("0", "off", "python"):
+        return "turned off (LATENCY_LAB_LAYERS=off)"
+    if _forced_python:
+        return "turned off for a measurement (cpu_layers.python_loop)"
+    return cpu_gemm.unavailable_reason()
+
+
+@contextlib.contextmanager
+def python_loop():
+    """Forwards in this block run the Python loop (`python -m engine.bench bandwidth --python-loop`)."""
+    global _forced_python
+    saved, _forced_python = _forced_python, True
+    try:
+        yield
+    finally:
+        _forced_python = saved
+
+
+def _projections(blk) -> tuple:
+    return blk.qkv, blk.o, blk.gate_up, blk.down
+
+
+def serves(model) -> bool:
+    """Whether `model`'s (a FastLlama) layers can run here: every projection a plain fp32 Linear our
+    kernel serves. The caller also checks that its rows are ones it sends through our kernel."""
+    return unavailable_reason() is None and all(
+        plain_fp32_cpu(lin) for blk in model.blocks for lin in _projections(blk))
+
+
+def describe(model) -> str:
+    """Where `model`'s layer loop runs, for engine info."""
+    if serves(model):
+        return NAME
+    reason = unavailable_reason() or "a projection is not a plain fp32 Linear our kernel serves (quantized, bf16, GPU)"
+    return f"{PYTHON} ({reason})"
+
+
+def layer_weights(model) -> tuple[list, list] | None:
+    """What run_layers reads, per layer (the norms' weights, the projections' panels and biases), or
+    None where serves(model) is False: the check and the lists in one walk, as a forward needs both
+    (two walks cost ~0.6 ms, 2% of a one-row step). Makes the panels: call it only where our kernel
+    runs the rows."""
+    if unavailable_reason() is not None:
+        return None
+    weights, biases = [], []
+    for blk in model.blocks:
+        lins = _projections(blk)
+        if not all(plain_fp32_cpu(lin) for lin in lins):
+            return None
+        qkv, o, gate_up, down = (panels(lin) for lin in lins)
+        weights += [blk.attn_norm.weight, qkv, o, blk.mlp_norm.weight, gate_up, down]
+        biases += [lin.bias for lin in lins]
+    return weights, biases
+
+
+def run_layers(model, layers: tuple[list, list], x, cos, sin, caches, starts, lengths, offsets, decode, others,
+               masks):
+    """FastLlama.run_blocks / batch_forward's layer loop over x [1, R, hidden] in one call. `layers`:
+    layer_weights(model); the rest are forward_batch's (`decode` the sequences whose row takes our
+    attention kernel, `others` the ones through SDPA with masks[b]). Returns x after the last layer."""
+    weights, biases = layers
+    blk = model.blocks[0]
+    outs = [blk.qkv.out_features, blk.o.out_features, blk.gate_up.out_features, blk.down.out_features]
+    return torch.ops.latency_lab_gemv.batch_layers(
+        x, cos, sin, weights, biases, outs, blk.attn_norm.eps, model.n_heads, model.n_kv_heads, model.head_dim,
+        blk.q_size, blk.kv_size, blk.scaling, [c.k for c in caches], [c.v for c in caches], starts, lengths, offsets,
+        decode, others, masks, cpu_gemm.wide())

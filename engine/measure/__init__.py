@@ -1,0 +1,1 @@
+"""What this machine can do and its measured limits; the roofline."""

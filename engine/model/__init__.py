@@ -1,0 +1,1 @@
+"""Loading a model, the forward (eager, batched, compiled), the KV cache, the transformers fallback."""

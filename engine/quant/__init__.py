@@ -1,0 +1,1 @@
+"""Weight variants: their build, bytes and measured quality."""

@@ -1,0 +1,209 @@
+"""Quantization variants of a loaded model, each a distinct model object built from it.
+
+Methods (`METHODS`):
+  fp32 / bf16 / fp16  the unquantized model in that dtype (a cast; never an upcast, see `_cast`)
+  int8    bitsandbytes LLM.int8: int8 weights per output row; activations quantized to int8 per
+          row, with outlier columns (|x| > 6) kept in fp16 — the paper's mixed decomposition
+  nf4     bitsandbytes 4-bit NormalFloat, blocks of 64 weights, compute in the model dtype
+  fp4     bitsandbytes 4-bit float, same layout
+  int8wo  weight-only int8 (one scale per output channel) through PyTorch's own
+          `torch._weight_int8pack_mm`
+  int4wo  weight-only 4-bit, asymmetric (a scale and a zero per group of `INT4_GROUP_SIZE` input
+          weights) through PyTorch's own `torch._weight_int4pack_mm_for_cpu` (CUDA:
+          `torch._weight_int4pack_mm`)
+  int8wo+head, int4wo+head   the same, with `lm_head` quantized too (see below)
+  int4wo+head8   int4wo blocks, `lm_head` in int8wo: SmolLM2's blocks survive 4 bits (its GGUF
+                 is already 4-bit), its lm_head (8-bit in the GGUF) does not
+
+The weight-only kernels and their activation dtype: engine/quant/weight_only.py; bitsandbytes: engine/quant/bnb.py.
+
+What is quantized: every `nn.Linear` of the transformer blocks (our fused q/k/v, o, fused
+gate/up, down; or the generic model's projections). Not the token embedding, nor the norms.
+SmolLM2 ties `lm_head` to the embedding (one 49,152 x 576 matrix, 21% of its weights): the plain
+variants leave it tied and unquantized; the `+head` variants give `lm_head` its own quantized copy
+(the embedding lookup keeps reading the original), which adds that copy's bytes to the total but
+cuts the bytes a decode step reads: a step reads all of lm_head and one row of the embedding.
+`python -m engine.bench quant` measures both (docs/quantization.md).
+
+A variant shares every tensor it does not quantize with the loaded model (embedding, norms,
+rotary tables), so holding several variants costs only their quantized layers. After building,
+a short forward runs (the loader's warm-up), so a method the device or the model's layer shapes
+cannot run fails here with one `LoadError`, never in the middle of a request.
+"""
+
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from engine.core.errors import InvalidRequest, LoadError
+from engine.measure import capabilities
+from engine.model.loaded import DTYPE_NAMES, LoadedModel, first_line, warm_up
+from engine.quant import bnb
+from engine.quant.weight_only import (
+    INT4_CUDA_INNER_K_TILES,
+    INT4_GROUP_SIZE,
+    Int4WeightOnlyLinear,
+    Int8WeightOnlyLinear,
+    choose_kernels,
+    dtype_name,
+    probe_results,
+    weight_only_compute_dtype,
+)  # noqa: F401 (API)
+
+QUANTIZED = {
+    "int8": "bitsandbytes LLM.int8 (int8 weights; int8 activations, outliers > 6 in fp16)",
+    "nf4": "bitsandbytes 4-bit NormalFloat (blocks of 64), compute in the model dtype",
+    "fp4": "bitsandbytes 4-bit float (blocks of 64), compute in the model dtype",
+    "int8wo": "int8 weights per output channel (torch._weight_int8pack_mm), activations in its fast dtype",
+    "int8wo+head": "int8wo with lm_head quantized too (its own int8 copy; the embedding stays)",
+    "int4wo": "4-bit weights, scale+zero per group of 32 (torch._weight_int4pack_mm), activations in its fast dtype",
+    "int4wo+head": "int4wo with lm_head quantized too (its own 4-bit copy; the embedding stays)",
+    "int4wo+head8": "int4wo with lm_head in int8 (int8wo's kernel): most of +head's speed, little of its error",
+}
+# What `+suffix` does to lm_head: quantize it with the variant's own method, or with int8wo.
+HEAD_SUFFIXES = {"head": None, "head8": "int8wo"}
+WEIGHT_ONLY = ("int8wo", "int4wo")  # torch's own kernels (below)
+METHODS = {**{name: f"unquantized {name}" for name in DTYPE_NAMES}, **QUANTIZED}
+
+
+def method_names() -> list[str]:
+    return list(METHODS)
+
+
+def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) -> LoadedModel:
+    """A new model object: `base` in dtype `name`, or with its block linears quantized by `name`.
+
+    Raises InvalidRequest for an unknown name and LoadError for one this device or model cannot
+    run (the message says why and what works instead). `base` is left untouched.
+    `quantize_lm_head` quantizes `lm_head` too (untying it from the embedding): only for the
+    bench's measurement of that choice.
+    """
+    if name not in METHODS:
+        raise InvalidRequest(f"unknown quantization {name!r}; available: {', '.join(METHODS)}", "quantization")
+    method, head = _split(name)
+    if quantize_lm_head and head is None:
+        head = method
+    t0 = time.perf_counter()
+    extra = ""
+    if method in DTYPE_NAMES:
+        model = _cast(base, DTYPE_NAMES[method])
+        dtype = DTYPE_NAMES[method]
+    else:
+        if method in WEIGHT_ONLY:  # refused here, before building, if its kernel is missing
+            extra = f" (here: {dtype_name(_check_weight_only(method, base, head == method))})"
+        if head not in (None, method):
+            _check_weight_only(head, base, True)
+        model = _quantized(base, method, head)
+        dtype = base.dtype
+    try:
+        warm_up(model)  # a short prefill and a decode step: kernels and shapes are checked here
+    except Exception as exc:
+        raise LoadError(f"quantization {name!r} cannot run on {base.device} with this model: "
+                        f"{type(exc).__name__}: {first_line(exc)}") from exc
+    kernels = choose_kernels(model)  # weight-only layers: ours or torch's, whichever steps faster here
+    if kernels:
+        extra += (f"; decode kernels: {kernels['kernels']} (a step {kernels['ours_ms']} ms ours, "
+                  f"{kernels['torch_ms']} ms torch's)")
+    note = f"variant {name}: {METHODS[name]}{extra}" + (f" (lm_head {head}, untied)" if head else "")
+    return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
+
+
+def precheck(base: LoadedModel, name: str) -> str | None:
+    """Why variant `name` cannot run here, known without building it (None: nothing known against it).
+    The page shows such a variant disabled with this reason; building may still fail (then the
+    VariantSet remembers that reason)."""
+    method, head = _split(name)
+    try:
+        if method in DTYPE_NAMES:
+            if DTYPE_NAMES[method].itemsize > base.dtype.itemsize:
+                _cast(base, DTYPE_NAMES[method])  # raises the upcast's reason
+        elif method in WEIGHT_ONLY:
+            _check_weight_only(method, base, head == method)
+            if head not in (None, method):
+                _check_weight_only(head, base, True)
+        else:
+            bnb.check(method, base, quantizable_linears(base.model))
+    except LoadError as exc:
+        return str(exc)
+    return None
+
+
+def _split(name: str) -> tuple[str, str | None]:
+    """'int8wo+head' -> ('int8wo', 'int8wo'); 'int4wo+head8' -> ('int4wo', 'int8wo'); 'int4wo' -> ('int4wo', None):
+    the blocks' method and lm_head's (None: lm_head stays as loaded)."""
+    method, plus, suffix = name.partition("+")
+    if not plus:
+        return method, None
+    return method, HEAD_SUFFIXES[suffix] or method
+
+
+def _cast(base: LoadedModel, dtype: torch.dtype) -> nn.Module:
+    if dtype.itemsize > base.dtype.itemsize:
+        raise LoadError(
+            f"the engine loaded {base.dtype_name} weights; a {dtype_name(dtype)} copy would hold the same "
+            f"rounded values, not the real {dtype_name(dtype)} model. Start with --dtype {dtype_name(dtype)} "
+            "and compare the narrower dtypes as variants."
+        )
+    return copy.deepcopy(base.model).to(dtype)
+
+
+_BUILDERS = {"int8": bnb.int8_linear, "nf4": bnb.four_bit_linear, "fp4": bnb.four_bit_linear,
+             "int8wo": Int8WeightOnlyLinear.from_linear, "int4wo": Int4WeightOnlyLinear.from_linear}
+
+
+def _quantized(base: LoadedModel, name: str, head: str | None) -> nn.Module:
+    if name not in WEIGHT_ONLY:
+        bnb.check(name, base, quantizable_linears(base.model))
+    # New module objects that share every tensor with the base; the linears are then replaced.
+    src = base.model
+    model = copy.deepcopy(src, memo={id(t): t for t in itertools.chain(src.parameters(), src.buffers())})
+    for parent, attr, linear in quantizable_linears(model, include_lm_head=head is not None):
+        method = head if attr == "lm_head" else name
+        setattr(parent, attr, _BUILDERS[method](linear, name=method, device=base.device, dtype=base.dtype))
+    return model
+
+
+def quantizable_linears(model: nn.Module, include_lm_head: bool = False):
+    """(parent, attribute, linear) for every plain nn.Linear except lm_head and tied weights."""
+    embeddings = {m.weight.untyped_storage().data_ptr() for m in model.modules() if isinstance(m, nn.Embedding)}
+    found = []
+    for parent in model.modules():
+        for attr, child in parent.named_children():
+            if type(child) is not nn.Linear:
+                continue
+            tied = child.weight.untyped_storage().data_ptr() in embeddings
+            if attr == "lm_head" or tied:
+                if not include_lm_head:
+                    continue
+            found.append((parent, attr, child))
+    return found
+
+
+def _check_weight_only(method: str, base: LoadedModel, include_lm_head: bool) -> torch.dtype:
+    """Refuse, before building, a weight-only variant whose kernel or layer shapes this machine lacks.
+    Returns the activation dtype its kernel will run in."""
+    caps, device = capabilities.detect(), base.device
+    if method == "int8wo" and not caps.int8_weight_only_kernel:
+        raise LoadError("quantization 'int8wo' needs torch._weight_int8pack_mm, which this torch build lacks; "
+                        "pick int8 (bitsandbytes) or bf16")
+    if method == "int4wo":
+        has = caps.cuda_int4_weight_only_kernel if device.type == "cuda" else caps.int4_weight_only_kernel
+        if not has:
+            kernel = ("torch._weight_int4pack_mm on an sm80+ GPU" if device.type == "cuda"
+                      else "torch._weight_int4pack_mm_for_cpu")
+            raise LoadError(f"quantization 'int4wo' needs {kernel}, which this machine lacks; "
+                            "pick int8wo, or nf4 (bitsandbytes)")
+        multiple = INT4_GROUP_SIZE if device.type == "cpu" else max(INT4_GROUP_SIZE, 16 * INT4_CUDA_INNER_K_TILES)
+        for _, attr, lin in quantizable_linears(base.model, include_lm_head=include_lm_head):
+            if lin.in_features % multiple or (device.type == "cuda" and lin.out_features % 8):
+                raise LoadError(f"quantization 'int4wo' cannot run with this model: its kernel needs input sizes "
+                                f"divisible by {multiple}, and {attr} is {lin.in_features} -> {lin.out_features}. "
+                                "Try int8wo.")
+    return weight_only_compute_dtype(method, device, base.dtype)

@@ -1,0 +1,267 @@
+"""Several variants of the loaded model held at once, for A/B: each request names the one it wants.
+
+`VariantSet` starts with the loaded model — the default variant, named by its dtype — and builds
+any other (engine/quant/quantize.py) the first time a request asks for it, or at start for the names
+given to `preload`; then it keeps it. Built variants stay resident while their weights together
+(tensors shared between variants counted once) fit the memory budget; past it, the least
+recently used variant (never the default) is dropped, and rebuilt if asked for again. A variant
+the device or the model cannot run fails its requests with one LoadError — remembered, so later
+requests fail at once — while every other variant keeps working.
+
+Threads: `get`, `preload` and `record` run on the worker thread, the one that owns the models;
+`check` and `report` may run on any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import psutil
+from torch import nn
+
+from engine.core.errors import InvalidRequest, LoadError
+from engine.core.info import VariantInfo
+from engine.model import compiled_step
+from engine.model.loaded import LoadedModel, weight_bytes
+from engine.quant.quality import compare, next_token_logits, quality_inputs
+from engine.quant.quantize import METHODS, build_variant, precheck
+from engine.quant.weight_only import decode_kernels
+
+log = logging.getLogger(__name__)
+RECENT = 20  # served requests per variant whose speeds the report's medians cover
+DEFAULT_BUDGET_FACTOR = 3  # default budget: 3x the default variant's weights
+
+
+@dataclass
+class Variant:
+    name: str
+    method: str
+    loaded: LoadedModel
+    build_s: float
+    weight_bytes: int  # real storage of this variant's model, shared tensors included
+    rss_bytes: int  # process resident memory right after it was built (psutil)
+    peak_rss_bytes: int  # process peak resident memory so far, right after it was built (getrusage)
+    quality: dict | None = None  # top1_agreement, mean_kl, positions: against the default variant
+    decode_tps: deque = field(default_factory=lambda: deque(maxlen=RECENT))
+    prefill_tps: deque = field(default_factory=lambda: deque(maxlen=RECENT))
+    requests: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    def report(self) -> dict:
+        q = self.quality or {}
+        return {
+            "name": self.name,
+            "method": self.method,
+            "dtype": self.loaded.dtype_name,
+            "device": str(self.loaded.device),
+            "weight_bytes": self.weight_bytes,
+            "build_s": round(self.build_s, 3),
+            "rss_bytes": self.rss_bytes,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "decode_tps": _median(self.decode_tps),  # medians over recent served requests
+            "prefill_tps": _median(self.prefill_tps),
+            "requests": self.requests,
+            "top1_agreement": q.get("top1_agreement"),
+            "mean_kl": q.get("mean_kl"),
+            "quality_positions": q.get("positions"),
+        }
+
+
+class VariantSet:
+    def __init__(self, default: LoadedModel, budget_bytes: int | None = None, quality_texts: int | None = None,
+                 defer_quality: bool = False):
+        """`budget_bytes`: weights of all resident variants together (default: 3x the default's).
+        `quality_texts`: how many of quality.QUALITY_SET to measure each variant on (0: none).
+        `defer_quality`: measure a new variant's quality later (`measure_pending`, which the engine's
+        worker calls when it is idle), not inside the request that asked for the variant: on a
+        2-core AVX2 CPU the quality forward took minutes, and it is no part of that request's latency."""
+        self.default_name = default.dtype_name
+        self.quality_texts = quality_texts
+        self.defer_quality = defer_quality
+        self._pending_quality: list[str] = []
+        self._lock = threading.RLock()  # report() reads what the worker thread writes
+        self._failed: dict[str, str] = {}
+        self._reference = None  # the default variant's logits on the quality set
+        self.evictions = 0
+        first = Variant(self.default_name, f"unquantized {self.default_name} (as loaded)", default,
+                        default.load_s, weight_bytes(default.model), *_memory())
+        first.quality = {"top1_agreement": 1.0, "mean_kl": 0.0, "positions": None}
+        self._built: dict[str, Variant] = {self.default_name: first}
+        self.budget_bytes = budget_bytes or DEFAULT_BUDGET_FACTOR * first.weight_bytes
+
+    @property
+    def default(self) -> Variant:
+        return self._built[self.default_name]
+
+    def names(self) -> list[str]:
+        return [self.default_name, *(n for n in METHODS if n != self.default_name)]
+
+    def check(self, name: str | None) -> str:
+        """The variant a request's `quantization` names (None: the default); InvalidRequest if unknown."""
+        if name is None or name == "" or name == self.default_name:
+            return self.default_name
+        if name not in METHODS:
+            raise InvalidRequest(f"unknown quantization {name!r}; available: {', '.join(self.names())}",
+                                 "quantization")
+        return name
+
+    def is_resident(self, name: str | None) -> bool:
+        return self.check(name) in self._built
+
+    def get(self, name: str | None) -> Variant:
+        """The variant, built now if it is not resident. Raises LoadError if it cannot run."""
+        name = self.check(name)
+        with self._lock:
+            variant = self._built.get(name)
+        if variant is None:
+            variant = self._build(name)
+        variant.last_used = time.monotonic()
+        return variant
+
+    def preload(self, names) -> None:
+        """Build these variants now. Unknown names raise; one that cannot run is logged and skipped."""
+        for name in names:
+            try:
+                self.get(name)
+            except LoadError as exc:
+                log.warning("variant %s is unavailable: %s", name, exc)
+
+    def record(self, name: str, timeline) -> None:
+        """Note a finished request's speeds against the variant that served it."""
+        with self._lock:
+            variant = self._built.get(name)
+            if variant is None:
+                return
+            variant.requests += 1
+            if timeline.decode_tps:
+                variant.decode_tps.append(timeline.decode_tps)
+            if timeline.prefill_ms and timeline.prefill_tokens:
+                variant.prefill_tps.append(timeline.prefill_tokens / (timeline.prefill_ms / 1e3))
+
+    def resident_models(self) -> list:
+        """The LoadedModel of every resident variant, the default first."""
+        with self._lock:
+            return [v.loaded for v in self._built.values()]
+
+    def resident_bytes(self) -> int:
+        with self._lock:
+            models = [v.loaded.model for v in self._built.values()]
+        return weight_bytes(nn.ModuleList(models))  # each storage once: variants share unquantized tensors
+
+    def report(self) -> dict:
+        with self._lock:
+            built = list(self._built.values())
+            return {
+                "default": self.default_name,
+                "available": self.names(),
+                "resident": [v.name for v in built],
+                "resident_bytes": self.resident_bytes(),
+                "budget_bytes": self.budget_bytes,
+                "evictions": self.evictions,
+                "failed": dict(self._failed),
+                "variants": [v.report() for v in built],
+            }
+
+    def infos(self) -> tuple[VariantInfo, ...]:
+        """Every variant this engine offers, the default first: built ones with their figures, the
+        others with whether this machine can run them (and if not, why)."""
+        with self._lock:
+            built, failed = dict(self._built), dict(self._failed)
+        out = []
+        for name in self.names():
+            reason = failed.get(name) or precheck(self.default.loaded, name)
+            v = built.get(name)
+            r = v.report() if v else {}
+            out.append(VariantInfo(
+                name=name, method=v.method if v else METHODS[name], default=name == self.default_name,
+                available=reason is None, reason=reason, resident=v is not None, weight_bytes=r.get("weight_bytes"),
+                decode_tps=r.get("decode_tps"), prefill_tps=r.get("prefill_tps"),
+                top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s"),
+                decode_kernels=decode_kernels(v.loaded.model) if v else None,
+                compiled_step=compiled_step.info_for(v.loaded.model) if v else None,
+                compiled_refused=compiled_step.weights_reason(v.loaded.model) if v else None))
+        return tuple(out)
+
+    # --- building (worker thread) -----------------------------------------------------------
+    def _build(self, name: str) -> Variant:
+        if name in self._failed:
+            raise LoadError(self._failed[name])
+        try:
+            loaded = build_variant(self.default.loaded, name)
+        except LoadError as exc:
+            self._failed[name] = str(exc)
+            raise
+        variant = Variant(name, METHODS[name], loaded, loaded.load_s, weight_bytes(loaded.model), *_memory())
+        if self.defer_quality:
+            self._pending_quality.append(name)
+        else:
+            variant.quality = self._quality(loaded.model)
+        with self._lock:
+            self._built[name] = variant
+        self._fit_budget(variant)
+        return variant
+
+    def measure_pending(self) -> bool:
+        """Measure the quality of one variant built with its measurement deferred (worker thread).
+        Returns whether one was measured (False: none pending)."""
+        while self._pending_quality:
+            name = self._pending_quality.pop(0)
+            with self._lock:
+                variant = self._built.get(name)
+            if variant is not None:  # an evicted variant is measured again when it is rebuilt
+                variant.quality = self._quality(variant.loaded.model)
+                return True
+        return False
+
+    def _quality(self, model) -> dict | None:
+        if self.quality_texts == 0:
+            return None
+        inputs = quality_inputs(self.default.loaded.tokenizer, self.quality_texts)
+        if self._reference is None:
+            self._reference = next_token_logits(self.default.loaded.model, inputs)
+        return compare(self._reference, next_token_logits(model, inputs))
+
+    def _fit_budget(self, new: Variant) -> None:
+        while self.resident_bytes() > self.budget_bytes:
+            with self._lock:
+                others = [v for v in self._built.values() if v.name not in (self.default_name, new.name)]
+                if not others:
+                    del self._built[new.name]
+                    message = (f"variant {new.name!r} ({new.weight_bytes / 1e6:.0f} MB of weights) does not fit "
+                               f"the variants' memory budget of {self.budget_bytes / 1e6:.0f} MB beside the default "
+                               f"{self.default_name!r} ({self.default.weight_bytes / 1e6:.0f} MB); "
+                               "raise --variants-budget-mb")
+                    self._failed[new.name] = message
+                    raise LoadError(message)
+                victim = min(others, key=lambda v: v.last_used)
+                del self._built[victim.name]
+                self.evictions += 1
+            log.info("variant %s dropped to fit the memory budget", victim.name)
+
+
+def _memory() -> tuple[int, int]:
+    """(current, peak) resident memory of this process, in bytes."""
+    return psutil.Process().memory_info().rss, peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory. Linux's VmHWM, not getrusage's ru_maxrss: a process
+    started by fork+exec inherits its parent's ru_maxrss, so a child's figure can be the parent's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+def _median(values) -> float | None:
+    return round(statistics.median(values), 2) if values else None

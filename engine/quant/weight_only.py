@@ -1,0 +1,338 @@
+"""Weight-only int8 / int4 linears through PyTorch's own kernels, and the one-time choice of
+their activation dtype.
+
+Why torch's own kernels: they ship inside the torch we pin, so they need no extra package
+(torchao, which wraps these same ops, is not installed here) and run on every CPU torch runs on.
+Their activation dtype is the kernel's, not the model's: on CPU they are fast with bf16
+activations even when the model is fp32 (measured on the Zen 3, AVX2 only: one decode step's
+matmuls 6.7 ms with bf16 activations, 66.5 ms with fp32), so x is cast in and y cast back;
+`weight_only_compute_dtype` measures that once per process (capabilities
+`weight_only_activations` forces a choice). engine/quant/quantize.py builds variants from these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from engine.core.errors import LoadError
+from engine.kernels import cpu_gemm
+from engine.measure import capabilities
+from engine.model.loaded import DTYPE_NAMES, first_line
+
+
+@contextlib.contextmanager
+def onednn_on():
+    """Switch oneDNN back on inside a quantized matmul.
+
+    FastLlama routes one-row matmuls around oneDNN (its bf16 GEMV is slow), but the int8 kernels
+    are faster with it: measured here for one 1 x 576 -> 3072 product, `torch._int_mm`
+    (bitsandbytes int8) 3.6 vs 13.2 ms and `torch._weight_int8pack_mm` 1.2 vs 3.8 ms
+    (a loaded machine; the ratios are the point).
+    """
+    if torch._C._get_mkldnn_enabled():
+        yield
+        return
+    torch._C._set_mkldnn_enabled(True)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(False)
+
+
+
+INT4_GROUP_SIZE = 32  # input weights per scale+zero; 32 vs 64 measured in docs/quantization.md
+INT4_CUDA_INNER_K_TILES = 8  # the CUDA kernel's (tinygemm) layout: in_features % (16 * this) == 0
+_PROBE = (576, 1536)  # in, out features of the one-time kernel check: a SmolLM2-sized projection
+_PROBE_ROUNDS = 7
+PROBE_MARGIN = 1.2  # bf16 activations only if their kernel is at least this much faster (they cost precision)
+probe_results: dict = {}  # (kernel, device type, dtype name) -> median µs of one probe matmul, or the error
+
+
+def weight_only_compute_dtype(kernel: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """The activation dtype torch's `kernel` ('int8wo' or 'int4wo') runs in, for a model in `model_dtype`.
+
+    CPU: bf16 or the model's dtype, whichever the kernel is faster in on this machine — measured once
+    per process (`_probe`), unless capabilities `weight_only_activations` forces 'bf16' or 'model'.
+    CUDA: the model's dtype for int8; bf16 for int4 (the only one its kernel takes). Raises
+    LoadError if the kernel gives wrong results or fails in every candidate dtype.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        candidates = (torch.bfloat16,) if kernel == "int4wo" else (model_dtype,)
+    else:
+        choice = capabilities.detect().weight_only_activations
+        candidates = {"model": (model_dtype,), "bf16": (torch.bfloat16,)}.get(
+            choice, tuple(dict.fromkeys((torch.bfloat16, model_dtype))))
+    return _probe(kernel, device.type, candidates)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...]) -> torch.dtype:
+    """Run `kernel` on a probe layer in each candidate dtype: keep those whose result matches the
+    dequantized weights, and of those the fastest (median over alternating rounds)."""
+    cls = {"int8wo": Int8WeightOnlyLinear, "int4wo": Int4WeightOnlyLinear}[kernel]
+    gen = torch.Generator().manual_seed(0)
+    k, n = _PROBE
+    linear = nn.Linear(k, n, bias=False)
+    linear.weight.data = (torch.randn(n, k, generator=gen) * 0.02).to(device_type)
+    x = torch.randn(1, k, generator=gen).to(device_type)
+    layers, errors = {}, {}
+    for dt in candidates:
+        try:
+            layer = cls.from_linear(linear, compute_dtype=dt, keep_unpacked=True, gemv=False)  # torch's kernel
+            want = x @ layer.dequantized().T
+            got = layer(x).float()
+            err = float((got - want).abs().max() / want.abs().max())
+            if not err < 0.05:  # bf16 activations: ~1e-2 relative; a broken kernel: far more (or NaN)
+                raise RuntimeError(f"wrong results (relative error {err:.2g})")
+            layers[dt] = layer
+        except Exception as exc:
+            errors[dt] = f"{type(exc).__name__}: {first_line(exc)}"
+            probe_results[(kernel, device_type, dtype_name(dt))] = errors[dt]
+    if not layers:
+        raise LoadError(f"torch's {kernel} kernel cannot run on this {device_type} ("
+                        + "; ".join(f"{dtype_name(d)}: {e}" for d, e in errors.items())
+                        + "); pick int8 or nf4 (bitsandbytes) or an unquantized dtype")
+    if len(layers) == 1:
+        return next(iter(layers))
+    times = {dt: [] for dt in layers}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a shared, busy CPU a second thread mostly measures its waits
+    try:
+        with torch.inference_mode():
+            for _ in range(_PROBE_ROUNDS):  # alternate, so both dtypes see the same machine state
+                for dt, layer in layers.items():
+                    layer(x)
+                    t0 = time.perf_counter()
+                    layer(x)
+                    if device_type == "cuda":
+                        torch.cuda.synchronize()
+                    times[dt].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    best = {dt: min(ts) for dt, ts in times.items()}  # the least disturbed run: other load only adds
+    for dt, t in best.items():
+        probe_results[(kernel, device_type, dtype_name(dt))] = round(t * 1e6, 1)
+    first, *others = layers  # the first candidate (bf16) only where it clearly wins: a tie keeps precision
+    rest = min(others, key=best.get) if others else None
+    return first if rest is None or best[first] * PROBE_MARGIN < best[rest] else rest
+
+
+
+KERNELS_MARGIN = 1.1  # torch's kernels only where a step through them is this much faster: ours are more precise (fp32 or int16 activations)
+
+
+@torch.inference_mode()
+def choose_kernels(model: nn.Module, rounds: int = 3, steps: int = 2) -> dict | None:
+    """Where `model`'s weight-only layers hold both our kernels' layout and torch's (CPU, our Llama
+    forward), measure a decode step through each, alternating, and keep the faster (ours on a tie,
+    within KERNELS_MARGIN). Why measured: the order depends on the CPU (`python -m engine.bench gemv`,
+    one row: Zen 3, AVX2, ours 1.85x torch's for int8 and 1.44x for 4-bit; Zen 4, AVX-512, ours 1.84x
+    for int8 but torch's 4-bit kernel 1.27x ours). Returns what it measured, kept on the model for
+    `decode_kernels` (None: nothing to choose)."""
+    from engine.model.fast_llama import (
+        FastLlama,  # (fast_llama does not import this module)
+    )
+
+    layers = [m for m in model.modules() if isinstance(m, _WeightOnlyLinear) and m.has_ours]
+    if not layers or not isinstance(model, FastLlama):
+        return None
+    prompt = 16
+    cache = model.new_cache(prompt + steps + 2)
+    model.forward(torch.arange(prompt, device=model.device) % model.vocab_size, cache)
+    times = {True: [], False: []}
+    for r in range(rounds + 1):  # round 0 warms both up and is dropped
+        for ours in times:
+            for m in layers:
+                m.gemv = ours
+            cache.crop(prompt)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                model.forward(torch.tensor([7], device=model.device), cache)
+            if r:
+                times[ours].append((time.perf_counter() - t0) / steps)
+    torch_over_ours = statistics.median(t / o for o, t in zip(times[True], times[False]))
+    ours = torch_over_ours * KERNELS_MARGIN >= 1.0
+    for m in layers:
+        m.gemv = ours
+    model.weight_only_kernels = {"kernels": "ours" if ours else "torch",
+                                 **{f"{k}_ms": round(statistics.median(times[v]) * 1e3, 2)
+                                    for k, v in (("ours", True), ("torch", False))}}
+    return model.weight_only_kernels
+
+
+def decode_kernels(model: nn.Module) -> str | None:
+    """What `model`'s weight-only layers decode with, for engine info (None: it has none)."""
+    layers = [m for m in model.modules() if isinstance(m, _WeightOnlyLinear)]
+    if not layers:
+        return None
+    if all(m.gemv for m in layers):
+        return cpu_gemm.NAME
+    chosen = getattr(model, "weight_only_kernels", None)
+    if chosen and chosen["kernels"] == "torch" and all(m.has_ours for m in layers):
+        return (f"torch's weight-only kernels: a decode step measured faster through them here "
+                f"({chosen['torch_ms']} ms against ours {chosen['ours_ms']} ms)")
+    on_cpu = next(layers[0].buffers()).device.type == "cpu"
+    why = (cpu_gemm.unavailable_reason() if on_cpu else "they run on CPU only") or "a layer's shape"
+    return f"torch's weight-only kernels; ours not used: {why}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in DTYPE_NAMES.items()}[dtype]
+
+
+class _WeightOnlyLinear(nn.Module):
+    """A Linear whose weights stay quantized and go straight into a weight-only kernel.
+
+    On CPU where our AVX2 kernels run (`gemv` is True; engine/kernels/cpu_gemm.py), every product goes
+    to them, in fp32 (on the Zen 3 faster than torch's at every row count measured, 1 to 256; a
+    variant keeps them only where its decode step measured faster through them: `choose_kernels`). Otherwise
+    torch's kernel in `compute_dtype` (see `weight_only_compute_dtype`): x is cast in, y cast back to x's
+    dtype, so the rest of the model keeps its own dtype. Our kernels' copies of the weights are
+    non-persistent buffers: derived, so `weight_bytes` counts the weights once.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features, self.compute_dtype = in_features, out_features, compute_dtype
+        self.register_buffer("bias", bias)
+        self.gemv = False  # set by a subclass that holds our kernel's layout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv and x.device.type == "cpu":  # ours needs no oneDNN switch (~40 µs a call of Python)
+            return self.compute(x)
+        with onednn_on():
+            return self.compute(x)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        """forward, for a caller that already runs with oneDNN on (a compiled graph cannot switch it)."""
+        x2 = x.reshape(-1, self.in_features)
+        if self.gemv and x2.device.type == "cpu":
+            y = self._gemv(x2.float().contiguous()).to(x.dtype)
+        else:
+            y = self._matmul(x2 if x2.dtype == self.compute_dtype else x2.to(self.compute_dtype)).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"compute_dtype={dtype_name(self.compute_dtype)}, gemv={self.gemv}")
+
+    @property
+    def has_ours(self) -> bool:
+        """Whether this layer holds our kernel's layout (then `gemv` may switch between the two)."""
+        return "gemv_scale" in self._buffers
+
+    @staticmethod
+    def _use_gemv(requested: bool, device) -> bool:
+        return requested and torch.device(device).type == "cpu" and cpu_gemm.available()
+
+
+class Int8WeightOnlyLinear(_WeightOnlyLinear):
+    """y = x @ (W_int8 * scale).T + b: int8 weights with one scale per output channel, through
+    `torch._weight_int8pack_mm`, which reads the int8 weights directly: a decode step (memory-bound)
+    moves a quarter of fp32's bytes, half of bf16's."""
+
+    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 compute_dtype: torch.dtype, gemv: bool = True):
+        super().__init__(weight_int8.shape[1], weight_int8.shape[0], bias, compute_dtype)
+        self.register_buffer("weight_int8", weight_int8)
+        self.register_buffer("scale", scale.to(compute_dtype))  # the kernel wants scales in x's dtype
+        self.gemv = self._use_gemv(gemv, weight_int8.device)
+        if self.gemv:  # ours reads the same int8 tensor, with fp32 scales
+            self.register_buffer("gemv_scale", scale.float().contiguous(), persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, name: str = "int8wo", device=None, dtype=None,
+                    compute_dtype: torch.dtype | None = None, keep_unpacked: bool = True,
+                    gemv: bool = True) -> Int8WeightOnlyLinear:
+        q, scale = cpu_gemm.quantize_int8(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        compute = compute_dtype or weight_only_compute_dtype("int8wo", q.device, linear.weight.dtype)
+        return cls(q, scale, bias, compute, gemv)
+
+    def _matmul(self, x):
+        return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
+
+    def _gemv(self, x):
+        return cpu_gemm.int8_gemv(x, self.weight_int8, self.gemv_scale)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight_int8.float() * self.scale.float()[:, None]
+
+
+def int4_quantize(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit groups along the input dimension, in the layout torch's int4 kernels expect:
+    q in 0..15 (int32, [out, in]) and scales_and_zeros [in / group, out, 2] with
+    w ≈ (q - 8) * scale + zero (the zero is a float offset: the group's min plus 8 scales)."""
+    n, k = w.shape
+    groups = w.float().reshape(-1, group_size)
+    lo, hi = groups.amin(dim=1, keepdim=True), groups.amax(dim=1, keepdim=True)
+    scale = (hi - lo).clamp(min=1e-6) / 15
+    zero = lo + 8 * scale
+    q = groups.sub(lo).div(scale).round().clamp_(0, 15).to(torch.int32).reshape(n, k)
+    scales_and_zeros = torch.stack([scale.view(n, -1), zero.view(n, -1)], dim=2).transpose(0, 1).contiguous()
+    return q, scales_and_zeros
+
+
+class Int4WeightOnlyLinear(_WeightOnlyLinear):
+    """4-bit weights, a scale and a zero per group of `group_size` input weights, through torch's
+    `_weight_int4pack_mm_for_cpu` (CPU) or `_weight_int4pack_mm` (CUDA), which unpack them in the
+    kernel. Half a byte per weight plus 4 bytes (bf16 scale, zero) per group."""
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int,
+                 group_size: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
+        super().__init__(in_features, scales_and_zeros.shape[1], bias, compute_dtype)
+        self.group_size = group_size
+        self.register_buffer("weight_int4", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros.to(compute_dtype))
+        self._q = None  # the unpacked values, kept only by tests that ask for `dequantized`
+
+    def _add_gemv_layout(self, q: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
+        """Our kernel's copy of the weights (fp16 scales, from the fp32 ones), where it can run."""
+        layout = cpu_gemm.pack_int4(q, scales_and_zeros[..., 0].T, scales_and_zeros[..., 1].T) \
+            if self.group_size == cpu_gemm.GROUP else None
+        self.gemv = layout is not None
+        for name, t in zip(("gemv_weight", "gemv_scale", "gemv_offset"), layout or ()):
+            self.register_buffer(name, t, persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, name: str = "int4wo", device=None, dtype=None,
+                    compute_dtype: torch.dtype | None = None, group_size: int = INT4_GROUP_SIZE,
+                    keep_unpacked: bool = False, gemv: bool = True) -> Int4WeightOnlyLinear:
+        w = linear.weight.detach()
+        q, sz = int4_quantize(w, group_size)
+        if w.device.type == "cuda":  # the CUDA packer takes two 4-bit values per byte
+            packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8),
+                                                       INT4_CUDA_INNER_K_TILES)
+        else:
+            packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # inner-k tiles: unused on CPU
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        compute = compute_dtype or weight_only_compute_dtype("int4wo", w.device, w.dtype)
+        layer = cls(packed, sz, w.shape[1], group_size, bias, compute)
+        layer._q = q if keep_unpacked else None
+        if cls._use_gemv(gemv, w.device):
+            layer._add_gemv_layout(q, sz)
+        return layer
+
+    def _matmul(self, x):
+        if x.device.type == "cuda":
+            return torch._weight_int4pack_mm(x, self.weight_int4, self.group_size, self.scales_and_zeros)
+        return torch._weight_int4pack_mm_for_cpu(x, self.weight_int4, self.group_size, self.scales_and_zeros)
+
+    def _gemv(self, x):
+        return cpu_gemm.int4_gemv(x, self.gemv_weight, self.gemv_scale, self.gemv_offset)
+
+    def dequantized(self) -> torch.Tensor:
+        if self._q is None:
+            raise ValueError("built without keep_unpacked=True: the packed layout is the kernel's own")
+        sz = self.scales_and_zeros.float()
+        scale, zero = sz[..., 0].T.repeat_interleave(self.group_size, 1), sz[..., 1].T.repeat_interleave(self.group_size, 1)
+        return (self._q.float() - 8) * scale + zero

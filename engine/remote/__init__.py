@@ -1,0 +1,1 @@
+"""OpenAI-compatible servers measured from the client side, and their dialects."""

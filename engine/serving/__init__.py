@@ -1,0 +1,1 @@
+"""The worker and scheduler, the decode loop, sampling, detokenizing, the prefix cache, sessions."""

@@ -1,0 +1,114 @@
+"""`Engine`: a loaded model plus the worker that serves it — what the CLI, API and page hold.
+
+`engine.serving.prefix_cache.stats()` gives the KV-reuse figures (hit rates, bytes, entries) for the page and API.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, LoadConfig
+from engine.core.info import EngineInfo, SpeculationInfo
+from engine.core.request import Event, Request, RequestHandle
+from engine.core.timeline import Timeline
+from engine.kernels import cpu_attention, cpu_layers
+from engine.measure import capabilities
+from engine.measure.machine_limits import MachineLimits, load_or_measure, probe_dtypes
+from engine.model import compiled_step
+from engine.model.fast_llama import packed_bytes
+from engine.model.loaded import LoadedModel
+from engine.model.loader import cache_root, load
+from engine.quant.variants import VariantSet
+from engine.serving.prefix_cache import PrefixCache
+from engine.serving.worker import Worker
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, max_queue: int | None = None, prefix_cache: PrefixCache | None = None,
+                 variants: tuple[str, ...] = (), variants_budget_bytes: int | None = None,
+                 machine_limits: MachineLimits | None = None, cache_dir=None, max_batch: int = 1):
+        """`variants`: quantization variants to build now (others are built on first use).
+        `machine_limits`: the machine's measured ceilings for the roofline (None: fractions stay None
+        until `remeasure_limits`); `cache_dir`: where `remeasure_limits` caches them.
+        `max_batch` > 1: continuous batching (engine/serving/scheduler.py); 1: one request at a time."""
+        self.loaded = loaded
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
+        self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes, defer_quality=True)
+        self.variants.preload(variants)
+        if max_batch > 1:
+            from engine.serving.scheduler import BatchingWorker
+
+            self.worker = BatchingWorker(loaded, max_batch, max_queue=max_queue, prefix_cache=self.prefix_cache,
+                                         variants=self.variants)
+        else:
+            self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache, variants=self.variants)
+        self.cache_dir = cache_dir
+        self.worker.machine_limits = machine_limits
+
+    @classmethod
+    def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
+        cache = PrefixCache(config.kv_cache_mb, shared=config.shared_prefix_cache)
+        budget = int(config.variants_budget_mb * 1e6) if config.variants_budget_mb else None
+        loaded = load(config)
+        limits = load_or_measure(cache_root(config), loaded.device, probe_dtypes(loaded.dtype_name))
+        return cls(loaded, max_queue=max_queue, prefix_cache=cache, variants=config.variants,
+                   variants_budget_bytes=budget, machine_limits=limits, cache_dir=cache_root(config),
+                   max_batch=config.max_batch)
+
+    @property
+    def machine_limits(self) -> MachineLimits | None:
+        return self.worker.machine_limits
+
+    def remeasure_limits(self, seconds: float = 1.5) -> MachineLimits:
+        """Probe the machine again (the page's button) and cache the result. It shares the CPU with
+        a reply that is running, so run it when the engine is idle for a clean figure."""
+        limits = load_or_measure(self.cache_dir, self.loaded.device, probe_dtypes(self.loaded.dtype_name),
+                                 force=True, seconds=seconds)
+        self.worker.machine_limits = limits
+        return limits
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    def submit(self, messages: list[dict] | None = None, config: GenerationConfig | None = None, *,
+               prompt_ids: list[int] | None = None, session: str | None = None,
+               timeline: Timeline | None = None, batch_scope: str | None = None) -> RequestHandle:
+        request = Request(messages=messages, prompt_ids=prompt_ids, config=config or GenerationConfig(),
+                          session=session, batch_scope=batch_scope)
+        return self.worker.submit(request, timeline)
+
+    def open_batch_scope(self, limit: int) -> str:
+        """A run-scoped max batch for the requests that name the id (engine/serving/worker.py)."""
+        return self.worker.open_batch_scope(limit)
+
+    def close_batch_scope(self, scope: str) -> None:
+        self.worker.close_batch_scope(scope)
+
+    def complete(self, messages: list[dict], config: GenerationConfig | None = None, **kw) -> Event:
+        """Blocking: the done event (text, token ids, timeline). Raises the request's error."""
+        return self.submit(messages, config, **kw).result()
+
+    def info(self) -> EngineInfo:
+        lm = self.loaded
+        draft_missing = None if lm.draft is not None else (
+            "no draft model is loaded: start the engine with --draft-model PATH (the bundled draft matches "
+            "only the bundled model)")
+        return EngineInfo(
+            name=lm.name, source=lm.source, path=lm.path, dtype=lm.dtype_name, device=str(lm.device),
+            threads=torch.get_num_threads() if lm.device.type == "cpu" else None, context_max=lm.max_context,
+            weight_bytes=lm.weight_bytes(), load_s=round(lm.load_s, 3), fast_path=lm.fast_path,
+            decode_attention=cpu_attention.kernel_name(lm.model.dtype, lm.device.type) if lm.fast_path else None,
+            layer_loop=cpu_layers.describe(lm.model) if lm.fast_path else None,
+            notes=tuple(lm.notes), variants=self.variants.infos(),
+            speculation=tuple(SpeculationInfo(m, m != "draft" or draft_missing is None,
+                                              draft_missing if m == "draft" else None) for m in SPECULATIVE_MODES),
+            toggles=tuple(t.name for t in TOGGLES), capabilities=capabilities.detect().to_dict(),
+            unavailable_toggles={"compiled_decode": why} if (why := compiled_step.machine_reason(lm.model)) else {},
+            prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
+            packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None,
+            machine_limits=self.machine_limits.to_dict() if self.machine_limits else None,
+            batching=batching() if (batching := getattr(self.worker, "batching_info", None)) else None)
+
+    def close(self) -> None:
+        self.worker.close()

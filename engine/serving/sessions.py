@@ -1,0 +1,138 @@
+"""Server-side conversation state: each reply kept exactly as it was generated.
+
+Why on the server: a client that sends its history back sends what it displays, and displays
+differ from what the model produced (Gradio strips a reply's leading newline, for one). Re-tokenizing
+that text gives different token ids, and the prefix cache, which matches token ids, then reuses
+only the part before the first difference. A `Conversation` holds each reply's text exactly as the
+engine returned it (and its token ids), so the next prompt — the chat template over these messages —
+begins with the tokens whose KV the cache holds.
+
+A conversation's `session` is its prefix-cache scope. It is the only thing that separates one
+user's cached KV from another's, so `SessionStore` makes session ids unguessable.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from engine.core.errors import InvalidRequest
+
+
+@dataclass
+class Message:
+    role: str  # user | assistant
+    content: str
+    token_ids: list[int] | None = None  # assistant: ids exactly as generated (EOS included); None if typed
+    finish_reason: str | None = None  # assistant: stop | length | cancelled
+    timeline: object | None = None  # assistant: the reply's Timeline (its stats line on the page)
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass
+class Conversation:
+    session: str
+    system: str | None = None
+    messages: list[Message] = field(default_factory=list)
+
+    def request_messages(self) -> list[dict]:
+        """What to submit: the system prompt and the history, as chat messages."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [m.to_dict() for m in self.messages]
+
+    @property
+    def awaiting_reply(self) -> bool:
+        return bool(self.messages) and self.messages[-1].role == "user"
+
+    def send(self, text: str) -> list[dict]:
+        """Add a user message; return the messages to submit for its reply."""
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequest("the message is empty: write something first", "messages")
+        if self.awaiting_reply:
+            raise InvalidRequest("the last message has no reply yet: regenerate it, edit it or clear", "messages")
+        self.messages.append(Message("user", text))
+        return self.request_messages()
+
+    def add_reply(self, done) -> Message:
+        """Record the engine's done event (also a cancelled one: the user saw that text)."""
+        if not self.awaiting_reply:
+            raise InvalidRequest("there is no user message waiting for this reply", "messages")
+        reply = Message("assistant", done.text, list(done.token_ids), done.detail.get("finish_reason"), done.timeline)
+        self.messages.append(reply)
+        return reply
+
+    def regenerate(self) -> list[dict]:
+        """Drop the last reply (if any); return the messages to submit for a new one."""
+        if self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if not self.awaiting_reply:
+            raise InvalidRequest("there is nothing to regenerate: send a message first", "messages")
+        return self.request_messages()
+
+    def edit(self, index: int, text: str) -> list[dict] | None:
+        """Replace message `index` and forget everything after it. Editing a user message returns
+        the messages to submit for its new reply; editing a reply returns None (it is now typed text)."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.messages):
+            raise InvalidRequest(f"message index must be 0 to {len(self.messages) - 1}, not {index!r}", "index")
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequest("the edited message is empty", "messages")
+        role = self.messages[index].role
+        del self.messages[index:]
+        self.messages.append(Message(role, text))
+        return self.request_messages() if role == "user" else None
+
+    def drop_unanswered(self) -> None:
+        """Forget a trailing user message whose request failed."""
+        if self.awaiting_reply:
+            self.messages.pop()
+
+    def clear(self) -> None:
+        self.messages.clear()
+
+
+class SessionStore:
+    """Conversations by session id, newest kept; ids are random secrets (they scope the KV cache).
+
+    `prefix_cache` (optional): a dropped session's cached KV is dropped with it.
+    """
+
+    def __init__(self, max_sessions: int = 1000, prefix_cache=None):
+        self.max_sessions = max_sessions
+        self.prefix_cache = prefix_cache
+        self._sessions: OrderedDict[str, Conversation] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def create(self, system: str | None = None) -> Conversation:
+        conv = Conversation(secrets.token_urlsafe(16), system)
+        with self._lock:
+            self._sessions[conv.session] = conv
+            overflow = len(self._sessions) - self.max_sessions
+            old = [self._sessions.popitem(last=False)[0] for _ in range(max(overflow, 0))]
+        for sid in old:
+            self._forget_kv(sid)
+        return conv
+
+    def get(self, session: str) -> Conversation:
+        with self._lock:
+            conv = self._sessions.get(session)
+            if conv is None:
+                raise InvalidRequest("unknown or expired session: start a new conversation", "session")
+            self._sessions.move_to_end(session)
+            return conv
+
+    def drop(self, session: str) -> None:
+        with self._lock:
+            self._sessions.pop(session, None)
+        self._forget_kv(session)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def _forget_kv(self, session: str) -> None:
+        if self.prefix_cache is not None and not self.prefix_cache.shared:
+            self.prefix_cache.drop(scope=self.prefix_cache.scope_for(session))
