@@ -1,6 +1,6 @@
 """Latency Lab's inference engine: load a model, serve requests, time every stage.
 
-Knows nothing of Gradio or HTTP. Heavy modules load lazily, so importing a small piece
+Knows nothing of Gradio or of our HTTP server (engine/remote/ is an HTTP *client* of other servers). Heavy modules load lazily, so importing a small piece
 (`engine.core.timeline`, `engine.serving.detokenize`) stays cheap.
 """
 

@@ -1,4 +1,4 @@
-"""The metric glossary (DESIGN.md) as data: every number the page shows has a label, a unit,
+"""The metric glossary as data: every number the page shows has a label, a unit,
 the events it starts and ends at, which clock measured it, and which direction is better.
 
 One source for the hover definitions in Python (tables, stats lines) and in the page's

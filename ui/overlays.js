@@ -1,6 +1,6 @@
 // Latency Lab overlays: pure functions from one reply's data to SVG/HTML strings.
 //
-// No DOM access and no globals, so they can be tested with synthetic data (tests/test_overlays_js.py
+// No DOM access and no globals, so they can be tested with synthetic data (tests/ui_browser/test_ui_overlays_js.py
 // runs them in Chromium) and redrawn while a reply streams. Every time is ms since the user
 // pressed send, on the browser's axis; server events are placed on it through the clock offset
 // (when no offset is known, the server's "received" is drawn at 0 and the chart says so).

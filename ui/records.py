@@ -20,7 +20,7 @@ from engine.core.errors import InvalidRequest
 from . import perceived
 from .settings import PAGE_SETTINGS
 
-READING_PACE_TPS = 5.3  # silent reading ~238 words/min at ~0.75 words/token (DESIGN.md)
+READING_PACE_TPS = 5.3  # silent reading ~238 words/min at ~0.75 words/token (Brysbaert 2019, 'How many words do we read per minute?')
 MAX_CLIENT_CHUNKS = 100_000
 
 # The columns of the per-conversation table and its CSV export, in order.

@@ -1,7 +1,7 @@
 """The Timeline: every timestamp of one request, and the metrics derived from them.
 
 Raw events are `time.perf_counter_ns()` readings of the server process. Derived metrics use
-the names of the metric glossary (DESIGN.md) and are computed, never stored, so they cannot
+the names of the metric glossary (ui/glossary.py, the page's Glossary tab) and are computed, never stored, so they cannot
 drift from the events. Later features add fields (cached tokens, speculation counts, browser
 timestamps) in `counters` and `client` without reshaping the record.
 """
@@ -201,7 +201,7 @@ class Timeline:
             "decode_bytes_per_token": self.decode_bytes_per_token,
         }
 
-    # --- other tools' names for ours (DESIGN.md: "Other tools' names") ------------------------
+    # --- other tools' names for ours (the glossary's compatibility names: docs/api.md) ------------------------
     def llama_cpp_timings(self) -> dict:
         """llama.cpp server's `timings` fields, derived from this Timeline (None where unknown).
 
