@@ -194,7 +194,17 @@ def test_tokens_beside_a_prefill_are_split_out_and_explained():
 
 
 def test_unknown_figures_are_a_dash_never_zero():
-    remote = _run("run 1", None, [Result("c0t1", 2, outcome="exact", timings={"output_tokens": 4})], 1.0)
+    """One level_row serves the bench and the tab: a server that sent no batch sizes has an unknown
+    mean batch (None, printed as a dash), never a made-up 1.0."""
+    from server.load.figures import compare_rows, compare_table, level_row
+
+    unknown = [Result("c0t1", 2, outcome="exact", timings={"output_tokens": 4})]
+    row = level_row(2, unknown, 1.0)
+    assert row["batch_size_mean"] is None and row["ttft_ms_p50"] is None
+    compared = compare_rows([2], [row], [level_row(2, [_result("exact")], 1.0)])
+    assert compared[0]["batch_size_mean_a"] is None and compared[0]["batch_size_mean_ratio"] is None
+    assert "- → 1.5 (-×)" in compare_table(compared, 1, 8)
+    remote = _run("run 1", None, unknown, 1.0)
     assert remote.figures.batch_size_mean is None and remote.figures.ttft_ms_p50 is None
     assert remote.figures.with_prompt_share is None and remote.figures.itl_ms_decode_only_p50 is None
     table = delta_html(remote, remote)

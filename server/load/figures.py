@@ -32,8 +32,8 @@ def level_row(clients: int, results: list[Result], wall_s: float) -> dict:
         for q, v in percentiles([(r.timings or {}).get(m) for r in done]).items():
             row[f"{m}_{q}"] = v
     row["client_ttft_ms_p50"] = percentiles([r.client_ttft_ms for r in done])["p50"]
-    sizes = [b for r in done for b in (r.timings or {}).get("batch_size") or []]
-    row["batch_size_mean"] = round(float(np.mean(sizes)), 2) if sizes else 1.0  # tokens' forwards, all requests
+    sizes = [b for r in done for b in (r.timings or {}).get("batch_size") or []]  # tokens' forwards, all requests
+    row["batch_size_mean"] = round(float(np.mean(sizes)), 2) if sizes else None  # None: the server sent none
     row.update(prompt_split(done))
     return row
 

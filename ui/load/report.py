@@ -96,13 +96,12 @@ class RunFigures:
     @classmethod
     def of(cls, clients: int, results: list, wall_s: float) -> RunFigures:
         row = level_row(clients, results, wall_s)
-        sizes = [b for r in results if r.outcome in COMPLETE for b in (r.timings or {}).get("batch_size") or []]
         return cls(clients=clients, requests=row["requests"], wall_s=row["wall_s"], req_per_s=row["req_per_s"],
                    output_tok_per_s=row["output_tok_per_s"],
                    **{f"{m}_{q}": row[f"{m}_{q}"] for m in ("ttft_ms", "tpot_ms", "queue_ms") for q in ("p50", "p90")},
                    e2e_ms_p50=row["e2e_ms_p50"],
-                   batch_size_mean=round(sum(sizes) / len(sizes), 2) if sizes else None,
-                   **{k: row[k] for k in ("with_prompt_share", "itl_ms_with_prompt_p50", "itl_ms_decode_only_p50")},
+                   **{k: row[k] for k in ("batch_size_mean", "with_prompt_share", "itl_ms_with_prompt_p50",
+                                          "itl_ms_decode_only_p50")},
                    **{k: row[k] for k in JUDGED}, errors=row["4xx"] + row["429"] + row["5xx"])
 
     def to_dict(self) -> dict:
