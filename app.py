@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no model: a test source emitting tokens at this rate (to measure the page itself)")
     add_load_args(p)
     add_server_args(p)
-    from ui.load_run import PAGE_MAX_BATCH
+    from ui.load.run import PAGE_MAX_BATCH
 
     # The page's engine batches (the Load tab compares run limits up to this); a lone chat still runs alone.
     p.set_defaults(max_batch=PAGE_MAX_BATCH)

@@ -192,11 +192,13 @@ def test_a_failing_request_fails_alone(batching_tiny):
 
 
 def test_under_load_batched_replies_are_exact_and_nothing_is_lost(bundled):
-    """The load bench's checks (server/bench/load.py) against a batching engine: 6 streaming
+    """The load bench's checks (server/load/) against a batching engine: 6 streaming
     clients, mixed toggles (reuse, sessions, seeded sampling, speculation), some disconnecting."""
     from engine.serving.prefix_cache import PrefixCache
     from server.api import create_api
-    from server.bench import load_drive, load_figures, load_pool
+    from server.load import drive as load_drive
+    from server.load import figures as load_figures
+    from server.load import pool as load_pool
     from server.run import BackgroundServer
 
     engine = Engine(bundled, prefix_cache=PrefixCache(12), max_batch=4)

@@ -1,4 +1,4 @@
-"""The load's clients in a process of their own (server/bench/load_clients.py): what the bench and
+"""The load's clients in a process of their own (server/load/clients.py): what the bench and
 the page's Load tab both run. Real requests through the real API; the judge runs in the child."""
 
 import threading
@@ -7,9 +7,9 @@ import pytest
 
 from engine.serving.service import Engine
 from server.api import create_api
-from server.bench.load_clients import drive_elsewhere
-from server.bench.load_drive import wait_idle
-from server.bench.load_pool import build_pool, compute_references
+from server.load.clients import drive_elsewhere
+from server.load.drive import wait_idle
+from server.load.pool import build_pool, compute_references
 from server.run import BackgroundServer
 
 

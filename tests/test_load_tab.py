@@ -1,6 +1,6 @@
 """The Load tab without a browser: run-scoped batch limits in the engine (a load run's max batch,
 other requests unaffected), the API's batch_scope field, the tab's settings, and its figures,
-delta table and sentence (ui/load_run.py, ui/load_report.py). The page itself: tests/ui_browser/test_ui_load.py."""
+delta table and sentence (ui/load/run.py, ui/load/report.py). The page itself: tests/ui_browser/test_ui_load.py."""
 
 import pytest
 from support import ask
@@ -8,16 +8,16 @@ from support import ask
 from engine.core.config import GenerationConfig
 from engine.core.errors import InvalidRequest
 from engine.serving.service import Engine
-from server.bench.load_pool import Result
+from server.load.pool import Result
 from server.protocol import parse_chat_request
-from ui.load_report import (
+from ui.load.report import (
     LoadPoint,
     RunFigures,
     delta_html,
     pair_sentence,
     throughput_series,
 )
-from ui.load_run import (
+from ui.load.run import (
     LOAD_POOL,
     PAGE_MAX_BATCH,
     RunState,
@@ -194,7 +194,17 @@ def test_tokens_beside_a_prefill_are_split_out_and_explained():
 
 
 def test_unknown_figures_are_a_dash_never_zero():
-    remote = _run("run 1", None, [Result("c0t1", 2, outcome="exact", timings={"output_tokens": 4})], 1.0)
+    """One level_row serves the bench and the tab: a server that sent no batch sizes has an unknown
+    mean batch (None, printed as a dash), never a made-up 1.0."""
+    from server.load.figures import compare_rows, compare_table, level_row
+
+    unknown = [Result("c0t1", 2, outcome="exact", timings={"output_tokens": 4})]
+    row = level_row(2, unknown, 1.0)
+    assert row["batch_size_mean"] is None and row["ttft_ms_p50"] is None
+    compared = compare_rows([2], [row], [level_row(2, [_result("exact")], 1.0)])
+    assert compared[0]["batch_size_mean_a"] is None and compared[0]["batch_size_mean_ratio"] is None
+    assert "- → 1.5 (-×)" in compare_table(compared, 1, 8)
+    remote = _run("run 1", None, unknown, 1.0)
     assert remote.figures.batch_size_mean is None and remote.figures.ttft_ms_p50 is None
     assert remote.figures.with_prompt_share is None and remote.figures.itl_ms_decode_only_p50 is None
     table = delta_html(remote, remote)
@@ -207,8 +217,8 @@ def test_where_exactness_is_not_promised_an_unlike_reply_differs_and_still_count
     (EngineInfo.exact_replies). There a reply unlike its reference but nobody else's *differs*: counted
     among whole replies (throughput, latency), not as a failure; a crossed one is a failure everywhere."""
     from engine.core.info import EngineInfo, VariantInfo
-    from server.bench.load_figures import BAD, level_row
-    from server.bench.load_pool import Turn, judge
+    from server.load.figures import BAD, level_row
+    from server.load.pool import Turn, judge
 
     fp32 = EngineInfo("m", "bundled", dtype="fp32", device="cpu",
                       variants=(VariantInfo("fp32", "as loaded", default=True), VariantInfo("int8wo", "8-bit")))
@@ -229,3 +239,19 @@ def test_where_exactness_is_not_promised_an_unlike_reply_differs_and_still_count
     figures = RunFigures.of(2, served, 1.0)
     assert figures.differs == 1 and figures.exact == 1 and figures.mismatched == 0
     assert "differs (exactness not promised)" in delta_html(_run("a", 1, served, 1.0), _run("b", 8, served, 1.0))
+
+
+def test_the_page_imports_the_load_package_never_the_bench():
+    """ui/ runs the load generator (server/load/); server/bench only wraps it for the command line."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for path in (root / "ui").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [(path.relative_to(root).as_posix(), n) for n in names if n.startswith("server.")]
+    assert ("ui/load/run.py", "server.load.pool") in found  # the walk sees the page's imports
+    assert [f for f in found if f[1].startswith("server.bench")] == []

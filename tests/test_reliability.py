@@ -1,7 +1,7 @@
 """Reliability under load, faults and a full queue, and the safe defaults (bundled model, fp32).
 
-The load test is the bench scenario's code (server/bench/load.py) in a short version: 8 streaming
-clients through the API for a few seconds, twice, with the same checks as `python -m engine.bench
+The load test is the load bench's code (server/load/) in a short version: 8 streaming
+clients through the API for a few seconds, twice, with the same checks as `python -m server.bench
 load` — every completed reply equals the same request run alone, nothing lost, crossed or stuck,
 no 5xx, the KV cache within its budget, memory not growing run over run."""
 
@@ -26,7 +26,9 @@ from engine.serving.prefix_cache import PrefixCache
 from engine.serving.service import Engine
 from engine.serving.worker import Worker
 from server.api import create_api
-from server.bench import load_drive, load_figures, load_pool
+from server.load import drive as load_drive
+from server.load import figures as load_figures
+from server.load import pool as load_pool
 from server.run import BackgroundServer
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=6)

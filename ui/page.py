@@ -18,12 +18,13 @@ import gradio as gr
 from engine.core.config import TOGGLES
 from engine.core.errors import LatencyLabError
 from engine.core.info import EngineInfo
-from server.bench.load_figures import BAD, COMPLETE
+from server.load.figures import BAD, COMPLETE
 
-from . import engine_info, glossary, load_tab, sweep
+from . import engine_info, glossary, sweep
 from .chat import ChatStore
 from .controls import settings_controls
-from .load_run import LOAD_FIELDS
+from .load import tab as load_tab
+from .load.run import LOAD_FIELDS
 from .presets import custom_prompt_set
 from .records import READING_PACE_TPS
 from .settings import FIELDS, PAGE_SETTINGS, SMOOTH_MAX_HOLD_MS
@@ -80,7 +81,7 @@ def head(presets: dict, info: EngineInfo) -> str:
     scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
         (HERE / name).read_text() for name in ("overlays.js", "roofline.js", "markdown.js", "client_timing.js",
                                               "smooth.js", "page.js", "gradio_transport.js", "ab.js",
-                                              "load_plots.js", "load.js")]
+                                              "load/load_plots.js", "load/load.js")]
     return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
 
 

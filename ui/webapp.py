@@ -6,8 +6,8 @@ import gradio as gr
 from fastapi import APIRouter, FastAPI
 
 from .chat import ChatStore
-from .load_api import load_router
-from .load_run import LoadRunner
+from .load.api import load_router
+from .load.run import LoadRunner
 from .page import build_page, css, head
 from .presets import load_prompt_sets, teaching_presets
 from .stream_api import lab_router

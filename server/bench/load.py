@@ -20,19 +20,23 @@ Figures per level (server `timings`, the glossary's): p50/p90/p99 of `queue_ms`,
 time. fp32 by default: greedy output with KV reuse equals output without only in fp32 (README,
 "Exactness"); in bf16 a reused prefix can change a near-tie and would show as a mismatch.
 
-Here: the flags and the scenario (one engine, or several max batches side by side). The clients
-and the run loop: load_drive.py; the figures: load_figures.py; the pool and the judge: load_pool.py.
+Here: the flags, and the figures printed. The load itself (pool and judge, clients, the run loop,
+the engines it serves, the figures): the server/load package, which the page's Load tab runs too.
 """
 
 from __future__ import annotations
 
-import time
+from dataclasses import fields
 
 from engine.bench import load_model
-
-from .load_drive import MemorySampler, run_load
-from .load_figures import BAD, compare_rows, compare_table, merge_rows, table, trade_off
-from .load_pool import build_pool, compute_references, offered_toggles
+from server.load.figures import (
+    compare_rows,
+    compare_table,
+    table,
+    totals_line,
+    trade_off,
+)
+from server.load.scenario import LoadSettings, run_one, run_side_by_side
 
 LEVELS = (1, 2, 4, 8, 16)
 
@@ -61,13 +65,19 @@ def add_args(p):
 # --- the scenario ------------------------------------------------------------------------------------
 def run(args, out):
     """The load at `--max-batch`, or at every value of `--compare-max-batch` side by side: one
-    loaded model, one engine and API per value, the levels alternating between the engines (this
-    machine is shared and noisy: a comparison of runs minutes apart would measure the neighbours)."""
+    loaded model, one engine and API per value, the levels alternating between the engines."""
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    settings = LoadSettings(**{f.name: getattr(args, f.name) for f in fields(LoadSettings)})
     if not args.compare_max_batch:
-        return run_one(load_model(args), args, levels, args.max_batch, out)
+        result = run_one(load_model(args), settings, levels, args.max_batch, out)
+        print_one(result, out)
+        return result
     batches = [int(x) for x in args.compare_max_batch.split(",") if x.strip()]
-    by_batch = run_side_by_side(load_model(args), args, levels, batches, out)
+    by_batch = run_side_by_side(load_model(args), settings, levels, batches, out)
+    for mb, r in by_batch.items():
+        out(f"max batch {mb}:")
+        out(table(r["rows"]))
+        out(totals_line(r["totals"]) + f"; worker left busy {r['stuck_workers']} times")
     base, best = by_batch[batches[0]], by_batch[batches[-1]]
     rows = compare_rows(levels, base["rows"], best["rows"])
     out(f"max batch {batches[0]} vs {batches[-1]}:")
@@ -81,104 +91,12 @@ def run(args, out):
             "ok": all(v["ok"] for v in by_batch.values()), "ratio": rows[-1]["tok_per_s_ratio"]}
 
 
-def run_side_by_side(loaded, args, levels, batches, out) -> dict:
-    """One engine + API per max batch over `loaded`; each level runs on every engine in turn."""
-    import contextlib
-
-    from engine.serving.prefix_cache import PrefixCache
-    from engine.serving.service import Engine
-    from server.api import create_api
-    from server.run import BackgroundServer
-
-    with contextlib.ExitStack() as stack:
-        setups = {}
-        for mb in batches:
-            engine = Engine(loaded, max_queue=args.max_queue, max_batch=mb,
-                            prefix_cache=PrefixCache(args.kv_cache_mb, shared=args.shared_prefix_cache))
-            stack.callback(engine.close)
-            sampler = stack.enter_context(MemorySampler(engine.prefix_cache))
-            url = stack.enter_context(BackgroundServer(create_api(engine)))
-            offers = offered_toggles(engine, variants=args.mix_quantization)
-            if getattr(args, "mix_speculative", "auto") == "none":
-                offers["speculative"] = None
-            pool = build_pool(args.conversations, args.max_new_tokens, offers)
-            t0 = time.perf_counter()
-            compute_references(engine, pool)
-            refs = [t.ref_text for c in pool for t in c.turns]
-            out(f"max batch {mb}: references in {time.perf_counter() - t0:.1f} s "
-                f"({len(set(refs))} distinct of {len(refs)}); offered: {offers}")
-            setups[mb] = (engine, url, pool, sampler, refs, offers)
-        parts = {mb: [] for mb in batches}
-        for _ in range(args.repeat):
-            for n in levels:
-                for mb in batches:
-                    engine, url, pool, sampler, _, _ = setups[mb]
-                    parts[mb].append(run_load(engine, url, pool, (n,), duration=args.duration,
-                                              max_requests=args.max_requests, cancel_every=args.cancel_every,
-                                              deadline=args.deadline, repeat=1, sampler=sampler,
-                                              out=lambda line, mb=mb: out(f"max batch {mb}, {line}")))
-        by_batch = {}
-        for mb in batches:
-            engine, _, _, _, refs, offers = setups[mb]
-            runs = parts[mb]
-            rows = [merge_rows([r["rows"][0] for r in runs if r["rows"][0]["clients"] == n]) for n in levels]
-            totals = {k: sum(r["totals"][k] for r in runs) for k in runs[0]["totals"]}
-            stuck, s5xx = sum(r["stuck_workers"] for r in runs), sum(r["server_5xx"] for r in runs)
-            bad = sum(totals[k] for k in BAD) + totals["4xx"] + stuck + s5xx + (
-                totals["429"] if args.max_queue is None else 0)
-            out(f"max batch {mb}:")
-            out(table(rows))
-            out("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} of {requests} "
-                "requests ({exact} exact, {differs} differing where exactness is not promised, {cancelled} cancelled "
-                "on purpose)".format(**totals)
-                + f"; worker left busy {stuck} times")
-            by_batch[mb] = {"rows": rows, "totals": totals, "stuck_workers": stuck, "server_5xx": s5xx,
-                            "kv_within_budget": all(r["kv_within_budget"] for r in runs),
-                            "max_batch": mb, "batching": engine.info().batching, "offers": offers,
-                            "reference_texts": refs, "ok": bad == 0 and all(r["kv_within_budget"] for r in runs)}
-    return by_batch
-
-
-def run_one(loaded, args, levels, max_batch: int, out):
-    """The whole load against one engine (max batch `max_batch`) over the loaded model."""
-    from engine.serving.prefix_cache import PrefixCache
-    from engine.serving.service import Engine
-    from server.api import create_api
-    from server.run import BackgroundServer
-
-    engine = Engine(loaded, max_queue=args.max_queue, max_batch=max_batch,
-                    prefix_cache=PrefixCache(args.kv_cache_mb, shared=args.shared_prefix_cache))
-    try:
-        with MemorySampler(engine.prefix_cache) as sampler, BackgroundServer(create_api(engine)) as url:
-            offers = offered_toggles(engine, variants=args.mix_quantization)
-            if getattr(args, "mix_speculative", "auto") == "none":
-                offers["speculative"] = None
-            pool = build_pool(args.conversations, args.max_new_tokens, offers)
-            sampler.phase = "references"
-            t0 = time.perf_counter()
-            compute_references(engine, pool)
-            refs = [t.ref_text for c in pool for t in c.turns]
-            out(f"{engine.info().name} ({engine.info().dtype}) on {url}: {len(pool)} conversations, "
-                f"references in {time.perf_counter() - t0:.1f} s ({len(set(refs))} distinct of {len(refs)}); "
-                f"offered: {offers}")
-            result = run_load(engine, url, pool, levels, duration=args.duration, max_requests=args.max_requests,
-                              cancel_every=args.cancel_every, deadline=args.deadline, repeat=args.repeat,
-                              sampler=sampler, out=out)
-    finally:
-        engine.close()
+def print_one(result: dict, out) -> None:
+    """One engine's load: its table, the judge's totals, memory run over run."""
     out(table(result["rows"]))
-    t = result["totals"]
-    out("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} of {requests} requests "
-        "({exact} exact, {differs} differing where exactness is not promised, {cancelled} cancelled on purpose)".format(**t)
-        + f"; 5xx counted by the server {result['server_5xx']}; worker left busy {result['stuck_workers']} times")
+    out(totals_line(result["totals"]) + f"; 5xx counted by the server {result['server_5xx']}; worker left busy "
+        f"{result['stuck_workers']} times")
     out(f"memory: RSS settled per run {[r['rss_mb_settled'] for r in result['runs']]} MiB (growth "
         f"{result['rss_growth_mb']} MiB; besides the KV cache {result['rss_growth_besides_kv_cache_mb']} MiB), "
         f"peak {result['rss_mb_peak']} MiB; KV cache max "
         f"{result['kv_bytes_max'] / 2**20:.1f} of {result['kv_budget_bytes'] / 2**20:.0f} MiB")
-    bad = (sum(t[k] for k in BAD) + t["4xx"] + result["stuck_workers"] + result["server_5xx"]
-           + (t["429"] if args.max_queue is None else 0))
-    return {**result, "offers": offers, "levels": levels, "dtype": engine.info().dtype, "max_batch": max_batch,
-            "batching": engine.info().batching, "reference_texts": refs,
-            "distinct_references": len(set(refs)), "references": len(refs),
-            "ok": bad == 0 and result["kv_within_budget"] and result["memory_ok"],
-            "ratio": None}

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .load_pool import Result
+from .pool import Result
 
 METRICS = ("queue_ms", "ttft_ms", "tpot_ms", "e2e_ms")
 BAD = ("lost", "crossed", "mismatched", "stuck", "5xx")
 COMPLETE = ("exact", "differs")  # whole replies: what throughput and latency count
+JUDGED = (*COMPLETE, "cancelled", *(k for k in BAD if k != "5xx"))  # the judge's verdicts (pool.judge)
 
 
 def percentiles(values) -> dict:
@@ -31,8 +32,8 @@ def level_row(clients: int, results: list[Result], wall_s: float) -> dict:
         for q, v in percentiles([(r.timings or {}).get(m) for r in done]).items():
             row[f"{m}_{q}"] = v
     row["client_ttft_ms_p50"] = percentiles([r.client_ttft_ms for r in done])["p50"]
-    sizes = [b for r in done for b in (r.timings or {}).get("batch_size") or []]
-    row["batch_size_mean"] = round(float(np.mean(sizes)), 2) if sizes else 1.0  # tokens' forwards, all requests
+    sizes = [b for r in done for b in (r.timings or {}).get("batch_size") or []]  # tokens' forwards, all requests
+    row["batch_size_mean"] = round(float(np.mean(sizes)), 2) if sizes else None  # None: the server sent none
     row.update(prompt_split(done))
     return row
 
@@ -60,6 +61,20 @@ def prefill_clause(share: float, with_prompt_p50, decode_only_p50, fmt) -> str:
     """The prompt split (prompt_split) in words, for the bench's trade-off and the Load tab's sentence."""
     return (f"{share:.0%} of the decode tokens shared their forward with a newcomer's prompt (p50 ITL "
             f"{fmt(with_prompt_p50)} ms, against {fmt(decode_only_p50)} ms in decode-only forwards)")
+
+
+def failures(totals: dict, stuck_workers: int, server_5xx: int, queue_bounded: bool) -> int:
+    """What makes a load fail: the judge's bad verdicts, 4xx, a worker left busy, 5xx the server
+    counted, and 429 unless the queue was bounded on purpose (--max-queue)."""
+    return (sum(totals[k] for k in BAD) + totals["4xx"] + stuck_workers + server_5xx
+            + (0 if queue_bounded else totals["429"]))
+
+
+def totals_line(t: dict) -> str:
+    """The judge's counts over a whole load, in words."""
+    return ("lost {lost}, crossed {crossed}, mismatched {mismatched}, stuck {stuck}, 5xx {5xx} of {requests} "
+            "requests ({exact} exact, {differs} differing where exactness is not promised, {cancelled} cancelled "
+            "on purpose)".format(**t))
 
 
 def table(rows: list[dict]) -> str:

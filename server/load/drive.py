@@ -1,5 +1,5 @@
 """Running the load: the memory sampler, and `run_load` (every level, `repeat` times, with the
-checks after each level). The clients: load_clients.py; the scenario: server/bench/load.py.
+checks after each level). The clients: clients.py; the engines it runs against: scenario.py.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import gc
 import threading
 import time
 
-from .load_clients import drive_elsewhere
-from .load_figures import BAD, COMPLETE, level_row
-from .load_pool import Result, ScriptedConversation
+from .clients import drive_elsewhere
+from .figures import BAD, COMPLETE, level_row
+from .pool import Result, ScriptedConversation
 
 # RSS besides the KV cache may grow this much from the first run to the last (allocator noise was
 # 1-4 MiB a run here); a leak of each request's KV (~3 MB fp32 x ~20 requests a run) is far more.
@@ -92,7 +92,7 @@ def run_load(engine, url: str, pool: list[ScriptedConversation], levels, *, dura
              cancel_every: int, deadline: float, repeat: int, sampler: MemorySampler, out=print,
              api_key: str | None = None) -> dict:
     """Every level, `repeat` times; rows per level (all runs pooled), counts, memory run over run. The
-    clients run in a process of their own (load_clients.py), as real clients do."""
+    clients run in a process of their own (clients.py), as real clients do."""
     by_level: dict[int, list[tuple[list[Result], float]]] = {n: [] for n in levels}
     runs, stuck_workers, server_errors = [], 0, 0
     for run_i in range(repeat):

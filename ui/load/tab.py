@@ -1,5 +1,5 @@
-"""The Load tab's layout: its controls derive from the declarations in ui/load_run.py
-(LOAD_SETTINGS); the plots, the delta table and the sentence are drawn by ui/load.js."""
+"""The Load tab's layout: its controls derive from the declarations in run.py (LOAD_SETTINGS);
+the plots, the delta table and the sentence are drawn by load.js and load_plots.js."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import gradio as gr
 
 from engine.core.info import EngineInfo
 
-from .controls import toggle_control
-from .load_run import (
+from ..controls import toggle_control
+from .run import (
     LOAD_FIELDS,
     LOAD_POOL,
     LOAD_SETTINGS,
@@ -33,7 +33,7 @@ NO_API = "This server has no API mounted (/v1): start the page with `python app.
 
 
 def build(engines: dict, info: EngineInfo, prompt_sets: dict, load_ready: bool) -> list:
-    """The tab's controls, in the order of load_run.LOAD_FIELDS (load.js zips them with those names)."""
+    """The tab's controls, in the order of run.LOAD_FIELDS (load.js zips them with those names)."""
     limit = scope_limit(next(iter(engines.values()))) or 1
     gr.Markdown(EXPLAIN.format(limit=limit) if load_ready else NO_API)
     if limit == 1:

@@ -1,4 +1,4 @@
-// Latency Lab Load tab plots: pure SVG strings from a load pair's snapshot (ui/load_run.py
+// Latency Lab Load tab plots: pure SVG strings from a load pair's snapshot (ui/load/run.py
 // LoadPair.to_dict), no DOM. Throughput over time (a line per run on one time axis) and the
 // latency distributions (a dot per request, a row per run, the p50 marked), glossary names.
 (function (root) {
@@ -82,7 +82,7 @@
     return `<div class="lab-load-dist"><h5 title="${esc(hover)}">${esc(key)}</h5>${svg(H, body, `lab-load-${key}`, key)}</div>`;
   }
 
-  // The judge's verdicts (server/bench/load_figures.py): whole replies (exact, or differing where the
+  // The judge's verdicts (server/load/figures.py): whole replies (exact, or differing where the
   // server does not promise exact replies) and failures.
   const JUDGED = root.LAB_CONFIG.loadOutcomes;
   const DIFFERS_HOVER = "replies unlike the same request alone, where the server does not promise exact replies " +

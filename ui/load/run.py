@@ -1,9 +1,9 @@
 """The Load tab's runs: N simulated clients through the real API on loopback, two runs side by side.
 
-A pair of runs shares everything but its max batch. Both reuse the load bench: its clients
-(server/bench/load_drive.py `drive`, HTTP streams to /v1/chat/completions, so the figures are the
-server's `timings`), its prompt pool and its judge (server/bench/load_pool.py: each reply must
-equal the same request alone, computed first, in-process).
+A pair of runs shares everything but its max batch. Both run the load generator (server/load/, as
+`python -m server.bench load` does): its clients (server/load/clients.py `drive`, HTTP streams to
+/v1/chat/completions, so the figures are the server's `timings`), its prompt pool and its judge
+(server/load/pool.py: each reply must equal the same request alone, computed first, in-process).
 
 Max batch per run: the engine keeps its own limit (`--max-batch`; the page starts with
 `PAGE_MAX_BATCH`). Each run opens a batch scope with its own limit (engine Worker.open_batch_scope):
@@ -12,7 +12,7 @@ limit (they still share the machine, and a batch, with the run). A remote backen
 server does: its runs' max batch is unknown (None, shown as a dash).
 
 A pair runs on a thread of the app; its clients in a process of their own, as in the bench
-(server/bench/load_clients.py: clients sharing the server's interpreter slow it down); the page
+(server/load/clients.py: clients sharing the server's interpreter slow it down); the page
 polls `LoadRunner.snapshot`.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.toggles import Toggle
 
-from .load_report import LoadPoint, RunFigures, pair_sentence, throughput_series
+from .report import LoadPoint, RunFigures, pair_sentence, throughput_series
 
 PAGE_MAX_BATCH = 8  # app.py's default --max-batch: the page's engine batches, so the Load tab can compare 1 and 8
 LOAD_POOL = "load_pool"  # the load bench's own two-turn conversations
@@ -108,7 +108,7 @@ def prompt_set_choices(prompt_sets: dict) -> list[str]:
 def build_conversations(spec: LoadSpec, prompt_sets: dict) -> list:
     """The pool of conversations the clients cycle through (no speculation, no other weights: those run
     beside the batch, and would measure something else than the batch limit)."""
-    from server.bench.load_pool import ScriptedConversation, Turn, build_pool
+    from server.load.pool import ScriptedConversation, Turn, build_pool
 
     n = max(1, min(MAX_CONVERSATIONS, math.ceil(spec.requests / 2)))
     if spec.prompt_set == LOAD_POOL:
@@ -222,7 +222,7 @@ class LoadRunner:
             pair.status, pair.message = "error", f"the load run failed: {type(exc).__name__}: {exc}"
 
     def _pool(self, pair: LoadPair) -> list:
-        from server.bench.load_pool import compute_references
+        from server.load.pool import compute_references
 
         spec = pair.spec
         pool = build_conversations(spec, self.prompt_sets)
@@ -237,8 +237,8 @@ class LoadRunner:
         return self._references[key]
 
     def _one_run(self, pair: LoadPair, run: RunState, pool: list, url: str, headers: dict) -> None:
-        from server.bench.load_clients import drive_elsewhere
-        from server.bench.load_drive import wait_idle
+        from server.load.clients import drive_elsewhere
+        from server.load.drive import wait_idle
 
         engine = self.engines[pair.spec.backend]
         scope = engine.open_batch_scope(run.max_batch) if run.max_batch is not None else None

@@ -10,7 +10,7 @@ with the server, as a browser on the same laptop would.
 
 The parent sends the pool (each turn with its reference reply) and the run's settings as one JSON
 object on stdin; the child runs `drive` and writes one JSON line per judged request,
-then one with the wall time. `python -m server.bench.load_clients` is that child.
+then one with the wall time. `python -m server.load.clients` is that child.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import threading
 import time
 from dataclasses import asdict
 
-from .load_pool import Result, ScriptedConversation, Turn, judge, one_request
+from .pool import Result, ScriptedConversation, Turn, judge, one_request
+
+CHILD = "server.load.clients"  # this module, as `drive_elsewhere` runs it in a process of its own
 
 
 async def drive(url: str, pool: list[ScriptedConversation], clients: int, duration: float, max_requests: int,
@@ -79,7 +81,7 @@ def drive_elsewhere(url: str, pool: list[ScriptedConversation], clients: int, du
     spec = {"url": url, "pool": [asdict(c) for c in pool], "clients": clients, "duration": duration,
             "max_requests": max_requests, "cancel_every": cancel_every, "deadline": deadline,
             "api_key": api_key, "headers": headers or {}}
-    child = subprocess.Popen([sys.executable, "-m", "server.bench.load_clients"], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-m", CHILD], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watcher = None
     if stop is not None:

@@ -1,4 +1,4 @@
-"""The Load tab's figures: a point per finished request, a run's figures (the load bench's
+"""The Load tab's figures: a point per finished request, a run's figures (the load's
 `level_row`, typed), throughput over time, the delta table of two runs and the sentence that
 states their trade-off. Unknown values are None (a dash on the page), never 0."""
 
@@ -8,12 +8,9 @@ import html
 import math
 from dataclasses import asdict, dataclass
 
-from server.bench.load_figures import COMPLETE, prefill_clause
+from server.load.figures import COMPLETE, JUDGED, level_row, prefill_clause
 
-from .glossary import METRICS
-
-JUDGED = ("exact", "differs", "cancelled", "lost", "crossed", "mismatched", "stuck")  # the load bench's judge
-LATENCY = ("ttft_ms", "tpot_ms", "queue_ms")  # the distributions the tab plots (glossary names)
+from ..glossary import METRICS
 
 
 @dataclass(frozen=True)
@@ -30,7 +27,7 @@ class LoadPoint:
 
     @classmethod
     def of(cls, result, t_s: float) -> LoadPoint:
-        """From the bench's Result: the server's `timings` of the request."""
+        """From the load's Result (server/load/pool.py): the server's `timings` of the request."""
         t = result.timings or {}
         return cls(round(t_s, 3), result.outcome, t.get("output_tokens"), t.get("ttft_ms"), t.get("tpot_ms"),
                    t.get("queue_ms"), t.get("e2e_ms"))
@@ -98,16 +95,13 @@ class RunFigures:
 
     @classmethod
     def of(cls, clients: int, results: list, wall_s: float) -> RunFigures:
-        from server.bench.load_figures import COMPLETE, level_row
-
         row = level_row(clients, results, wall_s)
-        sizes = [b for r in results if r.outcome in COMPLETE for b in (r.timings or {}).get("batch_size") or []]
         return cls(clients=clients, requests=row["requests"], wall_s=row["wall_s"], req_per_s=row["req_per_s"],
                    output_tok_per_s=row["output_tok_per_s"],
                    **{f"{m}_{q}": row[f"{m}_{q}"] for m in ("ttft_ms", "tpot_ms", "queue_ms") for q in ("p50", "p90")},
                    e2e_ms_p50=row["e2e_ms_p50"],
-                   batch_size_mean=round(sum(sizes) / len(sizes), 2) if sizes else None,
-                   **{k: row[k] for k in ("with_prompt_share", "itl_ms_with_prompt_p50", "itl_ms_decode_only_p50")},
+                   **{k: row[k] for k in ("batch_size_mean", "with_prompt_share", "itl_ms_with_prompt_p50",
+                                          "itl_ms_decode_only_p50")},
                    **{k: row[k] for k in JUDGED}, errors=row["4xx"] + row["429"] + row["5xx"])
 
     def to_dict(self) -> dict:

@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 
 from engine.core.errors import LatencyLabError
 
-from .load_report import delta_html
-from .load_run import LoadBusy, LoadRunner
+from .report import delta_html
+from .run import LoadBusy, LoadRunner
 
 FORWARDED = ("authorization", "cookie")
 

@@ -1,8 +1,7 @@
-"""The load bench's conversations and their judge: a fixed pool of two-turn conversations with
-mixed toggles, each turn's reference reply (the same request alone, first), and the verdict on a
-reply streamed under load (exact, a cancelled prefix, crossed with another's, mismatched or, where the
-server does not promise exact replies, differs, lost,
-stuck). server/bench/load.py drives the pool through the API."""
+"""The load's conversations and their judge: a fixed pool of two-turn conversations with mixed
+toggles, each turn's reference reply (the same request alone, first), and the verdict on a reply
+streamed under load (exact, a cancelled prefix, crossed with another's, mismatched or, where the
+server does not promise exact replies, differs, lost, stuck). clients.py drives the pool through the API."""
 
 from __future__ import annotations
 

@@ -1,0 +1,18 @@
+"""The load generator: N concurrent streaming clients through an OpenAI-compatible API, each reply
+judged against the same request alone. `python -m server.bench load` runs it from the command line
+(server/bench/load.py: the flags and the printout); the page's Load tab runs it too (ui/load/).
+
+Module map, in the order a load runs:
+    pool.py      the two-turn conversations (mixed toggles), their references (each request alone,
+                 in-process, first) and the judge (exact, differs, cancelled, lost, crossed,
+                 mismatched, stuck); one request streamed (`one_request`)
+    clients.py   `drive`: the clients on an event loop; `drive_elsewhere`: the same in a child process
+                 (`python -m server.load.clients`), as real clients are
+    drive.py     `run_load`: every level, `repeat` times, the worker idle after each, memory sampled
+    scenario.py  the engines a bench load serves itself: one (`run_one`) or one per max batch side by
+                 side (`run_side_by_side`), each behind our API on loopback
+    figures.py   a row per level (`level_row`: counts, throughput, percentiles of the server's
+                 `timings`; unknown values None), tables, repeats merged, two max batches compared
+
+The bench imports this package, never the other way round; the page imports it, never server.bench.
+"""
