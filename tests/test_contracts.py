@@ -7,7 +7,7 @@ import pytest
 from support import ask
 
 from engine.cli import build_parser, generation_config_from_args
-from engine.core.config import TOGGLE, TOGGLES, GenerationConfig
+from engine.core.config import SAMPLING, TOGGLE, TOGGLES, GenerationConfig
 from engine.core.errors import InvalidRequest
 from engine.core.info import EngineInfo
 from engine.remote.wire import FORWARDED, request_body
@@ -62,6 +62,82 @@ def test_each_toggle_reaches_the_config_from_every_door(t):
     for via, config in (("api", api), ("page", page), ("cli", cli), ("remote", remote)):
         assert getattr(config, t.name) == value, f"{t.name} lost on the way through the {via}"
     assert (t.name in FORWARDED) == ("remote-lab" in t.backends)
+
+
+API_NAMES = {"max_new_tokens": "max_tokens"}  # OpenAI's name; every other field goes by its own
+
+
+def bounds(t):
+    """(values at the declared bounds, each accepted; values just outside them, each refused)."""
+    if t.kind == "int":
+        return [b for b in (t.lo, t.hi) if b is not None], [b + d for b, d in ((t.lo, -1), (t.hi, 1)) if b is not None]
+    if t.kind == "float":
+        low = t.lo + t.step if t.lo_open else t.lo
+        return [low, t.hi], [t.lo if t.lo_open else t.lo - t.step, t.hi + t.step]
+    if t.kind == "strings":
+        return [("x" * t.max_chars,) * t.hi], [("",), ("x",) * (t.hi + 1), ("x" * (t.max_chars + 1),)]
+    return [], []
+
+
+def cli_args(t, value) -> list[str]:
+    if t.kind == "strings":
+        return [arg for s in value for arg in (t.cli_flag, s)]
+    return [t.cli_flag, str(value)]
+
+
+@pytest.mark.parametrize("t", (*SAMPLING, *TOGGLES), ids=lambda t: t.name)
+def test_every_door_takes_its_default_and_bounds_from_the_declaration(t, bundled_engine):
+    """The CLI flags, the API's body and the page's controls and endpoint: each starts from the field's
+    declared default, accepts its bounds and refuses just past them, naming the field."""
+    import gradio as gr
+
+    api_name = API_NAMES.get(t.name, t.name)
+    wire = (lambda v: list(v)) if t.kind == "strings" else (lambda v: v)
+    cli = generation_config_from_args(build_parser().parse_args(["hi"]))
+    assert getattr(GenerationConfig(), t.name) == getattr(cli, t.name) == t.default
+    assert getattr(parse_chat_request({"messages": HI}).config, t.name) == t.default
+    if t.page:
+        assert settings.defaults()[t.name] == t.default == getattr(settings.parse(settings.defaults())[1], t.name)
+    accepted, refused = bounds(t)
+    for value in accepted:
+        assert getattr(parse_chat_request({"messages": HI, api_name: wire(value)}).config, t.name) == value
+        assert getattr(generation_config_from_args(build_parser().parse_args(["hi", *cli_args(t, value)])), t.name) \
+            == value
+        if t.page:
+            assert getattr(settings.parse({t.name: value})[1], t.name) == value
+    for value in refused:
+        with pytest.raises(InvalidRequest) as err:
+            parse_chat_request({"messages": HI, api_name: wire(value)})
+        assert err.value.param == api_name and api_name in str(err.value), value
+        with pytest.raises(InvalidRequest) as err:
+            generation_config_from_args(build_parser().parse_args(["hi", *cli_args(t, value)]))
+        assert err.value.param == t.name
+        if t.page and not (t.name == "seed" and value in settings.RANDOM_SEED):
+            with pytest.raises(InvalidRequest) as err:
+                settings.parse({t.name: value})
+            assert err.value.param == t.name
+    if t.page and t.kind in ("int", "float"):
+        info = bundled_engine.info()
+        control = controls.toggle_control(t, "t", info)
+        assert control.value == t.default
+        if isinstance(control, gr.Slider):  # its range: the declared one (max tokens: up to the model's context)
+            assert control.minimum == (accepted[0] if accepted else t.lo)
+            assert control.maximum == (t.hi if t.hi is not None else info.context_max)
+            assert control.step == (t.step or 1)
+        else:
+            assert isinstance(control, gr.Number) and (control.minimum, control.maximum) == (t.lo, t.hi)
+
+
+def test_each_pane_starts_from_the_declarations_and_its_named_overrides(bundled_engine):
+    import gradio as gr
+
+    for overrides in (settings.CHAT_PANE, settings.AB_PANE):
+        with gr.Blocks():
+            made = dict(zip(settings.FIELDS, controls.settings_controls("t", bundled_engine.info(), ["local"],
+                                                                         **overrides)))
+        for t in settings.ON_PAGE:
+            assert made[t.name].value == overrides.get(t.name, t.default), t.name
+    assert settings.AB_PANE == {"temperature": 0.0, "max_new_tokens": 64}  # greedy and short: comparable panes
 
 
 def test_an_unknown_api_field_is_refused_by_name_and_documented_ones_are_ignored():
@@ -178,7 +254,7 @@ def test_controls_cover_every_field(bundled_engine):
     import gradio as gr
 
     with gr.Blocks():
-        made = controls.settings_controls("t", bundled_engine.info(), ["local"], temperature=0.0)
+        made = controls.settings_controls("t", bundled_engine.info(), ["local"], **settings.AB_PANE)
     assert len(made) == len(settings.FIELDS)
     ids = [c.elem_id for c in made]
     assert len(set(ids)) == len(ids) and all(i.startswith("lab-t-") for i in ids)
