@@ -11,6 +11,7 @@ from engine.core.config import SAMPLING, TOGGLE, TOGGLES, GenerationConfig
 from engine.core.errors import InvalidRequest
 from engine.core.info import EngineInfo
 from engine.remote.wire import FORWARDED, request_body
+from server import protocol
 from server.protocol import parse_chat_request
 from ui import controls, engine_info, glossary, records, settings
 from ui.page import preset_missing, preset_settings
@@ -269,3 +270,54 @@ def test_the_readme_toggles_table_names_every_toggle_and_its_flag():
         row = next((line for line in readme.splitlines() if line.startswith(f"| `{t.name}`")), None)
         assert row is not None, f"README's toggles table has no row for {t.name}"
         assert flag in row and t.label in row, f"README row for {t.name} lacks {flag} or *{t.label}*"
+
+
+PROBES = [None, True, False, 0, 1, -1, 2, 16, 17, 2**63, 0.0, 0.5, 1.0, 2.5, 1e308, float("nan"), "", "off", "x",
+          "draft", "int8wo", [], ["a"], [""], ["a"] * 9, [1], {}]
+
+
+@pytest.mark.parametrize("name", sorted(protocol.DECLARED), ids=str)
+def test_the_body_model_and_the_declaration_agree_on_every_value(name):
+    """pydantic's type for a declared field (server/protocol.py) takes exactly what the declaration
+    takes, and every refusal is in the declaration's words (none falls back to pydantic's)."""
+    t = protocol.DECLARED[name]
+    for value in PROBES:
+        try:
+            t.check(protocol._body_value({name: value}, name), name)
+            declared = None
+        except InvalidRequest as exc:
+            declared = str(exc)
+        if value is None:
+            declared = None  # an absent field: the default
+        try:
+            parse_chat_request({"messages": HI, name: value})
+            heard = None
+        except InvalidRequest as exc:
+            heard = str(exc)
+            assert exc.param == name
+        if t.kind == "strings" and not isinstance(value, (str, list, type(None))):
+            assert heard == f"{name} must be a string or a list of strings"  # OpenAI's stop: one string or a list
+        else:
+            assert heard == declared, (name, value)
+
+
+@pytest.mark.parametrize("body, message", [
+    ([1], "the request body must be a JSON object"),
+    ({"messages": HI, "model": 5, "zz": 1}, "model must be a string"),
+    ({"messages": [], "zz": 1, "aa": 2}, "unknown field 'aa': this server reads the OpenAI chat fields and its "
+                                         "toggles (" + ", ".join(protocol.TOGGLES) + ")"),
+    ({"messages": [], "temperature": -1}, "messages must be a non-empty list of {role, content} objects"),
+    ({"messages": HI, "stream_options": {"include_usage": 1}}, "include_usage must be true or false"),
+    ({"messages": HI, "tools": [{}], "n": 2}, "tools is not supported by this server"),
+    ({"messages": HI, "n": True}, "only n=1 is supported"),
+    ({"messages": HI, "max_tokens": 0}, "max_tokens must be at least 1, not 0"),
+    ({"messages": HI, "max_completion_tokens": 2.5}, "max_completion_tokens must be an integer, not 2.5"),
+    ({"messages": HI, "temperature": 3, "top_p": 0}, "temperature must be >= 0.0 and <= 2.0, not 3"),
+    ({"messages": HI, "stop": ["x"] * 9}, "at most 8 stop strings are allowed"),
+    ({"messages": HI, "session": ""}, "session must be a string of 1 to 200 characters"),
+])
+def test_the_api_refuses_a_body_in_its_own_words(body, message):
+    """Several faults: the one in the first field (in the order the API has always checked them)."""
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat_request(body)
+    assert str(err.value) == message
