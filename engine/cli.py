@@ -10,7 +10,14 @@ import argparse
 import json
 import sys
 
-from engine.core.config import DEVICES, DTYPES, SAMPLING, TOGGLES, GenerationConfig, LoadConfig
+from engine.core.config import (
+    DEVICES,
+    DTYPES,
+    SAMPLING,
+    TOGGLES,
+    GenerationConfig,
+    LoadConfig,
+)
 from engine.core.errors import EXIT_OK, InvalidRequest, LatencyLabError, exit_code
 from engine.serving.sessions import Conversation
 

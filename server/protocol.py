@@ -14,10 +14,20 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr,
-                      StringConstraints, ValidationError, create_model)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+    create_model,
+)
 
 from engine.core.config import SAMPLING, GenerationConfig
 from engine.core.config import TOGGLES as CONFIG_TOGGLES
@@ -71,7 +81,7 @@ class ChatRequest:
 # --- the body ---------------------------------------------------------------------------------
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True)  # other keys are OpenAI's business, not ours: ignored
-    include_usage: Optional[StrictBool] = None
+    include_usage: StrictBool | None = None
 
 
 class ResponseFormat(BaseModel):
@@ -114,17 +124,17 @@ _Session = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_S
 _Scope = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_SCOPE_CHARS)]
 ChatBody = create_model(
     "ChatBody", __config__=ConfigDict(strict=True, extra="forbid"),
-    model=(Optional[StrictStr], None),
+    model=(StrictStr | None, None),
     messages=(Annotated[Any, AfterValidator(lambda m: validate_messages(_messages(m))),
                         Field(validate_default=True)], None),
     **{name: (Annotated[Any, _off(allowed)], None) for name, allowed in UNSUPPORTED.items()},
-    n=(Optional[Annotated[int, Field(ge=1, le=1)]], None),
-    response_format=(Optional[ResponseFormat], None),
-    stream=(Optional[StrictBool], None),
-    stream_options=(Optional[StreamOptions], None),
-    session=(Optional[_Session], None),
-    batch_scope=(Optional[_Scope], None),
-    **{name: (Optional[_declared_type(t)], None) for name, t in DECLARED.items()},
+    n=(Annotated[int, Field(ge=1, le=1)] | None, None),
+    response_format=(ResponseFormat | None, None),
+    stream=(StrictBool | None, None),
+    stream_options=(StreamOptions | None, None),
+    session=(_Session | None, None),
+    batch_scope=(_Scope | None, None),
+    **{name: (_declared_type(t) | None, None) for name, t in DECLARED.items()},
     **{name: (Any, None) for name in IGNORED},
 )
 RANK = [*ChatBody.model_fields]  # which error a body with several hears: the first field in this order

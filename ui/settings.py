@@ -2,8 +2,9 @@
 
 The page's controls are named by `FIELDS`, which derives from the declarations: the system
 prompt, the sampling fields the page offers and every engine toggle (engine/core/config.py
-SAMPLING and TOGGLES), the backend, and the page's own settings (`PAGE_SETTINGS`: how the browser paints text; the engine never sees them). The page's
-JS zips its controls' values with these names and sends an object keyed by name.
+SAMPLING and TOGGLES), the backend, and the page's own settings (`PAGE_SETTINGS`: how the
+browser paints text; the engine never sees them). The page's JS zips its controls' values with
+these names and sends an object keyed by name.
 
 The controls produce plain JSON values (sliders may give 64.0 for 64, an empty seed field gives
 None). Everything the engine cannot honour becomes an `InvalidRequest` naming the field, shown in
@@ -24,9 +25,9 @@ SMOOTH_MAX_HOLD_MS = 150  # adaptive smoothing never holds text back longer than
 ON_PAGE = tuple(t for t in SAMPLING if t.page)  # top_k and stop: API and CLI only
 # Each pane starts from the declarations' defaults but for these, its own named overrides: a chat
 # reply of up to 128 tokens; A/B panes (and their presets) greedy and 64 tokens, short and comparable.
-RANDOM_SEED = ("", -1, -1.0)  # an empty seed box (and -1, which older pages sent): a random seed
 CHAT_PANE = {"max_new_tokens": 128}
 AB_PANE = {"temperature": 0.0, "max_new_tokens": 64}
+RANDOM_SEED = ("", -1, -1.0)  # an empty seed box (and -1, which older pages sent): a random seed
 PAGE_SETTINGS = (
     Toggle("smoothing", "choice", "off", "Smooth streaming",
            f"how the page paints text that arrived: adaptive paces it by the arrivals and holds text at most "
