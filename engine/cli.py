@@ -10,7 +10,14 @@ import argparse
 import json
 import sys
 
-from engine.core.config import DEVICES, DTYPES, TOGGLES, GenerationConfig, LoadConfig
+from engine.core.config import (
+    DEVICES,
+    DTYPES,
+    SAMPLING,
+    TOGGLES,
+    GenerationConfig,
+    LoadConfig,
+)
 from engine.core.errors import EXIT_OK, InvalidRequest, LatencyLabError, exit_code
 from engine.serving.sessions import Conversation
 
@@ -52,30 +59,26 @@ def load_config_from_args(args, progress: bool = True) -> LoadConfig:
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
-    d = GenerationConfig()
+    """One flag per declared field (engine/core/config.py), with its default; its bounds are checked
+    by `GenerationConfig.validate` (an error naming the field, exit code 2)."""
     g = p.add_argument_group("generation")
-    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=d.top_p)
-    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    g.add_argument("--system", default=None, help="system prompt")
-    for t in TOGGLES:  # one flag per declared toggle
+    for t in (*SAMPLING, *TOGGLES):
         if t.kind == "bool" and t.default:
             g.add_argument("--no-" + t.cli_flag[2:], dest=t.name, action="store_false", help=f"off: {t.help}")
         elif t.kind == "bool":
             g.add_argument(t.cli_flag, dest=t.name, action="store_true", help=t.help)
+        elif t.kind == "strings":  # default None: append never adds to a shared default list
+            g.add_argument(t.cli_flag, dest=t.name, action="append", default=None, help=t.help)
         else:
-            g.add_argument(t.cli_flag, dest=t.name, default=t.default, help=t.help,
-                           type=int if t.kind == "int" else str, choices=t.choices or None)
+            g.add_argument(t.cli_flag, dest=t.name, default=t.default, help=f"{t.help} (default: %(default)s)",
+                           type={"int": int, "float": float}.get(t.kind, str), choices=t.choices or None)
+    g.add_argument("--system", default=None, help="system prompt")
 
 
 def generation_config_from_args(args) -> GenerationConfig:
-    return GenerationConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        seed=args.seed, stop=tuple(args.stop), **{t.name: getattr(args, t.name) for t in TOGGLES},
-    ).validate()
+    given = {t.name: getattr(args, t.name) for t in (*SAMPLING, *TOGGLES)}
+    given.update({t.name: tuple(given[t.name] or t.default) for t in SAMPLING if t.kind == "strings"})
+    return GenerationConfig(**given).validate()
 
 
 def build_parser() -> argparse.ArgumentParser:

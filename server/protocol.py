@@ -1,8 +1,10 @@
 """The OpenAI chat-completions wire format: read a request body, write replies, chunks and errors.
 
-Plain functions over dicts, no HTTP. Values are checked by `GenerationConfig.validate`, so the
-API, the CLI and the page refuse the same things with the same words; this module only maps the
-OpenAI field names onto ours and refuses what the engine cannot do (n > 1, tools, logprobs...).
+Plain functions over dicts, no HTTP. A body is read by a pydantic model (`ChatBody`): the OpenAI
+fields, the standard ones we accept and ignore or refuse, and every GenerationConfig field under
+its API name, typed from its one declaration (engine/core/config.py). A refusal keeps the words
+the API has always used: each validation error is mapped once, by its `loc` and `type`, to our
+message (a declared field's own `check`, so the API, the CLI and the page refuse a value alike).
 """
 
 from __future__ import annotations
@@ -12,23 +14,39 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+    create_model,
+)
+
+from engine.core.config import SAMPLING, GenerationConfig
 from engine.core.config import TOGGLES as CONFIG_TOGGLES
-from engine.core.config import GenerationConfig
 from engine.core.errors import ContextOverflow, InvalidRequest, LatencyLabError
 from engine.core.request import validate_messages
 from engine.core.timeline import Timeline
+from engine.core.toggles import Toggle
 
 MAX_SESSION_CHARS = 200
+MAX_SCOPE_CHARS = 64
 # Our optimization toggles, accepted as extra body fields (the openai SDK sends them via extra_body);
 # derived from their one declaration (engine/core/config.py).
 TOGGLES = tuple(t.name for t in CONFIG_TOGGLES if "local" in t.backends)
-# Fields we read; any other field is refused with a 400 that names it, except these standard
-# OpenAI fields, which are accepted and ignored (they change nothing a local engine does).
-READ = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-        "top_p", "top_k", "seed", "stop", "n", "response_format", "session", "batch_scope"}
-IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
-           "safety_identifier", "prompt_cache_key", "verbosity", "web_search_options"}
+# The API's names of the sampling fields where OpenAI's differ from ours. max_completion_tokens is the
+# current name; max_tokens the older one that most servers take (when both are given, the current wins).
+API_NAMES = {"max_new_tokens": ("max_completion_tokens", "max_tokens")}
+# Standard OpenAI fields accepted and ignored (they change nothing a local engine does).
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
+           "safety_identifier", "prompt_cache_key", "verbosity", "web_search_options")
 # Standard fields we cannot honour: refused when set to anything but their "off" value.
 UNSUPPORTED = {
     "tools": (None, []),
@@ -60,54 +78,132 @@ class ChatRequest:
     batch_scope: str | None = None  # a load run's batch limit (engine Worker.open_batch_scope), opened in-process
 
 
+# --- the body ---------------------------------------------------------------------------------
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)  # other keys are OpenAI's business, not ours: ignored
+    include_usage: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text"]
+
+
+def _off(allowed: tuple):
+    def check(value):
+        if value not in allowed:
+            raise ValueError("not supported")
+        return value
+    return AfterValidator(check)
+
+
+def _declared_type(t: Toggle):
+    """A GenerationConfig field's type in the body, from its declaration. Each string's length is left
+    to `GenerationConfig.validate`: pydantic refuses to measure text with a lone surrogate, which JSON
+    allows and a stop string may hold."""
+    if t.kind == "bool":
+        return StrictBool
+    if t.kind == "int":
+        return Annotated[int, Field(ge=t.lo, le=t.hi)]
+    if t.kind == "float":
+        low = {"gt": t.lo} if t.lo_open else {"ge": t.lo}
+        return Annotated[float, Field(le=t.hi, allow_inf_nan=False, **low)]
+    if t.kind == "choice":
+        return Literal[t.choices]
+    if t.kind == "variant":
+        return StrictStr
+    if t.kind == "strings":  # OpenAI's stop: a string or a list of them
+        return Annotated[list[StrictStr], Field(max_length=t.hi),
+                         BeforeValidator(lambda v: [v] if isinstance(v, str) else v)]
+    raise TypeError(f"{t.name}: no body type for kind {t.kind!r}")
+
+
+DECLARED = {name: t for t in (*SAMPLING, *CONFIG_TOGGLES) if t.sampling or t.name in TOGGLES
+            for name in API_NAMES.get(t.name, (t.name,))}  # API name -> declaration
+_Session = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_SESSION_CHARS)]
+_Scope = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_SCOPE_CHARS)]
+ChatBody = create_model(
+    "ChatBody", __config__=ConfigDict(strict=True, extra="forbid"),
+    model=(StrictStr | None, None),
+    messages=(Annotated[Any, AfterValidator(lambda m: validate_messages(_messages(m))),
+                        Field(validate_default=True)], None),
+    **{name: (Annotated[Any, _off(allowed)], None) for name, allowed in UNSUPPORTED.items()},
+    n=(Annotated[int, Field(ge=1, le=1)] | None, None),
+    response_format=(ResponseFormat | None, None),
+    stream=(StrictBool | None, None),
+    stream_options=(StreamOptions | None, None),
+    session=(_Session | None, None),
+    batch_scope=(_Scope | None, None),
+    **{name: (_declared_type(t) | None, None) for name, t in DECLARED.items()},
+    **{name: (Any, None) for name in IGNORED},
+)
+RANK = [*ChatBody.model_fields]  # which error a body with several hears: the first field in this order
+_FIXED = {  # fields whose every error has one message
+    "model": "model must be a string",
+    "n": "only n=1 is supported",
+    "response_format": "only response_format {\"type\": \"text\"} is supported",
+    "stream": "stream must be true or false",
+    "stream_options": "stream_options must be an object",
+    "session": f"session must be a string of 1 to {MAX_SESSION_CHARS} characters",
+    "batch_scope": f"batch_scope must be a string of 1 to {MAX_SCOPE_CHARS} characters",
+}
+
+
 def parse_chat_request(body) -> ChatRequest:
     """Map an OpenAI request body onto a GenerationConfig; raise InvalidRequest(param=...) on bad input."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object", None)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise InvalidRequest("model must be a string", "model")
-    unknown = sorted(set(body) - READ - IGNORED - set(UNSUPPORTED) - set(TOGGLES))
-    if unknown:
-        name = unknown[0]
-        plain = name.isascii() and name.isprintable() and len(name) <= 64
-        raise InvalidRequest(f"unknown field {name!r}: " if plain else "a field name that is not plain text: "
-                             f"this server reads the OpenAI chat fields and its toggles ({', '.join(TOGGLES)})",
-                             name if plain else None)  # never echo what is not plain text
-    messages = validate_messages(_messages(body.get("messages")))
-    for name, allowed in UNSUPPORTED.items():
-        if body.get(name) not in allowed:
-            raise InvalidRequest(f"{name} is not supported by this server", name)
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise InvalidRequest("only n=1 is supported", "n")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise InvalidRequest("only response_format {\"type\": \"text\"} is supported", "response_format")
-    stream = _bool(body, "stream", False)
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise InvalidRequest("stream_options must be an object", "stream_options")
-    include_usage = _bool(options or {}, "include_usage", False, param="stream_options.include_usage")
-    session = body.get("session")
-    if session is not None and (not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION_CHARS):
-        raise InvalidRequest(f"session must be a string of 1 to {MAX_SESSION_CHARS} characters", "session")
-    batch_scope = body.get("batch_scope")
-    if batch_scope is not None and (not isinstance(batch_scope, str) or not 0 < len(batch_scope) <= 64):
-        raise InvalidRequest("batch_scope must be a string of 1 to 64 characters", "batch_scope")
-
-    # max_completion_tokens is the current name; max_tokens the older one that most servers take.
-    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    changes = {"max_new_tokens": body.get(field), "temperature": body.get("temperature"),
-               "top_p": body.get("top_p"), "top_k": body.get("top_k"), "seed": body.get("seed"),
-               "stop": _stop(body.get("stop"))}
-    changes.update({name: body.get(name) for name in TOGGLES})
-    config = GenerationConfig(**{k: v for k, v in changes.items() if v is not None})
     try:
-        config.validate()
-    except InvalidRequest as exc:
-        raise in_api_terms(exc, field) from None
-    return ChatRequest(model, messages, config, stream, include_usage, session, field, batch_scope)
+        b = ChatBody.model_validate(body)
+    except ValidationError as exc:
+        raise _refusal(exc, body) from None
+    field = "max_completion_tokens" if b.max_completion_tokens is not None else "max_tokens"
+    given = {t.name: getattr(b, name) for name, t in DECLARED.items() if name not in API_NAMES.get(t.name, ())}
+    given["max_new_tokens"] = getattr(b, field)
+    config = GenerationConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v is not None})
+    include_usage = bool(b.stream_options and b.stream_options.include_usage)
+    return ChatRequest(b.model, b.messages, config.validate(), bool(b.stream), include_usage, b.session, field,
+                       b.batch_scope)
+
+
+def _refusal(exc: ValidationError, body) -> InvalidRequest:
+    """The one refusal a client hears for a body pydantic refused: its first error, in our words."""
+    errors = exc.errors()
+    extra = sorted(e["loc"][0] for e in errors if e["type"] == "extra_forbidden")
+    errors = sorted((e for e in errors if e["type"] != "extra_forbidden"), key=lambda e: RANK.index(e["loc"][0])
+                    if e["loc"] and e["loc"][0] in RANK else -1)
+    first = errors[0] if errors else None
+    if first is not None and not first["loc"]:
+        return InvalidRequest("the request body must be a JSON object", None)
+    if extra and (first is None or RANK.index(first["loc"][0]) > RANK.index("model")):
+        name = extra[0]
+        plain = name.isascii() and name.isprintable() and len(name) <= 64
+        said = f"unknown field {name!r}" if plain else "a field name that is not plain text"  # never echo that
+        return InvalidRequest(f"{said}: this server reads the OpenAI chat fields and its toggles ({', '.join(TOGGLES)})",
+                              name if plain else None)
+    name, kind = first["loc"][0], first["type"]
+    if first["loc"] == ("stream_options", "include_usage"):
+        return InvalidRequest("include_usage must be true or false", "stream_options.include_usage")
+    if name in _FIXED:
+        return InvalidRequest(_FIXED[name], name)
+    if name in UNSUPPORTED:
+        return InvalidRequest(f"{name} is not supported by this server", name)
+    if isinstance((first.get("ctx") or {}).get("error"), InvalidRequest):  # messages: validate_messages' own words
+        return first["ctx"]["error"]
+    t = DECLARED[name]
+    if t.kind == "strings" and kind == "list_type":
+        return InvalidRequest(f"{name} must be a string or a list of strings", name)
+    try:  # the declaration's words for this value
+        t.check(_body_value(body, name), name)
+    except InvalidRequest as refused:
+        return refused
+    return InvalidRequest(f"{name}: {first['msg']}", name)  # pydantic refused what the declaration takes
+
+
+def _body_value(body: dict, name: str):
+    """A field's value as GenerationConfig would hold it (stop: a tuple of strings), not coerced."""
+    value = body[name]
+    if DECLARED[name].kind == "strings":
+        return (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list) else value
+    return value
 
 
 def _messages(raw) -> list:
@@ -130,27 +226,9 @@ def _messages(raw) -> list:
     return out
 
 
-def _stop(raw):
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        return (raw,)
-    if isinstance(raw, list):
-        return tuple(raw)  # validate() checks the items
-    raise InvalidRequest("stop must be a string or a list of strings", "stop")
-
-
-def _bool(obj: dict, name: str, default: bool, param: str | None = None) -> bool:
-    value = obj.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be true or false", param or name)
-    return value
-
-
 def in_api_terms(exc: Exception, max_tokens_field: str) -> Exception:
-    """Point an engine error at the API's field name (max_new_tokens is ours, not OpenAI's)."""
+    """Point an engine error raised while running (the context cannot hold max_new_tokens more) at the
+    API's field name. The engine words it with its own name; the body's own errors never get here."""
     if isinstance(exc, InvalidRequest) and exc.param == "max_new_tokens":
         return type(exc)(str(exc).replace("max_new_tokens", max_tokens_field), max_tokens_field)
     return exc

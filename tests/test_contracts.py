@@ -7,10 +7,11 @@ import pytest
 from support import ask
 
 from engine.cli import build_parser, generation_config_from_args
-from engine.core.config import TOGGLE, TOGGLES, GenerationConfig
+from engine.core.config import SAMPLING, TOGGLE, TOGGLES, GenerationConfig
 from engine.core.errors import InvalidRequest
 from engine.core.info import EngineInfo
 from engine.remote.wire import FORWARDED, request_body
+from server import protocol
 from server.protocol import parse_chat_request
 from ui import controls, engine_info, glossary, records, settings
 from ui.page import preset_missing, preset_settings
@@ -62,6 +63,82 @@ def test_each_toggle_reaches_the_config_from_every_door(t):
     for via, config in (("api", api), ("page", page), ("cli", cli), ("remote", remote)):
         assert getattr(config, t.name) == value, f"{t.name} lost on the way through the {via}"
     assert (t.name in FORWARDED) == ("remote-lab" in t.backends)
+
+
+API_NAMES = {"max_new_tokens": "max_tokens"}  # OpenAI's name; every other field goes by its own
+
+
+def bounds(t):
+    """(values at the declared bounds, each accepted; values just outside them, each refused)."""
+    if t.kind == "int":
+        return [b for b in (t.lo, t.hi) if b is not None], [b + d for b, d in ((t.lo, -1), (t.hi, 1)) if b is not None]
+    if t.kind == "float":
+        low = t.lo + t.step if t.lo_open else t.lo
+        return [low, t.hi], [t.lo if t.lo_open else t.lo - t.step, t.hi + t.step]
+    if t.kind == "strings":
+        return [("x" * t.max_chars,) * t.hi], [("",), ("x",) * (t.hi + 1), ("x" * (t.max_chars + 1),)]
+    return [], []
+
+
+def cli_args(t, value) -> list[str]:
+    if t.kind == "strings":
+        return [arg for s in value for arg in (t.cli_flag, s)]
+    return [t.cli_flag, str(value)]
+
+
+@pytest.mark.parametrize("t", (*SAMPLING, *TOGGLES), ids=lambda t: t.name)
+def test_every_door_takes_its_default_and_bounds_from_the_declaration(t, bundled_engine):
+    """The CLI flags, the API's body and the page's controls and endpoint: each starts from the field's
+    declared default, accepts its bounds and refuses just past them, naming the field."""
+    import gradio as gr
+
+    api_name = API_NAMES.get(t.name, t.name)
+    wire = (lambda v: list(v)) if t.kind == "strings" else (lambda v: v)
+    cli = generation_config_from_args(build_parser().parse_args(["hi"]))
+    assert getattr(GenerationConfig(), t.name) == getattr(cli, t.name) == t.default
+    assert getattr(parse_chat_request({"messages": HI}).config, t.name) == t.default
+    if t.page:
+        assert settings.defaults()[t.name] == t.default == getattr(settings.parse(settings.defaults())[1], t.name)
+    accepted, refused = bounds(t)
+    for value in accepted:
+        assert getattr(parse_chat_request({"messages": HI, api_name: wire(value)}).config, t.name) == value
+        assert getattr(generation_config_from_args(build_parser().parse_args(["hi", *cli_args(t, value)])), t.name) \
+            == value
+        if t.page:
+            assert getattr(settings.parse({t.name: value})[1], t.name) == value
+    for value in refused:
+        with pytest.raises(InvalidRequest) as err:
+            parse_chat_request({"messages": HI, api_name: wire(value)})
+        assert err.value.param == api_name and api_name in str(err.value), value
+        with pytest.raises(InvalidRequest) as err:
+            generation_config_from_args(build_parser().parse_args(["hi", *cli_args(t, value)]))
+        assert err.value.param == t.name
+        if t.page and not (t.name == "seed" and value in settings.RANDOM_SEED):
+            with pytest.raises(InvalidRequest) as err:
+                settings.parse({t.name: value})
+            assert err.value.param == t.name
+    if t.page and t.kind in ("int", "float"):
+        info = bundled_engine.info()
+        control = controls.toggle_control(t, "t", info)
+        assert control.value == t.default
+        if isinstance(control, gr.Slider):  # its range: the declared one (max tokens: up to the model's context)
+            assert control.minimum == (accepted[0] if accepted else t.lo)
+            assert control.maximum == (t.hi if t.hi is not None else info.context_max)
+            assert control.step == (t.step or 1)
+        else:
+            assert isinstance(control, gr.Number) and (control.minimum, control.maximum) == (t.lo, t.hi)
+
+
+def test_each_pane_starts_from_the_declarations_and_its_named_overrides(bundled_engine):
+    import gradio as gr
+
+    for overrides in (settings.CHAT_PANE, settings.AB_PANE):
+        with gr.Blocks():
+            made = dict(zip(settings.FIELDS, controls.settings_controls("t", bundled_engine.info(), ["local"],
+                                                                         **overrides)))
+        for t in settings.ON_PAGE:
+            assert made[t.name].value == overrides.get(t.name, t.default), t.name
+    assert settings.AB_PANE == {"temperature": 0.0, "max_new_tokens": 64}  # greedy and short: comparable panes
 
 
 def test_an_unknown_api_field_is_refused_by_name_and_documented_ones_are_ignored():
@@ -178,7 +255,7 @@ def test_controls_cover_every_field(bundled_engine):
     import gradio as gr
 
     with gr.Blocks():
-        made = controls.settings_controls("t", bundled_engine.info(), ["local"], temperature=0.0)
+        made = controls.settings_controls("t", bundled_engine.info(), ["local"], **settings.AB_PANE)
     assert len(made) == len(settings.FIELDS)
     ids = [c.elem_id for c in made]
     assert len(set(ids)) == len(ids) and all(i.startswith("lab-t-") for i in ids)
@@ -193,3 +270,54 @@ def test_the_readme_toggles_table_names_every_toggle_and_its_flag():
         row = next((line for line in readme.splitlines() if line.startswith(f"| `{t.name}`")), None)
         assert row is not None, f"README's toggles table has no row for {t.name}"
         assert flag in row and t.label in row, f"README row for {t.name} lacks {flag} or *{t.label}*"
+
+
+PROBES = [None, True, False, 0, 1, -1, 2, 16, 17, 2**63, 0.0, 0.5, 1.0, 2.5, 1e308, float("nan"), "", "off", "x",
+          "draft", "int8wo", [], ["a"], [""], ["a"] * 9, [1], {}]
+
+
+@pytest.mark.parametrize("name", sorted(protocol.DECLARED), ids=str)
+def test_the_body_model_and_the_declaration_agree_on_every_value(name):
+    """pydantic's type for a declared field (server/protocol.py) takes exactly what the declaration
+    takes, and every refusal is in the declaration's words (none falls back to pydantic's)."""
+    t = protocol.DECLARED[name]
+    for value in PROBES:
+        try:
+            t.check(protocol._body_value({name: value}, name), name)
+            declared = None
+        except InvalidRequest as exc:
+            declared = str(exc)
+        if value is None:
+            declared = None  # an absent field: the default
+        try:
+            parse_chat_request({"messages": HI, name: value})
+            heard = None
+        except InvalidRequest as exc:
+            heard = str(exc)
+            assert exc.param == name
+        if t.kind == "strings" and not isinstance(value, (str, list, type(None))):
+            assert heard == f"{name} must be a string or a list of strings"  # OpenAI's stop: one string or a list
+        else:
+            assert heard == declared, (name, value)
+
+
+@pytest.mark.parametrize("body, message", [
+    ([1], "the request body must be a JSON object"),
+    ({"messages": HI, "model": 5, "zz": 1}, "model must be a string"),
+    ({"messages": [], "zz": 1, "aa": 2}, "unknown field 'aa': this server reads the OpenAI chat fields and its "
+                                         "toggles (" + ", ".join(protocol.TOGGLES) + ")"),
+    ({"messages": [], "temperature": -1}, "messages must be a non-empty list of {role, content} objects"),
+    ({"messages": HI, "stream_options": {"include_usage": 1}}, "include_usage must be true or false"),
+    ({"messages": HI, "tools": [{}], "n": 2}, "tools is not supported by this server"),
+    ({"messages": HI, "n": True}, "only n=1 is supported"),
+    ({"messages": HI, "max_tokens": 0}, "max_tokens must be at least 1, not 0"),
+    ({"messages": HI, "max_completion_tokens": 2.5}, "max_completion_tokens must be an integer, not 2.5"),
+    ({"messages": HI, "temperature": 3, "top_p": 0}, "temperature must be >= 0.0 and <= 2.0, not 3"),
+    ({"messages": HI, "stop": ["x"] * 9}, "at most 8 stop strings are allowed"),
+    ({"messages": HI, "session": ""}, "session must be a string of 1 to 200 characters"),
+])
+def test_the_api_refuses_a_body_in_its_own_words(body, message):
+    """Several faults: the one in the first field (in the order the API has always checked them)."""
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat_request(body)
+    assert str(err.value) == message

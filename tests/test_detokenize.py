@@ -31,12 +31,25 @@ def test_several_tokens_at_once_equals_one_by_one(tokenizer):
     assert one == several
 
 
+def test_special_tokens_are_not_shown_and_a_reply_reads_as_decoded_whole(tokenizer):
+    ids = tokenizer(" ".join(TEXTS), add_special_tokens=False)["input_ids"]
+    ids = ids[:20] + [tokenizer.eos_token_id] + ids[20:] + [tokenizer.eos_token_id]
+    detok = IncrementalDetokenizer(tokenizer)
+    chunks = [detok.add([i]) for i in ids] + [detok.flush()]
+    assert all(REPLACEMENT not in c for c in chunks)
+    assert "".join(chunks) == tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    assert tokenizer.eos_token not in "".join(chunks)
+
+
 def test_flush_shows_a_truly_incomplete_tail(tokenizer):
     ids = tokenizer("🧪", add_special_tokens=False)["input_ids"]
     assert len(ids) > 1
     detok = IncrementalDetokenizer(tokenizer)
     assert detok.add(ids[:1]) == ""
     assert detok.flush() == REPLACEMENT  # the model really stopped mid-character: say so
+    after_text = IncrementalDetokenizer(tokenizer)
+    assert after_text.add(tokenizer("Hi", add_special_tokens=False)["input_ids"]) == "Hi"
+    assert after_text.add(ids[:1]) == "" and after_text.flush() == REPLACEMENT
 
 
 def feed(stops, parts):

@@ -19,7 +19,7 @@ from engine.model.loader import load
 from engine.serving.decoding import Decoding
 from engine.serving.generate import build_prompt_ids, generate
 from engine.serving.prefix_cache import PrefixCache, common_prefix_length
-from engine.serving.sessions import Conversation, SessionStore
+from engine.serving.sessions import Conversation
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=10)
 
@@ -393,19 +393,6 @@ def test_conversation_state_transitions():
     assert conv.messages[-1].role == "assistant"
     conv.clear()
     assert conv.request_messages() == [{"role": "system", "content": "sys"}]
-
-
-def test_session_store_ids_are_secret_and_dropping_forgets_kv():
-    cache = PrefixCache()
-    store = SessionStore(max_sessions=2, prefix_cache=cache)
-    a, b = store.create(), store.create()
-    assert a.session != b.session and len(a.session) >= 20
-    cache.insert("m", cache.scope_for(a.session), [1, 2, 3], filled_kv(3))
-    store.create()  # the oldest session (a) goes, and its KV with it
-    assert len(store) == 2 and cache.stats()["entries"] == 0
-    with pytest.raises(InvalidRequest, match="session"):
-        store.get(a.session)
-    assert store.get(b.session) is b
 
 
 def test_a_taken_entry_goes_back_whole_after_an_error(bundled):

@@ -27,7 +27,7 @@ from .load import tab as load_tab
 from .load.run import LOAD_FIELDS
 from .presets import custom_prompt_set
 from .records import READING_PACE_TPS
-from .settings import FIELDS, PAGE_SETTINGS, SMOOTH_MAX_HOLD_MS
+from .settings import AB_PANE, CHAT_PANE, FIELDS, PAGE_SETTINGS, SMOOTH_MAX_HOLD_MS
 
 HERE = Path(__file__).resolve().parent
 EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
@@ -57,8 +57,7 @@ def preset_missing(preset: dict, info: EngineInfo) -> str | None:
 
 def preset_settings(preset: dict, side: str, info: EngineInfo) -> dict:
     """A preset pane's full settings: the declared defaults, greedy and short, then the preset's own."""
-    chosen = {**{t.name: t.default for t in (*TOGGLES, *PAGE_SETTINGS)}, "temperature": 0.0, "max_new_tokens": 64,
-              **preset[side]}
+    chosen = {**{t.name: t.default for t in (*TOGGLES, *PAGE_SETTINGS)}, **AB_PANE, **preset[side]}
     if chosen.get("quantization") is None and info.default_variant:
         chosen["quantization"] = info.default_variant.name  # the dropdown names the loaded variant
     return chosen
@@ -210,8 +209,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                             regen = gr.Button("Regenerate", size="sm", elem_id="lab-regen")
                             clear = gr.Button("Clear", size="sm", elem_id="lab-clear")
                         with gr.Accordion("Settings", open=True):
-                            chat_settings = settings_controls("chat", info, backends, temperature=0.2,
-                                                              max_new_tokens=128)
+                            chat_settings = settings_controls("chat", info, backends, **CHAT_PANE)
                             with gr.Row():
                                 transport = gr.Radio(TRANSPORTS, value="sse", label="Token transport",
                                                      info="how tokens reach this page", elem_id="lab-transport")
@@ -243,8 +241,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                     for side in ("A", "B"):
                         with gr.Column(min_width=380):
                             with gr.Accordion(f"{side} settings", open=False):
-                                ab_settings[side] = settings_controls(side, info, backends, temperature=0.0,
-                                                                      max_new_tokens=64)
+                                ab_settings[side] = settings_controls(side, info, backends, **AB_PANE)
                             gr.HTML(_log(side), elem_id=f"lab-log-{side}")
                             gr.HTML(_overlay(side), elem_id=f"lab-ov-{side}")
                 gr.HTML('<h3 class="lab-h">A vs B (latest pair)</h3><div class="lab-delta-wrap lab-muted">'

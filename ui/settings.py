@@ -1,9 +1,10 @@
 """A pane's settings as the page sends them → (system prompt, GenerationConfig).
 
-The page's controls are named by `FIELDS`, which derives from the declarations: the sampling
-fields below, every engine toggle (engine/core/config.py TOGGLES), the backend, and the page's own
-settings (`PAGE_SETTINGS`: how the browser paints text; the engine never sees them). The page's
-JS zips its controls' values with these names and sends an object keyed by name.
+The page's controls are named by `FIELDS`, which derives from the declarations: the system
+prompt, the sampling fields the page offers and every engine toggle (engine/core/config.py
+SAMPLING and TOGGLES), the backend, and the page's own settings (`PAGE_SETTINGS`: how the
+browser paints text; the engine never sees them). The page's JS zips its controls' values with
+these names and sends an object keyed by name.
 
 The controls produce plain JSON values (sliders may give 64.0 for 64, an empty seed field gives
 None). Everything the engine cannot honour becomes an `InvalidRequest` naming the field, shown in
@@ -12,7 +13,7 @@ the page next to the reply that did not run.
 
 from __future__ import annotations
 
-from engine.core.config import TOGGLES, GenerationConfig
+from engine.core.config import SAMPLING, TOGGLES, GenerationConfig
 from engine.core.errors import InvalidRequest
 from engine.core.toggles import Toggle
 
@@ -21,7 +22,12 @@ from .perceived import SMOOTHING_MODES, SMOOTHING_UNITS
 
 MAX_SYSTEM_CHARS = 20_000
 SMOOTH_MAX_HOLD_MS = 150  # adaptive smoothing never holds text back longer than this after it arrived
-SAMPLING = ("system", "max_new_tokens", "temperature", "top_p", "seed")
+ON_PAGE = tuple(t for t in SAMPLING if t.page)  # top_k and stop: API and CLI only
+# Each pane starts from the declarations' defaults but for these, its own named overrides: a chat
+# reply of up to 128 tokens; A/B panes (and their presets) greedy and 64 tokens, short and comparable.
+CHAT_PANE = {"max_new_tokens": 128}
+AB_PANE = {"temperature": 0.0, "max_new_tokens": 64}
+RANDOM_SEED = ("", -1, -1.0)  # an empty seed box (and -1, which older pages sent): a random seed
 PAGE_SETTINGS = (
     Toggle("smoothing", "choice", "off", "Smooth streaming",
            f"how the page paints text that arrived: adaptive paces it by the arrivals and holds text at most "
@@ -44,15 +50,14 @@ PAGE_SETTINGS = (
     Toggle("net_kbps", "int", 10_000, "Bandwidth (kbit/s)", "custom network: link bandwidth, 0 = unlimited",
            lo=0, hi=10_000_000, backends=("page",), only_with="network=custom", short="kbit/s"),
 )
-FIELDS = [*SAMPLING, *(t.name for t in TOGGLES), "backend", *(t.name for t in PAGE_SETTINGS)]
+FIELDS = ["system", *(t.name for t in (*ON_PAGE, *TOGGLES)), "backend", *(t.name for t in PAGE_SETTINGS)]
 
 
 def defaults() -> dict:
-    """Every field the page sends, at its default (what a pane sends before anyone touches it)."""
-    config = GenerationConfig()
-    return {"system": "", "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
-            "top_p": config.top_p, "seed": -1, **{t.name: t.default for t in (*TOGGLES, *PAGE_SETTINGS)},
-            "backend": ""}
+    """Every field the page sends, at its declared default. The panes start from their own overrides
+    of some (CHAT_PANE, AB_PANE: 128 and 64 tokens where the declaration says 256); callers that
+    build settings from these (ui/bench.py) set the tokens they want."""
+    return {"system": "", **{t.name: t.default for t in (*ON_PAGE, *TOGGLES, *PAGE_SETTINGS)}, "backend": ""}
 
 
 def parse(settings: dict | None) -> tuple[str | None, GenerationConfig]:
@@ -65,25 +70,19 @@ def parse(settings: dict | None) -> tuple[str | None, GenerationConfig]:
     system = s.get("system") or None
     if system is not None and (not isinstance(system, str) or len(system) > MAX_SYSTEM_CHARS):
         raise InvalidRequest(f"the system prompt must be text of at most {MAX_SYSTEM_CHARS:,} characters", "system")
-    seed = s.get("seed")
-    if seed in ("", -1, -1.0):  # the page's "random seed"
-        seed = None
+    if s.get("seed") in RANDOM_SEED:
+        s.pop("seed")
     page_settings(s)
-    changes = {name: s[name] for name in ("max_new_tokens", "temperature", "top_p") if s.get(name) is not None}
+    changes = {t.name: t.coerce(s[t.name]) for t in ON_PAGE if s.get(t.name) is not None}
     changes.update({t.name: t.coerce(s[t.name]) for t in TOGGLES if t.name in s})
-    if isinstance(changes.get("max_new_tokens"), float) and changes["max_new_tokens"].is_integer():
-        changes["max_new_tokens"] = int(changes["max_new_tokens"])
-    if isinstance(seed, float) and seed.is_integer():
-        seed = int(seed)
-    config = GenerationConfig(seed=seed, **changes)
+    config = GenerationConfig(**changes)
     return (system.strip() or None) if system else None, config.validate()
 
 
 def normalized(settings: dict | None) -> dict:
     """The settings as they were applied (for records and exports)."""
     system, config = parse(settings)
-    return {"system": system, "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
-            "top_p": config.top_p, "seed": config.seed, **{t.name: getattr(config, t.name) for t in TOGGLES},
+    return {"system": system, **{t.name: getattr(config, t.name) for t in (*ON_PAGE, *TOGGLES)},
             **page_settings(settings)}
 
 

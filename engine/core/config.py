@@ -1,13 +1,14 @@
 """Options: how to load a model (`LoadConfig`) and how to answer one request (`GenerationConfig`).
 
-Both are plain dataclasses. `GenerationConfig.validate` turns every bad value into an
-`InvalidRequest` whose message says which field is wrong and what would be accepted.
+Both are plain dataclasses. Each `GenerationConfig` field is declared once, with its bounds, as a
+`toggle(...)` (engine/core/toggles.py); `GenerationConfig.validate` checks every field against its
+declaration and turns every bad value into an `InvalidRequest` whose message says which field is
+wrong and what would be accepted.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from engine.core.errors import InvalidRequest
@@ -67,12 +68,23 @@ class LoadConfig:
 class GenerationConfig:
     """Per-request options: sampling, stopping, and the optimization toggles."""
 
-    max_new_tokens: int = 256
-    temperature: float = 0.2  # SmolLM2's model card suggests 0.2 / top_p 0.9; 0 means greedy
-    top_p: float = 0.9
-    top_k: int = 0  # 0: no top-k cut
-    seed: int | None = None  # same seed, same output
-    stop: tuple[str, ...] = ()
+    # Sampling: each field is its one declaration; the page's panes start some of them elsewhere (their
+    # named overrides in ui/settings.py). No upper bound on max_new_tokens: the model's context is one
+    # (a request past it is refused as context_length_exceeded), and the page's slider ends there.
+    max_new_tokens: int = toggle(
+        256, "int", "Max tokens", "the most tokens the reply may have", lo=1, step=1, sampling=True)
+    temperature: float = toggle(  # SmolLM2's model card suggests 0.2 with top-p 0.9
+        0.2, "float", "Temperature", "0 = greedy", lo=0.0, hi=2.0, step=0.05, sampling=True)
+    top_p: float = toggle(
+        0.9, "float", "Top-p", "sample among the most likely tokens whose probabilities add up to this",
+        lo=0.0, lo_open=True, hi=1.0, step=0.05, sampling=True)
+    top_k: int = toggle(
+        0, "int", "Top-k", "sample among this many most likely tokens; 0 = no cut", lo=0, sampling=True, page=False)
+    seed: int | None = toggle(
+        None, "int", "Seed", "same seed, same output; none given: random", lo=0, hi=2**63 - 1, sampling=True)
+    stop: tuple[str, ...] = toggle(
+        (), "strings", "Stop strings", "end the reply before this text (repeatable)", hi=MAX_STOP_STRINGS,
+        max_chars=MAX_STOP_CHARS, sampling=True, page=False)
     # The optimization toggles: each field below is the toggle's one declaration (engine/core/toggles.py).
     kv_reuse: bool = toggle(
         True, "bool", "KV reuse", "serve the longest cached prefix of the prompt from the prefix cache; "
@@ -101,7 +113,6 @@ class GenerationConfig:
         "(norms, rotary positions and adds fused; one call instead of ~900): it pays where the matmuls are "
         "cheap (weight-only int4/int8), and the first request per weights variant compiles it (tens of "
         "seconds of setup)", glossary="tpot_ms")
-    extra: dict = field(default_factory=dict, compare=False)  # room for features still to come
 
     @property
     def greedy(self) -> bool:
@@ -121,20 +132,7 @@ class GenerationConfig:
 
     def validate(self) -> GenerationConfig:
         """Raise InvalidRequest for any value the engine cannot honour; return self otherwise."""
-        _check_int("max_new_tokens", self.max_new_tokens, lo=1)
-        _check_number("temperature", self.temperature, lo=0.0, hi=100.0)
-        _check_number("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
-        _check_int("top_k", self.top_k, lo=0)
-        if self.seed is not None:
-            _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
-        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) for s in self.stop):
-            raise InvalidRequest("stop must be a list of strings", "stop")
-        if len(self.stop) > MAX_STOP_STRINGS:
-            raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
-        for s in self.stop:
-            if not s or len(s) > MAX_STOP_CHARS:
-                raise InvalidRequest(f"each stop string must have 1 to {MAX_STOP_CHARS} characters", "stop")
-        for t in TOGGLES:
+        for t in (*SAMPLING, *TOGGLES):
             t.check(getattr(self, t.name))
         if self.compiled_decode and self.speculative != "off":
             raise InvalidRequest("compiled_decode compiles the plain one-token step; speculation verifies several "
@@ -144,20 +142,6 @@ class GenerationConfig:
 
 TOGGLES = declared(GenerationConfig)  # the page, API, CLI and remote engine derive from these
 TOGGLE = {t.name: t for t in TOGGLES}
+SAMPLING = declared(GenerationConfig, sampling=True)  # and from these
+FIELD = {t.name: t for t in (*SAMPLING, *TOGGLES)}  # every declared GenerationConfig field
 
-
-def _check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{name} must be an integer, not {value!r}", name)
-    if lo is not None and value < lo:
-        raise InvalidRequest(f"{name} must be at least {lo}, not {value}", name)
-    if hi is not None and value > hi:
-        raise InvalidRequest(f"{name} must be at most {hi}, not {value}", name)
-
-
-def _check_number(name: str, value, lo: float, hi: float, lo_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidRequest(f"{name} must be a finite number, not {value!r}", name)
-    if value < lo or (lo_open and value == lo) or value > hi:
-        lo_text = f"> {lo}" if lo_open else f">= {lo}"
-        raise InvalidRequest(f"{name} must be {lo_text} and <= {hi}, not {value}", name)

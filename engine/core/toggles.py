@@ -1,8 +1,10 @@
-"""The optimization toggles: each declared once, as a `GenerationConfig` field carrying a `Toggle`.
+"""Every request setting declared once, as a `GenerationConfig` field carrying a `Toggle`: the
+sampling fields (max tokens, temperature, top-p, top-k, seed, stop; `sampling=True`) and the
+optimization toggles.
 
-A toggle's declaration (name, kind, default, bounds, help, glossary entry, which backends honour
-it) is the metadata of its field in engine/core/config.py. Everything else derives from it:
-`GenerationConfig.validate`, the API's accepted extra fields (server/protocol.py), the CLI flags
+A declaration (name, kind, default, bounds, slider step, help, glossary entry, which backends
+honour it) is the metadata of its field in engine/core/config.py. Everything else derives from it:
+`GenerationConfig.validate`, the API's body model (server/protocol.py), the CLI flags
 (engine/cli.py), the page's controls and labels (ui/controls.py, ui/records.py), the remote
 engine's forwarding (engine/remote/wire.py), the sweep and the exports. Adding a toggle is one
 `toggle(...)` field plus the code that honours it.
@@ -10,6 +12,7 @@ engine's forwarding (engine/remote/wire.py), the sweep and the exports. Adding a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from engine.core.errors import InvalidRequest
@@ -20,13 +23,18 @@ BACKENDS = ("local", "remote-lab")  # our own engine; another Latency Lab server
 @dataclass(frozen=True)
 class Toggle:
     name: str  # the GenerationConfig field, the API body field and the page setting
-    kind: str  # bool | int | choice | variant (a quantization variant name; None = the default)
-    default: object
+    kind: str  # bool | int | float | choice | variant (a quantization variant name; None = the default) | strings
+    default: object  # an int whose default is None (the seed) may be None: unset
     label: str  # the page's control label and the A/B config label
     help: str  # hover text, CLI help
     choices: tuple[str, ...] = ()
-    lo: int | None = None
-    hi: int | None = None
+    lo: int | float | None = None
+    hi: int | float | None = None  # strings: the most strings
+    lo_open: bool = False  # float: the bound itself is refused (top_p > 0)
+    step: float | None = None  # the page's slider step; a field with a step is a slider whatever its range
+    max_chars: int | None = None  # strings: the most characters of each
+    sampling: bool = False  # a sampling field, not an optimization toggle (config labels, remote forwarding)
+    page: bool = True  # the page's panes offer a control for it
     glossary: str | None = None  # the metric (ui/glossary.py) this toggle moves
     backends: tuple[str, ...] = BACKENDS  # who honours it; other remote servers never get it
     off_label: str | None = None  # the A/B label when a bool toggle is off ("no kv reuse")
@@ -48,25 +56,42 @@ class Toggle:
             return str(settings.get(name)) == wanted
         return name in settings and settings[name] not in (None, False, "off", "")
 
-    def check(self, value) -> None:
-        """Raise InvalidRequest, naming the field, for a value this toggle cannot take."""
+    def check(self, value, name: str | None = None) -> None:
+        """Raise InvalidRequest, naming the field (`name`: the API's name for it, e.g. max_tokens), for a
+        value this field cannot take. These are the only words for a refused value, at every door."""
+        name = name or self.name
         if self.kind == "bool":
             if not isinstance(value, bool):
-                raise InvalidRequest(f"{self.name} must be true or false, not {value!r}", self.name)
+                raise InvalidRequest(f"{name} must be true or false, not {value!r}", name)
         elif self.kind == "int":
+            if value is None and self.default is None:
+                return
             if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidRequest(f"{self.name} must be an integer, not {value!r}", self.name)
+                raise InvalidRequest(f"{name} must be an integer, not {value!r}", name)
             if self.lo is not None and value < self.lo:
-                raise InvalidRequest(f"{self.name} must be at least {self.lo}, not {value}", self.name)
+                raise InvalidRequest(f"{name} must be at least {self.lo}, not {value}", name)
             if self.hi is not None and value > self.hi:
-                raise InvalidRequest(f"{self.name} must be at most {self.hi}, not {value}", self.name)
+                raise InvalidRequest(f"{name} must be at most {self.hi}, not {value}", name)
+        elif self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or isinstance(value, float) and not math.isfinite(value):
+                raise InvalidRequest(f"{name} must be a finite number, not {value!r}", name)
+            if value < self.lo or (self.lo_open and value == self.lo) or value > self.hi:
+                lo_text = f"> {self.lo}" if self.lo_open else f">= {self.lo}"
+                raise InvalidRequest(f"{name} must be {lo_text} and <= {self.hi}, not {value}", name)
         elif self.kind == "choice":
             if value not in self.choices:
-                raise InvalidRequest(f"{self.name} must be one of {', '.join(self.choices)}, not {value!r}",
-                                     self.name)
+                raise InvalidRequest(f"{name} must be one of {', '.join(self.choices)}, not {value!r}", name)
         elif self.kind == "variant":
             if value is not None and not isinstance(value, str):
-                raise InvalidRequest(f"{self.name} must be a variant name, not {value!r}", self.name)
+                raise InvalidRequest(f"{name} must be a variant name, not {value!r}", name)
+        elif self.kind == "strings":
+            if not isinstance(value, tuple) or not all(isinstance(s, str) for s in value):
+                raise InvalidRequest(f"{name} must be a list of strings", name)
+            if len(value) > self.hi:
+                raise InvalidRequest(f"at most {self.hi} {name} strings are allowed", name)
+            if not all(0 < len(s) <= self.max_chars for s in value):
+                raise InvalidRequest(f"each {name} string must have 1 to {self.max_chars} characters", name)
         else:  # a declaration error, caught by the tests that walk every toggle
             raise TypeError(f"toggle {self.name}: unknown kind {self.kind!r}")
 
@@ -76,6 +101,8 @@ class Toggle:
             return int(value)
         if self.kind == "variant" and value == "":
             return None
+        if self.kind == "strings" and isinstance(value, list):
+            return tuple(value)
         return value
 
     def read(self, given: dict):
@@ -104,17 +131,20 @@ class Toggle:
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "default": self.default, "label": self.label,
                 "help": self.help, "choices": list(self.choices), "lo": self.lo, "hi": self.hi,
+                "lo_open": self.lo_open, "step": self.step, "max_chars": self.max_chars,
                 "glossary": self.glossary, "backends": list(self.backends)}
 
 
 def toggle(default, kind: str, label: str, help: str, **declaration):
-    """A GenerationConfig field that is an optimization toggle (its name is filled in by `declared`)."""
+    """A GenerationConfig field with its declaration (its name is filled in by `declared`)."""
     return field(default=default, metadata={"toggle": dict(kind=kind, default=default, label=label, help=help,
                                                            **declaration)})
 
 
-def declared(config_class) -> tuple[Toggle, ...]:
-    """The toggles of a dataclass whose fields were declared with `toggle(...)`, in field order."""
+def declared(config_class, sampling: bool = False) -> tuple[Toggle, ...]:
+    """The fields of a dataclass declared with `toggle(...)`, in field order: the optimization
+    toggles, or (`sampling=True`) the sampling fields."""
     from dataclasses import fields
 
-    return tuple(Toggle(name=f.name, **f.metadata["toggle"]) for f in fields(config_class) if "toggle" in f.metadata)
+    every = (Toggle(name=f.name, **f.metadata["toggle"]) for f in fields(config_class) if "toggle" in f.metadata)
+    return tuple(t for t in every if t.sampling == sampling)

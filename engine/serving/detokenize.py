@@ -1,8 +1,12 @@
 """Token ids → text, as the tokens arrive, and stop strings.
 
-`IncrementalDetokenizer` never shows half a character: a multi-byte character split across
-tokens decodes to U+FFFD until its last byte arrives, so text is held back while the decoded
-tail ends in U+FFFD (the offsets scheme of text-generation-inference and vLLM).
+`IncrementalDetokenizer` never shows half a character: it feeds tokenizers' own
+`tokenizers.decoders.DecodeStream`, which holds back the bytes of a character split across tokens
+until its last byte arrives and keeps the tokenizer's context for spacing. It replaced our own
+offsets scheme (re-decoding a window of ids with `tokenizer.decode` at every token, as
+text-generation-inference and vLLM did), which met the same contract (tests/test_detokenize.py)
+at several times the cost per token. Only the end of a reply that stopped mid-character, which
+DecodeStream keeps to itself, is decoded here.
 
 `StopStrings` holds back any tail of the text that could be the start of a stop string, so a
 stop string is never shown, even when it arrives spread over several tokens.
@@ -10,36 +14,42 @@ stop string is never shown, even when it arrives spread over several tokens.
 
 from __future__ import annotations
 
+from tokenizers.decoders import DecodeStream
+
 REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer under every AutoTokenizer (transformers 5)
+        self._stream = DecodeStream(skip_special_tokens=True)
         self.ids: list[int] = []
-        self.prefix_offset = 0  # decode from here, so the tokenizer sees context for spacing
-        self.read_offset = 0  # text of ids[:read_offset] has already been returned
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        self._context = 0  # where the ids of the last text returned begin (spacing context for flush)
+        self._shown = 0  # text of ids[:_shown] has been returned
 
     def add(self, new_ids: list[int]) -> str:
         """Append token ids; return the text that is now complete (maybe empty)."""
+        if not new_ids:
+            return ""
         self.ids.extend(new_ids)
-        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset :])
-        if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
-            self.prefix_offset = self.read_offset
-            self.read_offset = len(self.ids)
-            return new_text[len(prefix_text) :]
-        return ""
+        text = self._stream.step(self._backend, list(new_ids))
+        if text is None:  # the middle of a character, or a special token
+            return ""
+        self._context, self._shown = self._shown, len(self.ids)
+        return text
 
     def flush(self) -> str:
         """At the end: whatever is left, even an incomplete character (shown as U+FFFD)."""
-        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset :])
-        self.prefix_offset = self.read_offset = len(self.ids)
-        return new_text[len(prefix_text) :]
+        if self._shown == len(self.ids):
+            return ""
+        before = self._decode(self.ids[self._context : self._shown])
+        after = self._decode(self.ids[self._context :])
+        self._context = self._shown = len(self.ids)
+        return after[len(before) :]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 class StopStrings:

@@ -8,14 +8,12 @@ engine returned it (and its token ids), so the next prompt — the chat template
 begins with the tokens whose KV the cache holds.
 
 A conversation's `session` is its prefix-cache scope. It is the only thing that separates one
-user's cached KV from another's, so `SessionStore` makes session ids unguessable.
+user's cached KV from another's, so whoever hands out session ids makes them unguessable (the
+page's ChatStore in ui/chat.py, the API's signed ids in server/sessions.py).
 """
 
 from __future__ import annotations
 
-import secrets
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from engine.core.errors import InvalidRequest
@@ -93,46 +91,3 @@ class Conversation:
     def clear(self) -> None:
         self.messages.clear()
 
-
-class SessionStore:
-    """Conversations by session id, newest kept; ids are random secrets (they scope the KV cache).
-
-    `prefix_cache` (optional): a dropped session's cached KV is dropped with it.
-    """
-
-    def __init__(self, max_sessions: int = 1000, prefix_cache=None):
-        self.max_sessions = max_sessions
-        self.prefix_cache = prefix_cache
-        self._sessions: OrderedDict[str, Conversation] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def create(self, system: str | None = None) -> Conversation:
-        conv = Conversation(secrets.token_urlsafe(16), system)
-        with self._lock:
-            self._sessions[conv.session] = conv
-            overflow = len(self._sessions) - self.max_sessions
-            old = [self._sessions.popitem(last=False)[0] for _ in range(max(overflow, 0))]
-        for sid in old:
-            self._forget_kv(sid)
-        return conv
-
-    def get(self, session: str) -> Conversation:
-        with self._lock:
-            conv = self._sessions.get(session)
-            if conv is None:
-                raise InvalidRequest("unknown or expired session: start a new conversation", "session")
-            self._sessions.move_to_end(session)
-            return conv
-
-    def drop(self, session: str) -> None:
-        with self._lock:
-            self._sessions.pop(session, None)
-        self._forget_kv(session)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._sessions)
-
-    def _forget_kv(self, session: str) -> None:
-        if self.prefix_cache is not None and not self.prefix_cache.shared:
-            self.prefix_cache.drop(scope=self.prefix_cache.scope_for(session))
