@@ -17,20 +17,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.cli import add_load_args
-    from server.cli import add_server_args
+    """`python -m server`'s flags (server.cli.server_parser: the same defaults) and the page's own."""
+    from server.cli import server_parser
 
     prog = "latency-lab" if os.path.basename(sys.argv[0]) == "latency-lab" else "python app.py"
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = server_parser(prog, __doc__.splitlines()[0])
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link (needs internet)")
     p.add_argument("--paced-source", type=float, default=None, metavar="TOK_PER_S",
                    help="no model: a test source emitting tokens at this rate (to measure the page itself)")
-    add_load_args(p)
-    add_server_args(p)
-    from ui.load.run import PAGE_MAX_BATCH
-
-    # The page's engine batches (the Load tab compares run limits up to this); a lone chat still runs alone.
-    p.set_defaults(max_batch=PAGE_MAX_BATCH)
     return p
 
 
@@ -62,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.share:
         _share(args.host, args.port)
     from engine.measure import capabilities
+    from server.cli import start_line
 
     print(f"this machine: {capabilities.detect().summary()}", file=sys.stderr)
-    print(f"Latency Lab on http://{args.host}:{args.port}", file=sys.stderr)
+    engine = "" if args.paced_source else start_line(args)
+    print(f"Latency Lab on http://{args.host}:{args.port}{f' ({engine})' if engine else ''}", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     except SystemExit as exc:  # uvicorn exits 3 when it cannot start (the port is taken...)

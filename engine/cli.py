@@ -22,7 +22,8 @@ from engine.core.errors import EXIT_OK, InvalidRequest, LatencyLabError, exit_co
 from engine.serving.sessions import Conversation
 
 
-def add_load_args(p: argparse.ArgumentParser) -> None:
+def add_load_args(p: argparse.ArgumentParser, max_batch: int = LoadConfig.max_batch) -> None:
+    """The model flags; `max_batch`: --max-batch's default (the servers batch: server.cli.DEFAULT_MAX_BATCH)."""
     g = p.add_argument_group("model")
     g.add_argument("--model", default=None,
                    help="a model folder, a .gguf file or a hub id (default: bundled SmolLM2-135M-Instruct)")
@@ -43,7 +44,7 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft for --speculative draft: a causal LM folder sharing the model's tokenizer "
                         "(default: the bundled distilled draft for the bundled model; 'none': no draft)")
-    g.add_argument("--max-batch", type=int, default=LoadConfig.max_batch, metavar="N",
+    g.add_argument("--max-batch", type=int, default=max_batch, metavar="N",
                    help="continuous batching: decode up to N requests together in one forward (default: %(default)s; "
                         "1: one request at a time); speculative requests run unbatched beside the batch")
 

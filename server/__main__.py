@@ -6,16 +6,20 @@ import argparse
 import sys
 
 
+def build_parser() -> argparse.ArgumentParser:
+    from .cli import server_parser
+
+    return server_parser("python -m server", __doc__.splitlines()[0])
+
+
 def main(argv: list[str] | None = None) -> int:
-    from engine.cli import add_load_args, load_config_from_args
+    from engine.cli import load_config_from_args
     from engine.core.errors import EXIT_FAILURE, LatencyLabError, exit_code
 
-    from . import add_server_args, build_backends, create_api
+    from . import build_backends, create_api
+    from .cli import start_line
 
-    p = argparse.ArgumentParser(prog="python -m server", description=__doc__.splitlines()[0])
-    add_load_args(p)
-    add_server_args(p)
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         from engine.serving.service import Engine
 
@@ -25,8 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(exc)
     import uvicorn
 
+    engine = start_line(args)
     print(f"serving {', '.join(backends)} on http://{args.host}:{args.port}/v1 "
-          f"(auth {'on' if args.api_key else 'off'}); metrics at /metrics", file=sys.stderr)
+          f"({engine + ', ' if engine else ''}auth {'on' if args.api_key else 'off'}); metrics at /metrics",
+          file=sys.stderr)
     try:
         uvicorn.run(create_api(backends, api_key=args.api_key), host=args.host, port=args.port, log_level="warning")
     except SystemExit as exc:  # uvicorn exits 3 when it cannot start (the port is taken...)

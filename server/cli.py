@@ -1,7 +1,8 @@
-"""Server flags (`add_server_args`) and the engines they name (`build_backends`).
+"""Server flags (`add_server_args`, `server_parser`) and the engines they name (`build_backends`).
 
-app.py and `python -m server` share these. `--api-key` protects this server (API, page, /lab); the key sent
-to a remote server is a separate flag (`--remote-api-key`), so our own key never leaves the machine.
+app.py and `python -m server` share these (one parser builder, so their defaults cannot drift apart).
+`--api-key` protects this server (API, page, /lab); the key sent to a remote server is a separate flag
+(`--remote-api-key`), so our own key never leaves the machine.
 """
 
 from __future__ import annotations
@@ -13,6 +14,25 @@ from engine.core.errors import InvalidRequest
 
 BACKENDS = ("local", "openai", "both")
 DEFAULT_MAX_QUEUE = 64
+# Both servers batch: clients arrive together, and the page's Load tab compares max batch 1 and 8 on the
+# running engine (a run's batch scope can only lower the engine's limit). A lone request still runs
+# alone. `python -m engine` (one terminal user) keeps LoadConfig's 1.
+DEFAULT_MAX_BATCH = 8
+
+
+def server_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The flags of app.py and `python -m server`: model (max batch default DEFAULT_MAX_BATCH) and server."""
+    from engine.cli import add_load_args
+
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    add_load_args(p, max_batch=DEFAULT_MAX_BATCH)
+    add_server_args(p)
+    return p
+
+
+def start_line(args) -> str:
+    """What the start line says of the local engine ('' when there is none)."""
+    return f"max batch {args.max_batch}" if args.backend in ("local", "both") else ""
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:

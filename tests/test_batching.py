@@ -10,7 +10,7 @@ from engine.cli import build_parser, load_config_from_args
 from engine.core.config import GenerationConfig, LoadConfig
 from engine.core.errors import InvalidRequest
 from engine.measure import capabilities
-from engine.serving.scheduler import BatchedDecoding, BatchingWorker
+from engine.serving.scheduler import BatchedDecoding
 from engine.serving.service import Engine
 from engine.serving.worker import Worker
 
@@ -66,13 +66,39 @@ def test_max_batch_flag_and_default():
         assert err.value.param == "max_batch"
 
 
+def test_both_servers_default_to_the_same_max_batch():
+    """`python app.py` and `python -m server` build one parser (server.cli.server_parser): the same
+    --max-batch default, which their start line names."""
+    import app
+    from server.__main__ import build_parser as server_parser
+    from server.cli import DEFAULT_MAX_BATCH, start_line
+
+    page, api = app.build_parser().parse_args([]), server_parser().parse_args([])
+    assert page.max_batch == api.max_batch == DEFAULT_MAX_BATCH
+    assert start_line(api) == f"max batch {DEFAULT_MAX_BATCH}"
+    assert start_line(server_parser().parse_args(["--max-batch", "1"])) == "max batch 1"
+    assert start_line(server_parser().parse_args(["--backend", "openai"])) == ""  # no local engine
+
+
 def test_max_batch_1_is_todays_worker(tiny):
     engine = Engine(tiny)
     try:
-        assert type(engine.worker) is Worker
+        assert type(engine.worker) is Worker and engine.worker.max_batch == 1
         assert engine.info().batching is None
         done = engine.complete(ask("Hi."), GREEDY)
         assert "batch_size" not in done.timeline.to_dict() and "batching" not in done.timeline.counters
+        # strictly one at a time, first come first served, each told its place in line
+        prompts = ["Name a color.", "Name a fruit.", "Count to five.", "Say hi."]
+        alone = [engine.complete(ask(p), GREEDY).token_ids for p in prompts]
+        deadline = time.monotonic() + 30
+        while engine.worker.busy and time.monotonic() < deadline:  # the last one leaves after its done event
+            time.sleep(0.01)
+        handles = [engine.submit(ask(p), GREEDY) for p in prompts]
+        tls = [h.result(timeout=300).timeline for h in handles]
+        assert [h.final.token_ids for h in handles] == alone
+        assert [t.queue_position for t in tls] == [0, 1, 2, 3]
+        for earlier, later in zip(tls, tls[1:]):
+            assert later.started_ns >= earlier.done_ns
     finally:
         engine.close()
 
@@ -184,7 +210,7 @@ def test_a_failing_request_fails_alone(batching_tiny):
     with pytest.raises(Exception):
         too_long.result(timeout=300)
     assert ok.result(timeout=300).output_tokens > 0
-    assert isinstance(batching_tiny.worker, BatchingWorker)
+    assert isinstance(batching_tiny.worker, Worker) and batching_tiny.worker.max_batch == 4
     deadline = time.monotonic() + 30
     while batching_tiny.worker.busy and time.monotonic() < deadline:  # it leaves the batch after its done event
         time.sleep(0.01)

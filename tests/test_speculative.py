@@ -17,7 +17,7 @@ from engine.core.request import Request
 from engine.core.timeline import Timeline
 from engine.model.loader import load_draft
 from engine.serving.decoding import Decoding
-from engine.serving.generate import build_prompt_ids, generate
+from engine.serving.generate import build_prompt_ids, decoding_for, generate
 from engine.serving.prefix_cache import PrefixCache
 from engine.serving.sampling import Sampler
 from engine.speculative import (
@@ -382,20 +382,25 @@ def test_adaptive_backoff_engages_on_the_model_when_guesses_never_match(tiny, tm
 
 # --- cancellation and errors ---------------------------------------------------------------------
 def test_cancellation_mid_stream_with_speculation(bundled, plain_greedy):
-    chunks = []
+    chunks, made = [], []
     tl = Timeline()
+    cfg = GenerationConfig(temperature=0.0, max_new_tokens=N_TOKENS, speculative="prompt_lookup",
+                           speculative_adaptive=False)
+
+    def keep(*args, **kwargs):  # the sequence, to look at once it is done
+        made.append(decoding_for(cfg, bundled.draft)(*args, **kwargs))
+        return made[-1]
+
     gen = generate(bundled.model, bundled.tokenizer, bundled.eos_token_ids,
-                   Request(messages=ask(PROMPTS[0]), config=GenerationConfig(
-                       temperature=0.0, max_new_tokens=N_TOKENS, speculative="prompt_lookup",
-                       speculative_adaptive=False)),
-                   tl, should_stop=lambda: len(chunks) >= 3, draft=bundled.draft)
+                   Request(messages=ask(PROMPTS[0]), config=cfg),
+                   tl, should_stop=lambda: len(chunks) >= 3, decoding_factory=keep)
     for event in gen:
         if event.kind == "chunk":
             chunks.append(event)
     assert event.kind == "done" and event.detail["finish_reason"] == "cancelled"
     got = event.token_ids
     assert 3 <= len(got) < N_TOKENS and got == plain_greedy[PROMPTS[0]][: len(got)]
-    dec = event.decoding
+    dec, = made
     assert dec.cache.length == len(dec.ids) - 1 and dec.output_ids == got  # consistent, reusable
 
 

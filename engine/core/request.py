@@ -2,7 +2,7 @@
 the handle a caller holds while it runs (`RequestHandle`), and the check of chat messages.
 
 The API, the page, the remote engine and the paced test source use these without importing the
-decode loop; the worker and the batch scheduler produce them.
+decode loop; the worker (engine/serving/worker.py) produces them.
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from engine.core.config import GenerationConfig
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.timeline import Timeline
-
-if TYPE_CHECKING:
-    from engine.serving.decoding import Decoding
 
 
 @dataclass
@@ -36,14 +32,13 @@ class Request:
 
 @dataclass
 class Event:
-    kind: str  # status | chunk | done | error (and, between generate and the batch scheduler only: step | pause)
+    kind: str  # status | chunk | done | error
     text: str = ""  # chunk: the new text; done: the whole reply
     token_ids: list[int] = field(default_factory=list)  # chunk: new ids; done: all output ids
     output_tokens: int = 0  # tokens sampled so far
     stage: str = ""  # status: queued | setup | prefill | decode
     detail: dict = field(default_factory=dict)  # status/done/error specifics
     timeline: Timeline | None = None
-    decoding: Decoding | None = None  # done: the finished sequence (cache None once the prefix cache kept it)
 
     def to_dict(self) -> dict:
         d = {"kind": self.kind, "text": self.text, "token_ids": list(self.token_ids),

@@ -1,10 +1,15 @@
 """`Decoding`: one sequence being generated (its token ids, KV cache and sampler), and the
 length rules a request must fit (context window, cache room for a speculative verify pass).
-`engine.serving.generate` drives a Decoding; `engine.speculative` extends it."""
+`engine.serving.generate` drives a Decoding; `engine.speculative` extends it.
+
+`Step` and `Pause` are what `generate` yields to the worker's scheduler (engine/serving/worker.py)
+between the public events: they never reach a caller (engine.core.request.Event is the public type).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +42,20 @@ def check_lengths(prompt_tokens: int, config: GenerationConfig, max_context: int
 def cache_capacity(prompt_tokens: int, config: GenerationConfig) -> int:
     """KV positions a request may need: prompt, output, and room for a speculative verify pass."""
     return prompt_tokens + config.max_new_tokens + SPECULATION_SLACK
+
+
+@dataclass(frozen=True)
+class Step:
+    """A batched sequence waits for the scheduler's forward of its `next_rows()` (a prompt chunk or
+    its last token); the scheduler hands it the logits (`BatchedDecoding.ran`) and resumes it."""
+
+    decoding: Decoding
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A sequence ran one piece of work alone (a chunk of its chunked prefill): the scheduler lets
+    the others have their forward before resuming it."""
 
 
 class Decoding:

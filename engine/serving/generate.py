@@ -2,8 +2,10 @@
 
 `Decoding` (engine/serving/decoding.py) holds one sequence's state (token ids, KV cache, sampler) and knows
 how to prefill and take one decode step. `generate` drives it for a request, turns token ids into text, applies
-the stop rules and records every timestamp on the request's `Timeline`. It yields `Event`s;
-the worker forwards them to whoever waits (CLI, API, page).
+the stop rules and records every timestamp on the request's `Timeline`. It yields `Event`s, which
+the worker forwards to whoever waits (CLI, API, page), and, for a batched sequence, the scheduler's
+own `Step`/`Pause` signals (engine/serving/decoding.py), which the worker keeps to itself.
+The request's config is trusted: the worker validated it at submit (`Worker.submit`).
 
 Stopping: EOS, a stop string, `max_new_tokens`, or cancellation, checked before every step.
 """
@@ -17,7 +19,7 @@ from engine.core.config import GenerationConfig
 from engine.core.request import Event, Request, validate_messages
 from engine.core.timeline import Timeline, now_ns
 from engine.model import compiled_step
-from engine.serving.decoding import Decoding, cache_capacity, check_lengths
+from engine.serving.decoding import Decoding, Pause, Step, cache_capacity, check_lengths
 from engine.serving.detokenize import IncrementalDetokenizer, StopStrings
 from engine.serving.prefix_cache import PrefixCache, RequestReuse
 from engine.speculative import SpeculativeDecoding
@@ -52,8 +54,9 @@ def generate(
     decoding_factory: Callable[..., Decoding] | None = None,
     prefix_cache: PrefixCache | None = None,
     draft=None,
-) -> Iterator[Event]:
-    """Answer one request, yielding status, chunk and finally a done event.
+) -> Iterator[Event | Step | Pause]:
+    """Answer one request, yielding status, chunk and finally a done event (and, for a batched
+    sequence, `Step`/`Pause` signals for the scheduler between them).
 
     Raises InvalidRequest (before any token) for requests the engine cannot run. With a
     `prefix_cache` (and `kv_reuse` on), the longest cached prefix of the prompt is not prefilled,
@@ -61,7 +64,7 @@ def generate(
     `decoding_factory` None: chosen by the request's toggles (`decoding_for`); `draft`: the loaded
     draft model for speculative='draft'.
     """
-    cfg = request.config.validate()
+    cfg = request.config  # validated at submit
     yield Event("status", stage="setup")
     prompt_ids = list(request.prompt_ids) if request.prompt_ids is not None else build_prompt_ids(
         tokenizer, request.messages
@@ -130,24 +133,24 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
     timeline.mark("done")
     reuse.keep(dec)  # after a cancel too: between steps the sequence and its KV agree
     yield Event("done", text="".join(text_parts), token_ids=dec.output_ids[:produced], output_tokens=produced,
-                detail={"finish_reason": finish}, timeline=timeline, decoding=dec)
+                detail={"finish_reason": finish}, timeline=timeline)
 
 
 def _decode_step(dec: Decoding):
-    """One decode step. A batched sequence (engine/serving/scheduler.py) first yields a `step` event and
+    """One decode step. A batched sequence (engine/serving/scheduler.py) first yields a `Step` and
     waits: the scheduler runs one forward for every sequence waiting so, hands each its logits,
     and resumes it. Any other sequence steps by itself."""
     if getattr(dec, "batched", False):
-        yield Event("step", decoding=dec)
+        yield Step(dec)
     return dec.step()
 
 
 def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], bool]):
     """Prefill; chunked when the request asks, with a progress event after each chunk (prompt
     tokens prefilled of `prefill_tokens`, ending at the total) and Stop honoured between chunks.
-    A batched sequence yields a `step` event for each chunk of its prompt (`dec.next_rows`): the
+    A batched sequence yields a `Step` for each chunk of its prompt (`dec.next_rows`): the
     scheduler runs it in the same forward as the running batch's decode step (with the chunked
-    toggle: a `pause` after each chunk, which runs alone).
+    toggle: a `Pause` after each chunk, which runs alone).
     Returns the first token(s), or [] when stopped before the prompt was through."""
     total, batched = dec.prompt_len - dec.cached_tokens, getattr(dec, "batched", False)
     if cfg.chunked_prefill:
@@ -158,12 +161,12 @@ def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], boo
         for end in dec.prefill_chunks(cfg.prefill_chunk_tokens):
             yield progress(end - dec.cached_tokens)
             if end < dec.prompt_len and batched:
-                yield Event("pause")
+                yield Pause()
             if end < dec.prompt_len and should_stop():
                 return []
     elif batched:  # each chunk (dec.next_rows) runs in the scheduler's forward, beside the batch's decode step
         while dec.prefilled < dec.prompt_len:
-            yield Event("step", decoding=dec)
+            yield Step(dec)
             if dec.prefilled < dec.prompt_len and should_stop():
                 return []
     return dec.prefill()

@@ -30,18 +30,14 @@ class Engine:
         """`variants`: quantization variants to build now (others are built on first use).
         `machine_limits`: the machine's measured ceilings for the roofline (None: fractions stay None
         until `remeasure_limits`); `cache_dir`: where `remeasure_limits` caches them.
-        `max_batch` > 1: continuous batching (engine/serving/scheduler.py); 1: one request at a time."""
+        `max_batch`: requests the worker runs at once (continuous batching, engine/serving/scheduler.py);
+        1: one request at a time."""
         self.loaded = loaded
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes, defer_quality=True)
         self.variants.preload(variants)
-        if max_batch > 1:
-            from engine.serving.scheduler import BatchingWorker
-
-            self.worker = BatchingWorker(loaded, max_batch, max_queue=max_queue, prefix_cache=self.prefix_cache,
-                                         variants=self.variants)
-        else:
-            self.worker = Worker(loaded, max_queue=max_queue, prefix_cache=self.prefix_cache, variants=self.variants)
+        self.worker = Worker(loaded, max_batch=max_batch, max_queue=max_queue, prefix_cache=self.prefix_cache,
+                             variants=self.variants)
         self.cache_dir = cache_dir
         self.worker.machine_limits = machine_limits
 
@@ -108,7 +104,7 @@ class Engine:
             prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
             packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None,
             machine_limits=self.machine_limits.to_dict() if self.machine_limits else None,
-            batching=batching() if (batching := getattr(self.worker, "batching_info", None)) else None)
+            batching=self.worker.batching_info())
 
     def close(self) -> None:
         self.worker.close()

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field, replace
 
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.toggles import Toggle
+from server.cli import DEFAULT_MAX_BATCH
 
 from .report import LoadPoint, RunFigures, pair_sentence, throughput_series
 
-PAGE_MAX_BATCH = 8  # app.py's default --max-batch: the page's engine batches, so the Load tab can compare 1 and 8
+PAGE_MAX_BATCH = DEFAULT_MAX_BATCH  # the servers' default --max-batch: the Load tab compares 1 and this
 LOAD_POOL = "load_pool"  # the load bench's own two-turn conversations
 REQUEST_DEADLINE_S = 300.0  # a request past this is "stuck" (the bench's default)
 MAX_CONVERSATIONS = 12  # distinct conversations (each needs its reference computed alone first)
