@@ -195,7 +195,7 @@ def queue_state(name: str, backend) -> dict:
     if worker is None:  # a remote engine: its requests in flight from here
         in_flight = backend.in_flight() if hasattr(backend, "in_flight") else None
         return {"model": name, "waiting": None, "running": in_flight, "max_queue": None}
-    return {"model": name, "waiting": worker.queue_depth(), "running": int(worker.busy),
+    return {"model": name, "waiting": worker.queue_depth(), "running": worker.running(),
             "max_queue": worker.max_queue}
 
 

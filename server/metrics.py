@@ -161,7 +161,7 @@ class Metrics:
         running, waiting = self.running.labels(model_name, engine), self.waiting.labels(model_name, engine)
         worker = getattr(backend, "worker", None)
         if worker is not None:
-            running.set_function(lambda: 1.0 if worker.busy else 0.0)
+            running.set_function(lambda: float(worker.running()))
             waiting.set_function(lambda: float(worker.queue_depth()))
         elif hasattr(backend, "in_flight"):
             running.set_function(lambda: float(backend.in_flight()))

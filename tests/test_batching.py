@@ -293,3 +293,17 @@ def test_batch_ceiling_bench_reports_the_ratio_its_own_forward_costs_give(tiny_m
     assert f"a ceiling of {result['ceiling']}x" in lines[-1]
     with pytest.raises(InvalidRequest, match="at least 2"):
         module.run(parser.parse_args([*argv, "--batch", "1"]), lines.append)
+
+
+def test_running_counts_every_request_in_the_batch(batching_tiny):
+    """GET /v1/queue and the running gauge read Worker.running(): a batch of two counts 2, not 'busy'."""
+    long_cfg = GenerationConfig(temperature=0.0, max_new_tokens=200)
+    a = batching_tiny.submit(ask("Write a very long story."), long_cfg)
+    b = batching_tiny.submit(ask("Write another very long story."), long_cfg)
+    _streamed(a, 1)
+    _streamed(b, 1)
+    assert batching_tiny.worker.running() == 2
+    for handle in (a, b):
+        handle.cancel()
+        handle.result(timeout=300)
+    assert batching_tiny.worker.running() == 0

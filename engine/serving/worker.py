@@ -126,6 +126,11 @@ class Worker:
     def busy(self) -> bool:
         return bool(self._active)
 
+    def running(self) -> int:
+        """Requests admitted and not yet finished (up to max_batch)."""
+        with self._cv:
+            return len(self._active)
+
     def batching_info(self) -> dict | None:
         """The engine info's `batching` entry (None at max batch 1: nothing is batched)."""
         return self.stats.info(self.max_batch, len(self._active)) if self.batching else None
