@@ -18,6 +18,7 @@ from collections import deque
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.request import Event, QueueFull, Request, RequestHandle
 from engine.core.timeline import Timeline, now_ns
+from engine.kernels import choose
 from engine.measure import roofline
 from engine.serving import public_prefix
 from engine.serving.generate import generate
@@ -209,6 +210,8 @@ class Worker:
         lm = variant.loaded
         roofline.annotate(tl, lm.model, variant.weight_bytes, self.machine_limits, getattr(lm, "dtype_name", None),
                           config)
+        compiled = tl.counters.get("decode_step") == "compiled"
+        tl.counters["kernels"] = choose.for_reply(lm.model, tl.prefill_tokens or 1, compiled)  # which kernels served
 
     def _variant(self, name, tl: Timeline):
         """The model variant the request asked for; building one here counts in its setup_ms."""
