@@ -44,7 +44,7 @@ print(json.dumps({"ids": ids, "plan": m.kernel_plan.one_row, "source": m.kernel_
 
 def _child(model_dir, cache_dir, out) -> dict:
     done = subprocess.run([sys.executable, "-c", _CHILD, str(model_dir), str(cache_dir), str(out)], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -121,9 +121,8 @@ def test_one_switch_per_kernel_and_the_old_one_turns_all_off(monkeypatch):
     with switches.forced_off("layers"):
         assert "forced_off" in switches.off_reason("layers") and switches.off_reason("gemm") is None
     assert switches.off_reason("layers") is None
-    with pytest.raises(ValueError):
-        with switches.forced_off("gemv"):
-            pass
+    with pytest.raises(ValueError), switches.forced_off("gemv"):
+        pass
 
 
 def test_engine_info_and_each_reply_say_which_kernels_served(bundled_engine, bundled):

@@ -97,9 +97,9 @@ def run(args, out):
     from engine.bench import load_model
     from engine.core.errors import LatencyLabError
     from engine.kernels import cpu_gemm, cpu_layers
+    from engine.kernels import plan as kernel_plan
     from engine.measure import capabilities
     from engine.model import compiled_step
-    from engine.kernels import plan as kernel_plan
     from engine.quant.variants import VariantSet
 
     lm = load_model(args)
@@ -133,6 +133,7 @@ def run(args, out):
     out(f"layer loop: {cpu_layers.describe(lm.model)}")
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
     plan = getattr(lm.model, "kernel_plan", None)  # measured once per machine: which fp32 one-row kernel the steps use
+    one_row = {"path": plan.one_row, "source": plan.source, **(plan.measured or {})} if plan else None
     if plan is not None and plan.source != "default":
         out(kernel_plan.summary(plan))
     rows = {}
@@ -153,5 +154,5 @@ def run(args, out):
     default = rows[lm.dtype_name]
     return {"copy_gbps": round(machine, 2), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
             "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_copy"],
-            "capabilities": capabilities.detect().summary(), "one_row_path": {"path": plan.one_row, "source": plan.source, **(plan.measured or {})} if plan else None,
+            "capabilities": capabilities.detect().summary(), "one_row_path": one_row,
             "gemv_kernels": cpu_gemm.unavailable_reason() or "ours", "layer_loop": cpu_layers.describe(lm.model)}

@@ -21,10 +21,9 @@ def add_args(p):
 
 def run(args, out):
     from engine.core.errors import LatencyLabError
-    from engine.kernels import cpu_gemm
-    from engine.measure import capabilities
-    from engine.kernels import choose
+    from engine.kernels import choose, cpu_gemm
     from engine.kernels.choose import Kernel
+    from engine.measure import capabilities
     from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
     reason = cpu_gemm.unavailable_reason()

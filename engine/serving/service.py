@@ -12,10 +12,10 @@ from engine.core.info import EngineInfo, SpeculationInfo
 from engine.core.request import Event, Request, RequestHandle
 from engine.core.timeline import Timeline
 from engine.kernels import choose, cpu_attention, cpu_layers
+from engine.kernels.choose import packed_bytes
 from engine.measure import capabilities
 from engine.measure.machine_limits import MachineLimits, load_or_measure, probe_dtypes
 from engine.model import compiled_step
-from engine.kernels.choose import packed_bytes
 from engine.model.loaded import LoadedModel
 from engine.model.loader import cache_root, load
 from engine.quant.variants import VariantSet
