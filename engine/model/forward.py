@@ -142,7 +142,7 @@ class Projections:
         for kernel, seqs in groups.items():
             parts = [seqs] if not choose.per_sequence(kernel, linear) else [[b] for b in seqs]
             for part in parts:
-                idx = torch.tensor([o + j for b in part for o, j in ((self.offsets[b], j) for j in range(lengths[b]))],
+                idx = torch.tensor([self.offsets[b] + j for b in part for j in range(lengths[b])],
                                    dtype=torch.long, device=x.device)
                 y[0, idx] = choose.run(kernel, linear, x[0, idx][None])[0]
         return y
