@@ -108,16 +108,20 @@ def test_a_projection_our_kernel_does_not_serve_keeps_the_python_loop(tiny):
     assert blk.down is original
 
 
-def test_engine_info_says_where_the_layer_loop_runs(bundled_engine, monkeypatch):
+def test_engine_info_says_where_the_layer_loop_runs(bundled_engine, ours_plan, monkeypatch):
     _layers(monkeypatch, True)
     on = bundled_engine.info().layer_loop
     _layers(monkeypatch, False)
     off = bundled_engine.info().layer_loop
     assert off == f"{cpu_layers.PYTHON} (turned off (LATENCY_LAB_LAYERS=off))"
     assert on == (cpu_layers.NAME if CAN_BUILD else f"{cpu_layers.PYTHON} ({cpu_gemm.unavailable_reason()})")
+    kernel_plan.inject(ours_plan.model, "gemv")  # one row through MKL: the C++ loop cannot take a decode step
+    _layers(monkeypatch, True)
+    assert bundled_engine.info().layer_loop.startswith(f"{cpu_layers.PYTHON} (the kernel decision sends")
 
 
-def test_a_bench_can_measure_the_python_loop_side_by_side(bundled):
+def test_a_bench_can_measure_the_python_loop_side_by_side(ours_plan):
+    bundled = ours_plan
     """`bench bandwidth --python-loop`: the Python loop inside forced_off("layers"), the C++ one after."""
     with switches.forced_off("layers"):
         assert not cpu_layers.serves(bundled.model)

@@ -44,9 +44,14 @@ def serves(model) -> bool:
 
 
 def describe(model) -> str:
-    """Where `model`'s layer loop runs, for engine info."""
+    """Where `model`'s layer loop runs for a decode step, for engine info."""
+    from engine.kernels import choose  # (choose does not import this module)
+
     if serves(model):
-        return NAME
+        kernel = choose.choose(model.blocks[0].qkv, 1, choose.plan_of(model))
+        if kernel is choose.Kernel.OURS_FP32:
+            return NAME
+        return f"{PYTHON} (the kernel decision sends one-row products to {kernel.short}, not our kernel)"
     reason = unavailable_reason() or "a projection is not a plain fp32 Linear our kernel serves (quantized, bf16, GPU)"
     return f"{PYTHON} ({reason})"
 
