@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from engine.core.errors import LoadError
+from engine.kernels.choose import DEFAULT_PLAN, Plan, choose, packed_weight, run
 from engine.measure import capabilities
-from engine.model.fast_llama import BATCH_ROWS, packed_weight, project
 from engine.model.loader import resolve_dtype
 from engine.quant import quantize, weight_only
 from engine.quant.quantize import (
@@ -18,6 +18,12 @@ from engine.quant.quantize import (
 )
 
 CAPS = capabilities.detect()
+PACKED_ONE_ROW = Plan(one_row="packed", source="injected")  # every fp32 row through the packed copy
+
+
+def project(linear, x, plan=DEFAULT_PLAN):
+    """linear(x) through the kernel the one decision names for x's rows."""
+    return run(choose(linear, x.shape[-2], plan), linear, x)
 
 
 def test_detect_reports_this_machine_and_forced_changes_it_only_inside():
@@ -64,46 +70,49 @@ def test_fp32_packed_weights_from_two_rows_on_give_each_row_the_same_bits_at_any
     assert torch.equal(project(lin, x[:, :1]), lin(x[:, :1]))  # one row: MKL's GEMV, as before
     rows = project(lin, x)
     for i in range(9):  # what batching's exactness rests on
-        assert torch.equal(project(lin, x[:, i : i + 1], BATCH_ROWS), rows[:, i : i + 1])
+        assert torch.equal(project(lin, x[:, i : i + 1], PACKED_ONE_ROW), rows[:, i : i + 1])
 
 
 @pytest.mark.skipif(not CAPS.packed_fp32_weights, reason="this torch build has no oneDNN; the test below covers "
                     "the model without packed weights")
-def test_the_one_row_path_is_measured_at_load_and_either_choice_keeps_greedy_exact(tiny, monkeypatch):
-    """`choose_one_row_path` measures every one-row kernel here and keeps the fastest (the packed copy
-    only with a 5% lead over GEMV); whichever it picks, greedy decoding is unchanged, and the batched
-    forward's decode rows are our kernel's bits (where it builds) or the packed copy's."""
+def test_the_one_row_path_is_measured_cached_and_either_choice_keeps_greedy_exact(tiny, tmp_path):
+    """engine/kernels/plan.py measures every one-row kernel here and keeps the fastest (the packed copy
+    only with a 5% lead over GEMV), writes the choice to the per-machine cache and reads it back the
+    next time; whichever it picks, greedy decoding is unchanged, and a lone sequence gets the bits
+    of the same sequence in a batch."""
     from engine.kernels import cpu_gemm
-    from engine.model import fast_llama
+    from engine.kernels import plan as kernel_plan
     from engine.model.batch_forward import forward_batch
 
     model = tiny.model
-    saved = dict(model.packed_rows), model.ours_rows
+    saved = model.kernel_plan
     try:
-        choice = model.choose_one_row_path(rounds=2, steps=1)
-        assert choice["packed_ms"] > 0 and choice["gemv_ms"] > 0
-        assert (choice["ours_ms"] is not None) == cpu_gemm.available()
-        assert choice["path"] in (("packed", "gemv", "ours") if cpu_gemm.available() else ("packed", "gemv"))
-        if choice["path"] != "ours":
-            assert (choice["path"] == "packed") == (choice["ratio"] <= fast_llama.ONE_ROW_PACKED_IF)
-        assert model.packed_rows[torch.float32][0] == (1 if choice["path"] == "packed" else 2)
-        assert model.ours_rows == (fast_llama.OURS_ROWS if choice["path"] == "ours" else 0)
+        choice = kernel_plan.load_or_measure(model, tmp_path)
+        m = choice.measured
+        assert choice.source == "measured" and m["packed_ms"] > 0 and m["gemv_ms"] > 0
+        assert (m["ours_ms"] is not None) == cpu_gemm.available()
+        assert choice.one_row in (("packed", "gemv", "ours") if cpu_gemm.available() else ("packed", "gemv"))
+        if choice.one_row != "ours":
+            assert (choice.one_row == "packed") == (m["ratio"] <= kernel_plan.ONE_ROW_PACKED_IF)
+        assert len(list((tmp_path / "kernel-plans").iterdir())) == 1
+        again = kernel_plan.load_or_measure(model, tmp_path)  # a restart: the cached decision, not a new race
+        assert again.one_row == choice.one_row and again.source.startswith("cached") and again.measured == m
         ids = torch.tensor([5, 9, 13])
         outs = {}
-        for path, lo, ours_rows in (("packed", 1, 0), ("gemv", 2, 0), ("ours", 2, fast_llama.OURS_ROWS)):  # forced
-            model.packed_rows[torch.float32], model.ours_rows = (lo, 128), ours_rows
-            cache = model.new_cache(16)
+        for path in kernel_plan.candidates(model):  # forced
+            kernel_plan.inject(model, path)
+            cache, other = model.new_cache(16), model.new_cache(16)
             forward_batch(model, [ids.tolist()], [cache])  # the same prompt KV for every path
+            forward_batch(model, [[3, 4]], [other])
             outs[path] = model.forward(torch.tensor([21]), cache)
-        cache = model.new_cache(16)
-        forward_batch(model, [ids.tolist()], [cache])
-        batched = "ours" if cpu_gemm.available() else "packed"
-        assert torch.equal(outs[batched], forward_batch(model, [[21]], [cache]))  # a lone decode row: batching's bits
-        for path in ("gemv", "ours"):
+            cache.crop(3)
+            batched = forward_batch(model, [[21], [8]], [cache, other])  # the same row beside another
+            assert torch.equal(outs[path], batched[:1])
+        for path in outs:
             torch.testing.assert_close(outs["packed"], outs[path], atol=1e-4, rtol=1e-4)
             assert outs["packed"].argmax() == outs[path].argmax()
     finally:
-        model.packed_rows, model.ours_rows = saved
+        model.kernel_plan = saved
 
 
 def test_fast_llama_forward_is_right_without_packed_weights(tiny):

@@ -103,7 +103,7 @@ def test_models_the_graph_cannot_trace_are_refused_with_the_reason(tiny_model_di
     with pytest.raises(InvalidRequest, match="generic transformers"):
         compiled_step.for_model(generic.model)
     bf16 = load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False))
-    # a bf16 model's plain linears take one-row matmuls with oneDNN off (fast_llama._gemm_backend),
+    # a bf16 model's plain linears take one-row matmuls with oneDNN off (choose.Kernel.ATEN_NO_ONEDNN),
     # which a graph cannot switch: refused with what to pick instead, whatever the CPU
     assert "int4wo+head" in compiled_step.unavailable_reason(bf16.model)
 

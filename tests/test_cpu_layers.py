@@ -8,7 +8,8 @@ import torch
 from conftest import build_tiny_model_dir
 
 from engine.core.config import LoadConfig
-from engine.kernels import cpu_gemm, cpu_layers
+from engine.kernels import choose, cpu_gemm, cpu_layers, switches
+from engine.kernels import plan as kernel_plan
 from engine.measure import capabilities
 from engine.model.batch_forward import forward_batch
 from engine.model.loader import load
@@ -20,6 +21,17 @@ needs_kernels = pytest.mark.skipif(not CAN_BUILD, reason="needs AVX2 and a C++ c
 
 def _layers(monkeypatch, on: bool) -> None:
     monkeypatch.setenv("LATENCY_LAB_LAYERS", "on" if on else "off")
+
+
+@pytest.fixture
+def ours_plan(bundled):
+    """The bundled model with our fp32 kernel chosen for its rows (the C++ loop's condition), whatever
+    this machine's measurement picked; the measured plan restored after."""
+    saved = bundled.model.kernel_plan
+    kernel_plan.inject(bundled.model, "ours")
+    yield bundled
+    bundled.model.kernel_plan = saved
+    choose.prepare(bundled.model)
 
 
 def _batched_run(model):
@@ -45,14 +57,19 @@ def _alone_run(model):
 
 
 @needs_kernels
-def test_the_cpp_loop_serves_here_and_gives_the_python_loops_bits(bundled, monkeypatch):
-    model = bundled.model
+def test_the_cpp_loop_serves_here_and_gives_the_python_loops_bits(ours_plan, monkeypatch):
+    model = ours_plan.model
     assert cpu_layers.unavailable_reason() is None and cpu_layers.serves(model)
+    calls = []
+    run_layers = cpu_layers.run_layers
+    monkeypatch.setattr(cpu_layers, "run_layers", lambda *a: calls.append(1) or run_layers(*a))
     _layers(monkeypatch, True)
     cpp = _batched_run(model), _alone_run(model)
+    assert len(calls) == 3 + 7  # every forward of both runs went through the C++ loop
     _layers(monkeypatch, False)
     assert not cpu_layers.serves(model) and "LATENCY_LAB_LAYERS" in cpu_layers.unavailable_reason()
     python = _batched_run(model), _alone_run(model)
+    assert len(calls) == 10  # none through it
     (cpp_logits, cpp_kv), cpp_alone = cpp
     (py_logits, py_kv), py_alone = python
     assert all(torch.equal(a, b) for a, b in zip(cpp_logits, py_logits))
@@ -64,6 +81,7 @@ def test_the_cpp_loop_serves_here_and_gives_the_python_loops_bits(bundled, monke
 def test_projection_biases_are_added_as_the_python_loop_adds_them(tmp_path, tokenizer, monkeypatch):
     path = build_tiny_model_dir(tmp_path / "qwen", tokenizer, model_type="qwen2", seed=3, use_sliding_window=False)
     model = load(LoadConfig(model=str(path), dtype="fp32", progress=False)).model
+    kernel_plan.inject(model, "ours")  # every row on our kernel: the C++ loop's condition
     assert model.blocks[0].qkv.bias is not None  # Qwen2 projects q, k and v with a bias
     torch.nn.init.normal_(model.blocks[0].qkv.bias)  # a random model starts them at zero
     assert cpu_layers.serves(model)
@@ -90,18 +108,22 @@ def test_a_projection_our_kernel_does_not_serve_keeps_the_python_loop(tiny):
     assert blk.down is original
 
 
-def test_engine_info_says_where_the_layer_loop_runs(bundled_engine, monkeypatch):
+def test_engine_info_says_where_the_layer_loop_runs(bundled_engine, ours_plan, monkeypatch):
     _layers(monkeypatch, True)
     on = bundled_engine.info().layer_loop
     _layers(monkeypatch, False)
     off = bundled_engine.info().layer_loop
     assert off == f"{cpu_layers.PYTHON} (turned off (LATENCY_LAB_LAYERS=off))"
     assert on == (cpu_layers.NAME if CAN_BUILD else f"{cpu_layers.PYTHON} ({cpu_gemm.unavailable_reason()})")
+    kernel_plan.inject(ours_plan.model, "gemv")  # one row through MKL: the C++ loop cannot take a decode step
+    _layers(monkeypatch, True)
+    assert bundled_engine.info().layer_loop.startswith(f"{cpu_layers.PYTHON} (the kernel decision sends")
 
 
-def test_a_bench_can_measure_the_python_loop_side_by_side(bundled):
-    """`bench bandwidth --python-loop`: the Python loop inside python_loop(), the C++ one after."""
-    with cpu_layers.python_loop():
+def test_a_bench_can_measure_the_python_loop_side_by_side(ours_plan):
+    bundled = ours_plan
+    """`bench bandwidth --python-loop`: the Python loop inside forced_off("layers"), the C++ one after."""
+    with switches.forced_off("layers"):
         assert not cpu_layers.serves(bundled.model)
         assert cpu_layers.describe(bundled.model).startswith(cpu_layers.PYTHON)
     assert cpu_layers.serves(bundled.model) == CAN_BUILD

@@ -97,14 +97,19 @@ def test_multi_row_projections_use_a_packed_weight_with_identical_results():
     a replaced or non-bf16 weight never meets a stale copy."""
     from torch import nn
 
-    from engine.model.fast_llama import packed_weight, project
+    from engine.kernels.choose import Kernel, choose, packed_weight, run
+
+    def project(lin, x):
+        return run(choose(lin, x.shape[-2]), lin, x)
 
     lin = nn.Linear(64, 96, bias=True).to(torch.bfloat16)
     x = torch.randn(1, 5, 64).to(torch.bfloat16)
     packed = packed_weight(lin)
     assert packed is not None and packed_weight(lin) is packed  # made once
-    assert torch.equal(project(lin, x), lin(x))
-    assert torch.equal(project(lin, x[:, :1]), lin(x[:, :1]))  # one row: the plain path
+    assert choose(lin, 5) is Kernel.ONEDNN_PACKED and torch.equal(project(lin, x), lin(x))
+    assert choose(lin, 1) is Kernel.ATEN_NO_ONEDNN  # one row: ATen's own GEMV, oneDNN bypassed for the call only
+    torch.testing.assert_close(project(lin, x[:, :1]), lin(x[:, :1]), atol=2e-2, rtol=2e-2)
+    assert torch.backends.mkldnn.enabled  # the process-wide flag is back on after the call
     lin.weight = nn.Parameter(torch.randn(96, 64).to(torch.bfloat16), requires_grad=False)
     assert packed_weight(lin) is not packed and torch.equal(project(lin, x), lin(x))
 

@@ -66,9 +66,9 @@ class PythonLoop(_StepsOf):
     """A model-like: `model`'s steps with the layer loop in Python, not one C++ call (engine/kernels/cpu_layers.py)."""
 
     def forward(self, ids, cache, all_logits: bool = False):
-        from engine.kernels.cpu_layers import python_loop
+        from engine.kernels.switches import forced_off
 
-        with python_loop():
+        with forced_off("layers"):
             return self.model.forward(ids, cache, all_logits)
 
 
@@ -97,9 +97,9 @@ def run(args, out):
     from engine.bench import load_model
     from engine.core.errors import LatencyLabError
     from engine.kernels import cpu_gemm, cpu_layers
+    from engine.kernels import plan as kernel_plan
     from engine.measure import capabilities
     from engine.model import compiled_step
-    from engine.model.fast_llama import one_row_summary
     from engine.quant.variants import VariantSet
 
     lm = load_model(args)
@@ -132,9 +132,10 @@ def run(args, out):
     out(f"weight-only kernels: {cpu_gemm.kernel_name('int4wo')}")
     out(f"layer loop: {cpu_layers.describe(lm.model)}")
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
-    one_row = getattr(lm.model, "one_row_path", None)  # measured at load: which fp32 one-row kernel the steps use
-    if one_row:
-        out(one_row_summary(one_row))
+    plan = getattr(lm.model, "kernel_plan", None)  # measured once per machine: which fp32 one-row kernel the steps use
+    one_row = {"path": plan.one_row, "source": plan.source, **(plan.measured or {})} if plan else None
+    if plan is not None and plan.source != "default":
+        out(kernel_plan.summary(plan))
     rows = {}
     for name, m in models.items():
         step = median(times[name])

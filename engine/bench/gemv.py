@@ -21,9 +21,9 @@ def add_args(p):
 
 def run(args, out):
     from engine.core.errors import LatencyLabError
-    from engine.kernels import cpu_gemm
+    from engine.kernels import choose, cpu_gemm
+    from engine.kernels.choose import Kernel
     from engine.measure import capabilities
-    from engine.model import fast_llama
     from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
     reason = cpu_gemm.unavailable_reason()
@@ -42,11 +42,11 @@ def run(args, out):
     fp32 = [nn.Linear(k, n, bias=False) for k, n in shapes]
     for lin in fp32:
         lin.weight.data = torch.randn(lin.out_features, lin.in_features, generator=gen) * 0.02
-        fast_llama.panels(lin)
-    layers["fp32 ours"] = [functools.partial(fast_llama.ours, lin) for lin in fp32]
-    if all(fast_llama.packed_weight(lin) is not None for lin in fp32):
-        layers["fp32 packed"] = [functools.partial(_packed, lin, fast_llama.packed_weight(lin)) for lin in fp32]
-    layers["fp32 plain"] = fp32
+        cpu_gemm.panels(lin)
+    layers["fp32 ours"] = [functools.partial(choose.run, Kernel.OURS_FP32, lin) for lin in fp32]
+    if all(choose.packed_weight(lin) is not None for lin in fp32):
+        layers["fp32 packed"] = [functools.partial(choose.run, Kernel.ONEDNN_PACKED, lin) for lin in fp32]
+    layers["fp32 plain"] = [functools.partial(choose.run, Kernel.ATEN, lin) for lin in fp32]
     out(f"{capabilities.detect().summary()}; {torch.get_num_threads()} threads; {len(shapes)} projections "
         f"of {lm.name}")
     table = {}
@@ -69,7 +69,3 @@ def run(args, out):
     one = table.get(1) or next(iter(table.values()))
     return {"ms": table, "ratio": round(one["int4 torch"] / one["int4 ours"], 2),
             "capabilities": capabilities.detect().summary(), "threads": torch.get_num_threads()}
-
-
-def _packed(linear: nn.Linear, packed, x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, linear.bias, "none", [], "")

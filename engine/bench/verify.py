@@ -1,5 +1,6 @@
-"""What a forward over T tokens costs relative to a one-token decode step, with oneDNN-packed
-weights and without: the price of a speculative verify pass (T = k + 1) and of short prefills."""
+"""What a forward over T tokens costs relative to a one-token decode step, through each fp32 kernel
+plan the one decision can take (engine/kernels/plan.py: our kernel, the packed oneDNN copy, MKL's
+GEMV for one row): the price of a speculative verify pass (T = k + 1) and of short prefills."""
 
 from __future__ import annotations
 
@@ -17,38 +18,43 @@ def add_args(p):
 
 
 def run(args, out):
-    from engine.model import fast_llama
+    from engine.kernels import choose
+    from engine.kernels import plan as kernel_plan
 
     lm = load_model(args)
     model, sizes = lm.model, [int(t) for t in args.tokens.split(",")]
+    names = kernel_plan.candidates(model) or [choose.plan_of(model).one_row]
     gen = torch.Generator().manual_seed(0)
     cache = model.new_cache(args.context + max(sizes) + 1)
     model.forward(torch.randint(100, 20000, (args.context,), generator=gen), cache)
-    times = {(packed, t): [] for packed in (True, False) for t in sizes}
+    times = {(name, t): [] for name in names for t in sizes}
+    chosen = choose.plan_of(model)
     try:
         for _ in range(args.rounds):  # alternate every configuration within each round
-            for packed in (True, False):
-                fast_llama.use_packed = packed
+            for name in names:
+                kernel_plan.inject(model, name)
                 for t in sizes:
                     cache.crop(args.context)
                     ids = torch.randint(100, 20000, (t,), generator=gen)
                     t0 = time.perf_counter()
                     model.forward(ids, cache, all_logits=True)
-                    times[(packed, t)].append(time.perf_counter() - t0)
+                    times[(name, t)].append(time.perf_counter() - t0)
     finally:
-        fast_llama.use_packed = True
+        model.kernel_plan = chosen
+        choose.prepare(model)  # the copies the chosen plan reads (injecting `ours` freed the packed ones)
     out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {args.context} tokens of context, "
-        f"{args.rounds} rounds; cost in one-token steps (median ms)")
+        f"{args.rounds} rounds; cost in one-token steps (median ms); the engine's choice: {chosen.one_row}")
     rows = []
     for t in sizes:
         row = {"tokens": t}
-        for packed, label in ((True, "packed"), (False, "plain")):
-            ms = median(times[(packed, t)]) * 1e3
-            row[f"{label}_ms"] = round(ms, 2)
-            row[f"{label}_steps"] = round(ms / (median(times[(packed, 1)]) * 1e3), 3)
+        for name in names:
+            ms = median(times[(name, t)]) * 1e3
+            row[f"{name}_ms"] = round(ms, 2)
+            row[f"{name}_steps"] = round(ms / (median(times[(name, 1)]) * 1e3), 3)
         rows.append(row)
-        out(f"  T={t:3d}: packed {row['packed_ms']:7.1f} ms = {row['packed_steps']:.2f} steps | "
-            f"plain {row['plain_ms']:7.1f} ms = {row['plain_steps']:.2f} steps")
+        out(f"  T={t:3d}: " + " | ".join(f"{n} {row[f'{n}_ms']:7.1f} ms = {row[f'{n}_steps']:.2f} steps" for n in names))
     five = next((r for r in rows if r["tokens"] == 5), rows[-1])
-    return {"rows": rows, "ratio": round(five["plain_steps"] / five["packed_steps"], 3),
-            "dtype": lm.dtype_name, "packed_weight_mb": round(fast_llama.packed_bytes() / 1e6, 1)}
+    base = "gemv" if "gemv" in names else names[0]
+    return {"rows": rows, "ratio": round(five[f"{base}_steps"] / five[f"{chosen.one_row}_steps"], 3)
+            if f"{chosen.one_row}_steps" in five else None,
+            "dtype": lm.dtype_name, "packed_weight_mb": round(choose.packed_bytes() / 1e6, 1)}

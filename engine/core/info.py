@@ -55,6 +55,7 @@ class EngineInfo:
     fast_path: bool | None = None
     decode_attention: str | None = None  # what a decode row's attention runs on (cpu_attention.kernel_name); None: generic forward
     layer_loop: str | None = None  # where the fast path's layer loop runs (cpu_layers.describe); None: generic forward
+    kernels: dict | None = None  # the projections' kernels for prefill and decode, and why (engine/kernels/choose.describe)
     notes: tuple[str, ...] = ()
     variants: tuple[VariantInfo, ...] = ()
     speculation: tuple[SpeculationInfo, ...] = ()

@@ -61,7 +61,9 @@ class Timeline:
     peak_tflops: float | None = None  # the machine's measured matmul peak for compute_dtype
     copy_gbps: float | None = None  # the machine's measured memory copy bandwidth
     limits_date: str | None = None
-    counters: dict = field(default_factory=dict)  # feature figures: speculation, quantization...
+    # feature figures: speculation, quantization, `kernels` ({"prefill": ..., "decode": ...}: the
+    # projections' kernels, engine/kernels/choose.for_reply)...
+    counters: dict = field(default_factory=dict)
     client: dict = field(default_factory=dict)  # browser timestamps and metrics, joined later
 
     # --- recording -------------------------------------------------------------------------

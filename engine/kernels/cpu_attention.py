@@ -9,20 +9,20 @@ KV head once for its query heads, with keys cut into chunks that depend only on 
 length: a sequence gets the same bits alone and in any batch (batching's exactness needs that).
 
 Where: fp32 caches on CPU, where our kernels build (engine/kernels/cpu_gemm.py: AVX2, a compiler, ninja),
-after a check against SDPA; else SDPA serves, as before. `LATENCY_LAB_ATTENTION=off` forces SDPA.
+after a check against SDPA; else SDPA serves, as before. Its switch (engine/kernels/switches.py,
+`LATENCY_LAB_ATTENTION=off`) forces SDPA.
 Rows of a prefill or a speculative verify keep SDPA (they are GEMM-shaped: its flash kernel suits).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
 from engine.core.errors import first_line
-from engine.kernels import cpu_gemm
+from engine.kernels import cpu_gemm, switches
 
 NAME = "latency_lab AVX2 decode attention (engine/kernels/cpu_attention.py)"
 SDPA = "torch scaled_dot_product_attention"
@@ -30,9 +30,7 @@ SDPA = "torch scaled_dot_product_attention"
 
 def unavailable_reason() -> str | None:
     """Why decode rows do not use our kernel here (None: they do)."""
-    if os.environ.get("LATENCY_LAB_ATTENTION", "").lower() in ("0", "off", "torch"):
-        return "turned off (LATENCY_LAB_ATTENTION=off)"
-    reason = cpu_gemm.unavailable_reason()
+    reason = switches.off_reason("attention") or cpu_gemm.built_reason()
     return reason if reason is not None else _checked()
 
 

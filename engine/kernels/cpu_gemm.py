@@ -1,8 +1,8 @@
 """Our AVX2 product kernels (engine/kernels/cpu_gemm.cpp): int8 and 4-bit weight-only, and fp32.
 
 The fp32 one (`fp32_mm`, over a copy of the weight in panels of 16 output channels, `fp32_panels`)
-serves plain fp32 Linears for up to fast_llama.OURS_ROWS rows where the load-time measurement picks
-it (FastLlama.choose_one_row_path): on the Zen 3 oneDNN's packed copy streamed a one-row step's
+serves plain fp32 Linears for up to choose.OURS_ROWS rows where the per-machine one-row decision picks
+it (engine/kernels/plan.py): on the Zen 3 oneDNN's packed copy streamed a one-row step's
 weights at ~8 GB/s, MKL's GEMV at ~7, our kernel at ~13 (85% of copy). Many rows run at oneDNN's
 speed (Zen 4, 2 threads, the 120 projections of SmolLM2: 8 rows 19 ms against oneDNN's 26 and our
 earlier dot-product kernel's 26; 32 rows 45 vs 44 and 61; 256 rows 291 vs 289 and 459). Every output
@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import os
 import platform
 import threading
 import weakref
@@ -44,6 +43,7 @@ import torch
 from torch import nn
 
 from engine.core.errors import first_line
+from engine.kernels import switches
 from engine.measure import capabilities
 
 NAME = "latency_lab AVX2 kernels (engine/kernels/cpu_gemm.py)"  # what engine info and the benches call them
@@ -58,9 +58,14 @@ _build_lock = threading.Lock()  # the worker may build a variant while the API a
 
 
 def unavailable_reason() -> str | None:
-    """Why our kernels do not run here (None: they do). Builds them on the first call."""
-    if os.environ.get("LATENCY_LAB_GEMV", "").lower() in ("0", "off", "torch"):
-        return "turned off (LATENCY_LAB_GEMV=off): torch's kernels"
+    """Why our product kernels do not run here (None: they do): their switch
+    (engine/kernels/switches.py, `gemm`) or the build. Builds them on the first call."""
+    return switches.off_reason("gemm") or built_reason()
+
+
+def built_reason() -> str | None:
+    """Why the extension (products, decode attention, layer loop) is not built and checked here
+    (None: it is), whatever the switches say. Builds it on the first call."""
     with _build_lock:  # one build and one registration of the ops per process
         return _build()
 
@@ -210,7 +215,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset
     return torch.ops.latency_lab_gemv.int4_gemv(x, packed, scale, offset, GROUP)
 
 
-# --- our fp32 kernel on a model's Linears (fast_llama, batch_forward, cpu_layers, compiled_step) ---
+# --- our fp32 kernel on a model's Linears (choose.py, cpu_layers, compiled_step) ---
 def plain_fp32_cpu(linear: nn.Module) -> bool:
     """A plain (not quantized) Linear with a contiguous fp32 CPU weight: what our fp32 kernel takes.
     Tensor properties only, so the compiled step can ask it while tracing."""
@@ -238,7 +243,7 @@ class _Panels:
         return None
 
 
-_PANELS = weakref.WeakSet()  # every live _Panels: their bytes count in fast_llama.packed_bytes()
+_PANELS = weakref.WeakSet()  # every live _Panels: their bytes count in choose.packed_bytes()
 
 
 def panels_bytes() -> int:

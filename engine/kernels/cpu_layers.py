@@ -10,44 +10,26 @@ the same tensors in the same order, so it gives the same bits (tested against th
 lets go of the lock once a forward.
 
 Where: where our kernels build (engine/kernels/cpu_gemm.py) and every projection of the model is a plain
-fp32 Linear they serve; else the Python loop runs, as before. `LATENCY_LAB_LAYERS=off` forces it.
+fp32 Linear they serve and the kernel decision (engine/kernels/choose.py) sends every row to our
+kernel; else the Python loop runs. Its switch (engine/kernels/switches.py, `LATENCY_LAB_LAYERS=off`)
+forces the Python loop; `switches.forced_off("layers")` does for a block of code.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 
-from engine.kernels import cpu_gemm
+from engine.kernels import cpu_gemm, switches
 from engine.kernels.cpu_gemm import panels, plain_fp32_cpu
 
 NAME = "one C++ call a forward (engine/kernels/cpu_layers.py)"
 PYTHON = "Python, an op call at a time"
 
 
-_forced_python = False  # python_loop(): a bench measures both loops side by side
-
-
 def unavailable_reason() -> str | None:
-    """Why forwards run their layers in Python here (None: in one C++ call where the model allows)."""
-    if os.environ.get("LATENCY_LAB_LAYERS", "").lower() in ("0", "off", "python"):
-        return "turned off (LATENCY_LAB_LAYERS=off)"
-    if _forced_python:
-        return "turned off for a measurement (cpu_layers.python_loop)"
-    return cpu_gemm.unavailable_reason()
-
-
-@contextlib.contextmanager
-def python_loop():
-    """Forwards in this block run the Python loop (`python -m engine.bench bandwidth --python-loop`)."""
-    global _forced_python
-    saved, _forced_python = _forced_python, True
-    try:
-        yield
-    finally:
-        _forced_python = saved
+    """Why forwards run their layers in Python here (None: in one C++ call where the model allows):
+    its switch (engine/kernels/switches.py, `layers`), or our product kernel's (the loop calls it)."""
+    return switches.off_reason("layers") or cpu_gemm.unavailable_reason()
 
 
 def _projections(blk) -> tuple:
@@ -62,9 +44,14 @@ def serves(model) -> bool:
 
 
 def describe(model) -> str:
-    """Where `model`'s layer loop runs, for engine info."""
+    """Where `model`'s layer loop runs for a decode step, for engine info."""
+    from engine.kernels import choose  # (choose does not import this module)
+
     if serves(model):
-        return NAME
+        kernel = choose.choose(model.blocks[0].qkv, 1, choose.plan_of(model))
+        if kernel is choose.Kernel.OURS_FP32:
+            return NAME
+        return f"{PYTHON} (the kernel decision sends one-row products to {kernel.short}, not our kernel)"
     reason = unavailable_reason() or "a projection is not a plain fp32 Linear our kernel serves (quantized, bf16, GPU)"
     return f"{PYTHON} ({reason})"
 
@@ -89,8 +76,8 @@ def layer_weights(model) -> tuple[list, list] | None:
 
 def run_layers(model, layers: tuple[list, list], x, cos, sin, caches, starts, lengths, offsets, decode, others,
                masks):
-    """FastLlama.run_blocks / batch_forward's layer loop over x [1, R, hidden] in one call. `layers`:
-    layer_weights(model); the rest are forward_batch's (`decode` the sequences whose row takes our
+    """engine/model/forward.py's layer loop (`blocks`) over x [1, R, hidden] in one call. `layers`:
+    layer_weights(model); the rest are forward.forward's (`decode` the sequences whose row takes our
     attention kernel, `others` the ones through SDPA with masks[b]). Returns x after the last layer."""
     weights, biases = layers
     blk = model.blocks[0]

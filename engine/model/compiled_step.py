@@ -11,15 +11,18 @@ and `bench peer` measured fp32 16.3 → 24.3 tok/s compiled (2026-12-02; `python
 bandwidth --compiled` prints both on the machine at hand).
 
 Design:
-- The graph is the model's own block loop (`FastLlama.run_blocks`), so eager and compiled cannot
-  drift. Its inputs are the token and its position, both one-element tensors: its shapes never
+- The graph is the one forward's block loop (engine/model/forward.py `blocks`, which the eager
+  forward runs for any batch), so eager and compiled cannot drift. Not the whole batched `forward`:
+  its per-sequence bookkeeping (row lists, masks, host-side lengths) would be constants of the graph
+  and recompile it every step; the step keeps only the embedding, positions and head around `blocks`. Its inputs are the token and its position, both one-element tensors: its shapes never
   change, so it never recompiles.
 - Writing the new key/value into the cache and attending over its valid prefix stay outside the
   graph as one opaque op per layer (`latency_lab::decode_attend`), which finds the cache through
   `_CACHES`: the prefix grows every step and the cache may be reallocated, and neither is a shape
   the graph sees. The write is in place (a write into the cache inside the graph made Inductor copy
   the whole cache per layer: 73 ms a step).
-- Projections call torch's weight-only kernels (int8wo / int4wo) or F.linear (MKL on CPU).
+- Projections run the kernel engine/kernels/choose.py names for one row, except the two a graph
+  cannot hold (`for_graph`): the packed oneDNN copy (F.linear instead) and the oneDNN switch.
 - Fused kernels round in their own order: the compiled step agrees with the eager one closely,
   not bit for bit, so its top-1 agreement with the eager step is measured when it is built
   (`info`), shown in engine info, and tested; greedy output may differ after many tokens.
@@ -47,9 +50,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.core.errors import InvalidRequest
-from engine.kernels import cpu_attention
+from engine.kernels import choose, cpu_attention
+from engine.kernels.choose import Kernel
 from engine.kernels.cpu_gemm import ours, plain_fp32_cpu
 from engine.measure import capabilities
+from engine.model import forward
 from engine.model.fast_llama import FastLlama
 from engine.model.loaded import first_line
 from engine.quant.quality import quality_inputs
@@ -72,24 +77,25 @@ def _unguarded():
 
 def _decode_attend(q, k, v, step_t, layer: int, pos_t, scale: float):
     """Store one token's k, v at position `pos_t` of layer `layer` of the cache that compiled step
-    `step` is running on; attend q over positions [0, pos]. The cache is not an input of the graph:
+    `step` is running on; attend q over positions [0, pos] (returns [1, heads, head_dim]). The cache is not an input of the graph:
     its capacity, and whether it was allocated in inference mode, would each be a guard, and a
     failed guard recompiles. `pos_t` and `step_t` are one-element tensors, not ints: an int would
     be a constant of the graph (a position: a recompile per step; a step number: a graph that
     differs per model, which Inductor's disk cache could not serve to the next model)."""
     cache, pos = _CACHES[int(step_t[0])], int(pos_t[0])
     if cpu_attention.serves(cache.k, q.shape[1]):  # the eager step's own decode attention (it stores k, v too)
-        return cpu_attention.decode_attention_heads(q, k, v, [cache], [0], [pos], layer, scale).unsqueeze(2)
+        return cpu_attention.decode_attention_heads(q, k, v, [cache], [0], [pos], layer, scale)
     keys, values = cache.k[layer], cache.v[layer]
     keys[:, :, pos] = k[:, :, 0]
     values[:, :, pos] = v[:, :, 0]
     return F.scaled_dot_product_attention(q, keys[:, :, : pos + 1], values[:, :, : pos + 1], scale=scale,
-                                          enable_gqa=q.shape[1] != keys.shape[1])
+                                          enable_gqa=q.shape[1] != keys.shape[1])[0].transpose(0, 1)
 
 
 for _key in ("CPU", "CUDA"):
     _LIB.impl("decode_attend", _decode_attend, _key)
-_LIB.impl("decode_attend", lambda q, k, v, step_t, layer, pos, scale: torch.empty_like(q), "Meta")
+_LIB.impl("decode_attend", lambda q, k, v, step_t, layer, pos, scale: q.new_empty(q.shape[2], q.shape[1], q.shape[3]),
+          "Meta")  # [1 row, heads, head_dim], as forward.blocks' `attend` returns
 
 
 def cache_per_cpu() -> str | None:
@@ -150,6 +156,14 @@ def refusal(reason: str) -> InvalidRequest:
     return InvalidRequest(f"compiled decode: {reason}. Turn Compiled step off.", "compiled_decode")
 
 
+def for_graph(kernel: Kernel) -> Kernel:
+    """The kernel a compiled graph runs where the eager forward would run `kernel`: the packed oneDNN
+    copy becomes F.linear (Inductor's lowering of that op asserts on weights it did not pack itself,
+    seen with torch 2.13), and oneDNN is never switched inside a graph (weights_reason refuses bf16
+    plain linears on CPU for that)."""
+    return Kernel.ATEN if kernel in (Kernel.ONEDNN_PACKED, Kernel.ATEN_NO_ONEDNN) else kernel
+
+
 def _is_projection(m) -> bool:
     return hasattr(m, "in_features") and hasattr(m, "out_features")
 
@@ -165,16 +179,16 @@ class CompiledDecode:
         self._graph = None
         self._failed: str | None = None  # why compiling failed (then it is not tried again)
         self._lock = threading.Lock()
+        # whether the one decision sends one fp32 row to our kernel (read while tracing: decided here, outside the graph)
+        self._ours_fp32 = for_graph(choose.choose(model.lm_head, 1, choose.plan_of(model))) is Kernel.OURS_FP32
 
     def _linear(self, module, x):
-        """A projection inside the graph: torch's weight-only kernels (oneDNN is on: the graph runs
-        outside FastLlama's one-row routing), our fp32 kernel where the eager step measured it fastest
-        (an opaque op with a fake, like the weight-only ones), else F.linear (MKL on CPU). Not the
-        packed oneDNN copy that the eager fp32 step may take: Inductor's lowering of that op asserts
-        on weights it did not pack itself (seen with torch 2.13)."""
+        """A projection inside the graph: the kernel choose.choose names for one row, as `for_graph`
+        maps it, decided before tracing (`_ours_fp32`; a weight-only layer's own `gemv` flag is its
+        decision): our kernels are opaque ops with fakes, the rest F.linear."""
         if isinstance(module, _WeightOnlyLinear):
             return module.compute(x)
-        if self.model.ours_rows and plain_fp32_cpu(module):  # ours_rows > 0: the load measured it, so it runs here
+        if self._ours_fp32 and plain_fp32_cpu(module):
             return ours(module, x)
         return F.linear(x, module.weight, module.bias)
 
@@ -185,7 +199,7 @@ class CompiledDecode:
         def attend(i, blk, q, k, v):  # the position on the host: reading it does not wait for a GPU
             return torch.ops.latency_lab.decode_attend(q, k, v, slot_t, i, pos_host, blk.scaling)
 
-        x = m.run_blocks(m.embed(ids[None]), cos, sin, self._linear, attend)
+        x = forward.blocks(m, m.embed(ids[None]), cos, sin, self._linear, attend)
         return self._linear(m.lm_head, m.norm(x))[0].float()
 
     def _run(self, graph, ids, cache) -> torch.Tensor:

@@ -25,8 +25,8 @@ import torch
 
 from engine.core.config import LoadConfig
 from engine.core.errors import LoadError
+from engine.kernels import plan as kernel_plan
 from engine.measure import capabilities
-from engine.model.fast_llama import one_row_summary
 from engine.model.loaded import (  # noqa: F401 (re-exported)
     DTYPE_NAMES,
     LoadedModel,
@@ -118,9 +118,9 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         bar.update(1)
         bar.set_postfix_str("warming up")
         warm_up(model)
-        one_row = model.choose_one_row_path() if fast else None
+        one_row = kernel_plan.load_or_measure(model, cache_root(config)) if fast else None  # cached per machine
         if one_row:
-            notes.append(one_row_summary(one_row))
+            notes.append(kernel_plan.summary(one_row))
         bar.update(1)
     name = BUNDLED_NAME if source == "bundled" else Path(path).name if source != "hub" else path
     eos = _eos_ids(tokenizer, hf_model)

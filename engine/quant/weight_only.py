@@ -22,27 +22,26 @@ from torch import nn
 
 from engine.core.errors import LoadError
 from engine.kernels import cpu_gemm
+from engine.kernels.choose import ONEDNN_FLAG_LOCK
 from engine.measure import capabilities
 from engine.model.loaded import DTYPE_NAMES, first_line
 
 
 @contextlib.contextmanager
 def onednn_on():
-    """Switch oneDNN back on inside a quantized matmul.
-
-    FastLlama routes one-row matmuls around oneDNN (its bf16 GEMV is slow), but the int8 kernels
-    are faster with it: measured here for one 1 x 576 -> 3072 product, `torch._int_mm`
-    (bitsandbytes int8) 3.6 vs 13.2 ms and `torch._weight_int8pack_mm` 1.2 vs 3.8 ms
-    (a loaded machine; the ratios are the point).
-    """
-    if torch._C._get_mkldnn_enabled():
-        yield
-        return
-    torch._C._set_mkldnn_enabled(True)
-    try:
-        yield
-    finally:
-        torch._C._set_mkldnn_enabled(False)
+    """Hold oneDNN on for a quantized matmul that needs it (bitsandbytes' int8 `torch._int_mm` is
+    several times faster with it): oneDNN is on except inside engine/kernels/choose.py's bf16 one-row
+    product, which switches the process-wide flag under ONEDNN_FLAG_LOCK; taking that lock here waits
+    such a product out (another thread's), so the flag is on for this block."""
+    with ONEDNN_FLAG_LOCK:
+        if torch._C._get_mkldnn_enabled():
+            yield
+            return
+        torch._C._set_mkldnn_enabled(True)  # the lock's own thread switched it off around this call
+        try:
+            yield
+        finally:
+            torch._C._set_mkldnn_enabled(False)
 
 
 
@@ -136,9 +135,7 @@ def choose_kernels(model: nn.Module, rounds: int = 3, steps: int = 2) -> dict | 
     one row: Zen 3, AVX2, ours 1.85x torch's for int8 and 1.44x for 4-bit; Zen 4, AVX-512, ours 1.84x
     for int8 but torch's 4-bit kernel 1.27x ours). Returns what it measured, kept on the model for
     `decode_kernels` (None: nothing to choose)."""
-    from engine.model.fast_llama import (
-        FastLlama,  # (fast_llama does not import this module)
-    )
+    from engine.model.fast_llama import FastLlama  # (fast_llama does not import this module)
 
     layers = [m for m in model.modules() if isinstance(m, _WeightOnlyLinear) and m.has_ours]
     if not layers or not isinstance(model, FastLlama):
@@ -205,13 +202,11 @@ class _WeightOnlyLinear(nn.Module):
         self.gemv = False  # set by a subclass that holds our kernel's layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gemv and x.device.type == "cpu":  # ours needs no oneDNN switch (~40 µs a call of Python)
-            return self.compute(x)
-        with onednn_on():
-            return self.compute(x)
+        return self.compute(x)
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
-        """forward, for a caller that already runs with oneDNN on (a compiled graph cannot switch it)."""
+        """forward (oneDNN is on: only engine/kernels/choose.py's bf16 one-row product switches it, for
+        plain Linears; a compiled graph calls this name)."""
         x2 = x.reshape(-1, self.in_features)
         if self.gemv and x2.device.type == "cpu":
             y = self._gemv(x2.float().contiguous()).to(x.dtype)

@@ -11,11 +11,11 @@ from engine.core.config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, Loa
 from engine.core.info import EngineInfo, SpeculationInfo
 from engine.core.request import Event, Request, RequestHandle
 from engine.core.timeline import Timeline
-from engine.kernels import cpu_attention, cpu_layers
+from engine.kernels import choose, cpu_attention, cpu_layers
+from engine.kernels.choose import packed_bytes
 from engine.measure import capabilities
 from engine.measure.machine_limits import MachineLimits, load_or_measure, probe_dtypes
 from engine.model import compiled_step
-from engine.model.fast_llama import packed_bytes
 from engine.model.loaded import LoadedModel
 from engine.model.loader import cache_root, load
 from engine.quant.variants import VariantSet
@@ -96,6 +96,7 @@ class Engine:
             weight_bytes=lm.weight_bytes(), load_s=round(lm.load_s, 3), fast_path=lm.fast_path,
             decode_attention=cpu_attention.kernel_name(lm.model.dtype, lm.device.type) if lm.fast_path else None,
             layer_loop=cpu_layers.describe(lm.model) if lm.fast_path else None,
+            kernels=choose.describe(lm.model) if lm.fast_path else None,
             notes=tuple(lm.notes), variants=self.variants.infos(),
             speculation=tuple(SpeculationInfo(m, m != "draft" or draft_missing is None,
                                               draft_missing if m == "draft" else None) for m in SPECULATIVE_MODES),

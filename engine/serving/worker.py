@@ -22,6 +22,7 @@ from collections import deque
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.request import Event, QueueFull, Request, RequestHandle
 from engine.core.timeline import Timeline, now_ns
+from engine.kernels import choose
 from engine.measure import roofline
 from engine.model import batch_forward
 from engine.serving import public_prefix, scheduler
@@ -275,6 +276,8 @@ class Worker:
                             if tl.output_tokens else []  # its own prompt, in the forward of its first token
                     roofline.annotate(tl, seq.variant.loaded.model, seq.variant.weight_bytes, self.machine_limits,
                                       getattr(seq.variant.loaded, "dtype_name", None), seq.handle.request.config)
+                    compiled = tl.counters.get("decode_step") == "compiled"  # which kernels served it
+                    tl.counters["kernels"] = choose.for_reply(seq.variant.loaded.model, tl.prefill_tokens or 1, compiled)
                     self.completed += 1
                     self.variants.record(seq.variant.name, tl)
                 seq.handle.push(event)
