@@ -42,19 +42,27 @@ print(json.dumps({"ids": ids, "plan": m.kernel_plan.one_row, "source": m.kernel_
 """
 
 
-def _child(model_dir, cache_dir, out) -> dict:
+def _child(model_dir, cache_dir, out, env=None) -> dict:
     done = subprocess.run([sys.executable, "-c", _CHILD, str(model_dir), str(cache_dir), str(out)], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600, check=False)
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True,
+                          timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_two_fresh_processes_give_the_same_greedy_tokens_and_logits(tiny_model_dir, tmp_path):
-    """The first process measures the one-row decision and caches it; the second reads it: the same
-    kernels, so the same token ids and bit-identical logits at every step."""
-    first = _child(tiny_model_dir, tmp_path / "cache", tmp_path / "a.pt")
-    second = _child(tiny_model_dir, tmp_path / "cache", tmp_path / "b.pt")
-    if CAPS.packed_fp32_weights:  # there is a choice to make, measure and cache
+@pytest.mark.parametrize("gemm", ["on", "off"])
+def test_two_fresh_processes_give_the_same_greedy_tokens_and_logits(tiny_model_dir, tmp_path, gemm):
+    """Where our kernel builds, both processes take it by rule. Without it (LATENCY_LAB_GEMM=off, as on
+    a CPU where it does not build) the first process measures GEMV against the packed copy and caches
+    the winner; the second reads it. Either way: the same kernels, so the same token ids and
+    bit-identical logits at every step."""
+    env = {"LATENCY_LAB_GEMM": gemm}
+    first = _child(tiny_model_dir, tmp_path / "cache", tmp_path / "a.pt", env)
+    second = _child(tiny_model_dir, tmp_path / "cache", tmp_path / "b.pt", env)
+    if gemm == "on" and cpu_gemm.available():
+        assert first["plan"] == "ours" and first["source"].startswith("rule") and second["source"] == first["source"]
+        assert not (tmp_path / "cache" / "kernel-plans").exists()  # nothing measured, nothing cached
+    elif CAPS.packed_fp32_weights:  # there is a choice to make, measure and cache
         assert first["source"] == "measured" and second["source"].startswith("cached")
         assert len(list((tmp_path / "cache" / "kernel-plans").iterdir())) == 1
     assert second["plan"] == first["plan"] and second["ids"] == first["ids"]

@@ -1,10 +1,16 @@
-"""The fp32 one-row decision (`choose.Plan`): measured once per machine, then read from a cache.
+"""The fp32 one-row decision (`choose.Plan`): a rule where our kernel builds, else measured once
+per machine and read from a cache.
 
-Which kernel runs a one-row fp32 product fastest — MKL's GEMV, oneDNN's packed copy, or our panel
-kernel — depends on the CPU and the thread count, so it is measured: a few one-token decode steps
-through each, alternating (paired per round: a neighbour's load slows all), keeping the fastest.
-The packed copy must beat GEMV by ONE_ROW_PACKED_IF (it costs memory); ours, where it wins, serves
-every sequence of up to choose.OURS_ROWS rows. `python -m engine.bench bandwidth` prints the figures.
+Where our panel kernel builds, it serves every sequence of up to choose.OURS_ROWS rows, by rule, not
+by a race: it gives a row the same bits at any row count and reads the weights once for a whole
+batch, which continuous batching needs (a row-variant winner of a one-row race, MKL's GEMV, must run
+each sequence of a batch on its own). `python -m engine.bench bandwidth` prints a one-row step through
+each kernel on the machine at hand.
+
+Elsewhere, which of MKL's GEMV and oneDNN's packed copy runs a one-row fp32 product faster depends on
+the CPU and the thread count, so it is measured: a few one-token decode steps through each,
+alternating (paired per round: a neighbour's load slows all), keeping the faster. The packed copy
+must beat GEMV by ONE_ROW_PACKED_IF (it costs memory).
 
 Why cached: a measurement on a shared machine can come out either way between runs, and the
 decision changes the bits of fp32 logits (each kernel sums in its own order). Cached per machine
@@ -74,6 +80,8 @@ def load_or_measure(model, cache_dir: Path | None, force: bool = False) -> Plan 
     names = candidates(model)
     if names is None:
         return None
+    if "ours" in names:  # the rule (module docstring): nothing to measure, nothing to cache
+        return _set(model, Plan(one_row="ours", source="rule (our kernel builds here)"))
     k = key(model)
     path = cache_file(cache_dir, k) if cache_dir else None
     if path and path.is_file() and not force:
@@ -125,7 +133,7 @@ def measure(model, names: list[str], rounds: int = 5, steps: int = 2) -> Plan:
     ratio = statistics.median(a / b for a, b in zip(times["packed"], times["gemv"]))
     best = "packed" if ratio <= ONE_ROW_PACKED_IF else "gemv"
     if "ours" in times and statistics.median(a / b for a, b in zip(times["ours"], times[best])) < 1.0:
-        best = "ours"
+        best = "ours"  # only where a caller measures ours too (the load itself takes it by rule)
     ms = {f"{p}_ms": round(statistics.median(times[p]) * 1e3, 2) if p in times else None
           for p in ("packed", "gemv", "ours")}
     measured = {"threads": torch.get_num_threads(), **ms, "ratio": round(ratio, 3)}
