@@ -1,5 +1,14 @@
 """Shared fixtures. The bundled model is loaded once per test session (fp32, so exactness
-tests compare like with like); unit tests use a tiny random Llama built from a config."""
+tests compare like with like); unit tests use a tiny random Llama built from a config.
+
+Tiers (markers, declared in pytest.ini) are given here, from what a test uses, so a new test is
+tiered without anyone remembering to: `bundled` when its fixtures reach the bundled model (other
+than through `tokenizer`, which the tiny model borrows), else `tiny`; `browser` under
+tests/ui_browser/; `kernels` when its module imports our C++ kernels (engine.kernels). `slow` is
+given by hand, in SLOW below (or by a test file's own `pytestmark`, as tests/test_packaging.py's), to
+what takes long: compiles, load runs, fuzzing, subprocesses that load the model, the wheel build.
+`make test-fast` runs `-m "not slow and not browser"`.
+"""
 
 from __future__ import annotations
 
@@ -71,3 +80,60 @@ def tiny(tiny_model_dir):
     from engine.model.loader import load
 
     return load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))
+
+
+# --- tiers ---------------------------------------------------------------------------------------------
+
+# Slow, by hand (nothing in a test says how long it runs): `make test-fast` leaves these out. A file
+# name, or file::test (the function's name, every parameter); why, in a few words. Measured with
+# `pytest --durations=0` on the files concerned; an entry that matches no test marks nothing.
+SLOW = {
+    "test_compiled_step.py": "torch.compile of a whole decode step, test after test",
+    "test_reliability.py": "load runs through the API, twice, and the fault drills",
+    "test_fuzz_api.py": "hundreds of fuzzed requests over HTTP to the bundled model",
+    "test_fuzz_page.py": "fuzzed requests through the whole app, gradio_client included",
+}
+
+BUNDLED_FIXTURES = {"bundled", "bundled_engine"}
+NOT_BUNDLED_THROUGH = {"tokenizer"}  # the tiny model's tokenizer comes from the bundled one: still "tiny"
+
+
+def _reaches_bundled(item) -> bool:
+    """Whether the test's fixtures reach the bundled model other than through NOT_BUNDLED_THROUGH."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:  # not a plain test function (a doctest...): what it requests, closure and all
+        return bool(BUNDLED_FIXTURES & set(getattr(item, "fixturenames", ())))
+    seen, todo = set(), list(info.initialnames)
+    while todo:
+        name = todo.pop()
+        if name in seen or name in NOT_BUNDLED_THROUGH:
+            continue
+        seen.add(name)
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            todo.extend(fixturedef.argnames)
+    return bool(BUNDLED_FIXTURES & seen)
+
+
+def _imports_kernels(module) -> bool:
+    for value in vars(module).values() if module is not None else ():
+        name = getattr(value, "__name__", "") if isinstance(value, type(sys)) else getattr(value, "__module__", "")
+        if isinstance(name, str) and name.startswith("engine.kernels"):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    kernels_modules: dict[str, bool] = {}
+    for item in items:
+        path = Path(str(item.path))
+        if "ui_browser" in path.parts:
+            item.add_marker(pytest.mark.browser)
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ not in kernels_modules:
+            kernels_modules[module.__name__] = _imports_kernels(module)
+        if module is not None and kernels_modules[module.__name__]:
+            item.add_marker(pytest.mark.kernels)
+        item.add_marker(pytest.mark.bundled if _reaches_bundled(item) else pytest.mark.tiny)
+        name = getattr(item, "originalname", item.name)
+        if path.name in SLOW or f"{path.name}::{name}" in SLOW:
+            item.add_marker(pytest.mark.slow)
