@@ -5,8 +5,9 @@ Tiers (markers, declared in pytest.ini) are given here, from what a test uses, s
 tiered without anyone remembering to: `bundled` when its fixtures reach the bundled model (other
 than through `tokenizer`, which the tiny model borrows), else `tiny`; `browser` under
 tests/ui_browser/; `kernels` when its module imports our C++ kernels (engine.kernels). `slow` is
-given by hand, in SLOW below (or by a test file's own `pytestmark`, as tests/test_packaging.py's), to
-what takes long: compiles, load runs, fuzzing, subprocesses that load the model, the wheel build.
+given by hand, in SLOW and SLOW_FIXTURES below (or by a test file's own `pytestmark`, as
+tests/test_packaging.py's), to what takes long: compiles, load runs, fuzzing, subprocesses that
+load the model, the wheel build.
 `make test-fast` runs `-m "not slow and not browser"`.
 """
 
@@ -92,6 +93,18 @@ SLOW = {
     "test_reliability.py": "load runs through the API, twice, and the fault drills",
     "test_fuzz_api.py": "hundreds of fuzzed requests over HTTP to the bundled model",
     "test_fuzz_page.py": "fuzzed requests through the whole app, gradio_client included",
+    "test_quantize.py": "builds every weight variant of the bundled model and decodes with each",
+    "test_batching.py::test_compiled_step_requests_run_unbatched_beside_the_batch": "torch.compile",
+    "test_batching.py::test_under_load_batched_replies_are_exact_and_nothing_is_lost": "a load run",
+    "test_loader.py::test_cli_json_end_to_end": "the CLI in a subprocess, loading the model",
+    "test_loader.py::test_cli_bad_input_is_one_clear_line": "the CLI in a subprocess, per case",
+    "test_auth.py::test_every_route_refuses_a_request_without_the_key": "every route of the whole app",
+    "test_auth.py::test_with_the_key_the_routes_are_let_in": "every route of the whole app",
+}
+# ...and every test that uses one of these fixtures (a test module's own, by name)
+SLOW_FIXTURES = {
+    "plain_greedy": "long greedy replies to every prompt, then the same with speculation (test_speculative.py)",
+    "two_tiny": "thousands of speculative draws against the target's distribution (test_speculative.py)",
 }
 
 BUNDLED_FIXTURES = {"bundled", "bundled_engine"}
@@ -135,5 +148,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.kernels)
         item.add_marker(pytest.mark.bundled if _reaches_bundled(item) else pytest.mark.tiny)
         name = getattr(item, "originalname", item.name)
-        if path.name in SLOW or f"{path.name}::{name}" in SLOW:
+        if path.name in SLOW or f"{path.name}::{name}" in SLOW or SLOW_FIXTURES.keys() & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
