@@ -1,17 +1,26 @@
-# make run  — set up .venv and start the app (127.0.0.1)
-# make test — set up .venv and run the tests
+# make run       — set up .venv and start the app (127.0.0.1)
+# make test      — set up .venv and run every test (installs Chromium for the browser tests if it may)
+# make test-fast — set up .venv and run the inner-loop tier: no browser, nothing marked slow (pytest.ini)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test setup bench clean-venv
+FAST := not slow and not browser
+
+.PHONY: run test test-fast chromium setup bench clean-venv
 
 run: setup
 	$(BIN)/python app.py $(ARGS)
 
-test: setup
+test: setup chromium
 	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "$(FAST)" $(ARGS)
+
+chromium:
+	scripts/ensure-chromium.sh
 
 setup: $(VENV)/.installed
 

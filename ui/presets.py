@@ -1,4 +1,4 @@
-"""Prompt sets (assets/prompts/*.json) and the one-click teaching presets built on them.
+"""Prompt sets (ui/prompts/*.json) and the one-click teaching presets built on them.
 
 A prompt set is `{title, description, items: [{history?, turns: [...]}]}`: each item is one
 conversation — an optional history the server seeds, then user turns sent one by one, so a
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.core.errors import InvalidRequest
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
+ASSETS = Path(__file__).resolve().parent / "prompts"  # package data: installed with ui/
 MAX_CUSTOM_PROMPTS = 200
 
 

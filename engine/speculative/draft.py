@@ -23,6 +23,7 @@ from torch import nn
 from engine.core.errors import LoadError
 from engine.model.loaded import build_runner
 
+# engine/assets/: package data (pyproject.toml), so an installed engine finds it too
 BUNDLED_DRAFT_DIR = Path(__file__).resolve().parents[1] / "assets" / "draft-smollm2-135m"
 WEIGHTS_FILE = "draft.safetensors"
 
