@@ -23,7 +23,7 @@ from torch import nn
 from engine.core.errors import LoadError
 from engine.model.loaded import build_runner
 
-BUNDLED_DRAFT_DIR = Path(__file__).resolve().parents[1] / "assets" / "draft-smollm2-135m"
+BUNDLED_DRAFT_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-smollm2-135m"
 WEIGHTS_FILE = "draft.safetensors"
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "draft-smollm2-135m"
+ASSET_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-smollm2-135m"
 TOP_K = 32
 
 
