@@ -1,4 +1,5 @@
-"""`python -m ui.bench transport|rate|smooth`: what the page's transport costs, and what smoothing does, in Chromium.
+"""`python -m ui.bench transport|rate|markdown|smooth`: what the page's transport costs, and what
+smoothing does, in Chromium.
 
 transport  Replies sent through the page (real clicks on Send), alternating our SSE stream and
            Gradio's queue, on the bundled model (or --paced-source). Prints transport_overhead_ms
@@ -20,7 +21,7 @@ smooth     One bursty reply, painted with smoothing off, adaptive by word and ad
            replayed by the paced source at its recorded times, so every mode gets the very same
            bursts; --engine: the bundled model with prompt-lookup speculation on a copy edit.
 
-All start the app on a free loopback port in this process and drive headless Chromium.
+All drive headless Chromium; all but markdown start the app on a free loopback port in this process.
 """
 
 from __future__ import annotations

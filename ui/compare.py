@@ -68,7 +68,7 @@ def replies_note(a: dict, b: dict) -> str:
     """One line under the A/B table: do the two replies say the same thing, and if not, where they
     part and the likely reason. Greedy text can legitimately differ between configs: quantized
     weights are other numbers, and in bf16 a speculative verify pass (several rows through one GEMM)
-    rounds near-ties differently from one-row steps (README: Exactness)."""
+    rounds near-ties differently from one-row steps (docs/speculative.md, "Exactness in bf16")."""
     ta, tb = a.get("reply") or "", b.get("reply") or ""
     if ta == tb:
         return "The two replies are identical." if ta else ""
@@ -80,7 +80,7 @@ def replies_note(a: dict, b: dict) -> str:
         why = "different weights give different greedy choices"
     elif sa.get("speculative", "off") != sb.get("speculative", "off"):
         why = ("both are greedy: speculation verifies several tokens in one multi-row matmul, which in bf16 rounds "
-               "near-ties differently from one-token steps (exact in fp32; see the README's Exactness)")
+               "near-ties differently from one-token steps (exact in fp32; see docs/speculative.md, Exactness in bf16)")
     else:
         why = "the configs differ in more than sampling, or the conversations differ"
     return f"The replies part after {at:,} characters: {why}."

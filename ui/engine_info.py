@@ -47,7 +47,7 @@ def weight_bytes(info: EngineInfo, variant: str | None) -> int | None:
 
 
 def limits_line(info: EngineInfo) -> str:
-    """The machine's measured ceilings for the header: 'machine limits: copy 17 GB/s · fp32 matmul …'."""
+    """The machine's measured ceilings for the header: 'machine limits: copy N GB/s · fp32 matmul N TFLOP/s …'."""
     lim = info.machine_limits
     if not lim:
         return "machine limits: not measured for this backend"

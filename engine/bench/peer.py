@@ -1,7 +1,7 @@
 """Latency Lab against llama.cpp on the same weights and the same token ids, side by side.
 
-llama.cpp runs through llama-cpp-python in a venv of its own (it builds from source in ~5 minutes;
-never a dependency of this project): `python3 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip
+llama.cpp runs through llama-cpp-python in a venv of its own (it builds from source, which takes
+minutes: docs/history.md; never a dependency of this project): `python3 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip
 install llama-cpp-python`, then `--peer-python /tmp/llama-venv/bin/python`. It loads the bundled
 GGUF (Q4_1) itself; we load the same file dequantized. Both get the prompts as the same token ids
 (our tokenizer, the model's chat template) and decode greedily.

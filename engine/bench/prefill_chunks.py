@@ -44,7 +44,7 @@ def time_prefill(lm, ids: list[int], chunk: int | None) -> tuple[float, float, f
     """(prefill ms, CPU ms, ms to the first chunk done, first token) for one prefill; chunk None: one forward.
 
     CPU time (all of this process's threads) is reported beside wall time: on a machine shared with
-    other jobs, wall time swings by ±20% between identical runs, CPU time far less."""
+    other jobs, wall time swings between identical runs far more than CPU time (docs/history.md)."""
     from engine.core.config import GenerationConfig
     from engine.serving.decoding import Decoding
 

@@ -16,9 +16,9 @@ Why each flag matters here:
 - `cpp_compiler` / `triton`: what torch.compile generates code with (C++ on CPU, Triton on CUDA),
   needed by the compiled decode step (engine/model/compiled_step.py); without them it is refused.
 - `weight_only_activations`: the dtype those kernels get their activations in on CPU. "auto" lets
-  engine/quant/quantize.py measure it once per process (on the Zen 3, AVX2 only, `_weight_int8pack_mm`
-  with fp32 activations was ~10x slower than with bf16); "bf16" or "model" (the model's own dtype,
-  the fallback) force a choice.
+  engine/quant/quantize.py measure it once per process (on an AVX2-only CPU `_weight_int8pack_mm`
+  with fp32 activations was several times slower than with bf16: docs/quantization.md); "bf16" or
+  "model" (the model's own dtype, the fallback) force a choice.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class Capabilities:
         return d
 
     def summary(self) -> str:
-        """One line: 'AMD EPYC · AVX2 · torch AVX2 · oneDNN bf16 no · CUDA none · bitsandbytes 0.50.2'."""
+        """One line: 'CPU model · ISA level · torch AVX2 · oneDNN bf16 no · CUDA none · bitsandbytes 0.50.2 ·
+        compiler g++'."""
         parts = [self.cpu_model, self.isa_level, f"torch {self.torch_cpu_capability}",
                  f"oneDNN bf16 {'yes' if self.onednn_bf16 else 'no'}"]
         if self.cuda:

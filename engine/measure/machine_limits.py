@@ -60,7 +60,7 @@ class MachineLimits:
                    details=dict(d.get("details") or {}))
 
     def summary(self) -> str:
-        """'copy 31.8 GB/s · fp32 0.16 TFLOP/s · bf16 0.03 TFLOP/s (measured 2026-12-01)'."""
+        """'copy N GB/s · fp32 matmul N TFLOP/s · bf16 matmul N TFLOP/s (measured YYYY-MM-DD)'."""
         parts = [f"copy {self.copy_gbps:,.1f} GB/s" if self.copy_gbps else "copy —"]
         parts += [f"{k} matmul {v:,.3g} TFLOP/s" for k, v in self.matmul_tflops.items() if v]
         return " · ".join(parts) + f" (measured {self.date})"

@@ -79,8 +79,9 @@ class VariantSet:
         """`budget_bytes`: weights of all resident variants together (default: 3x the default's).
         `quality_texts`: how many of quality.QUALITY_SET to measure each variant on (0: none).
         `defer_quality`: measure a new variant's quality later (`measure_pending`, which the engine's
-        worker calls when it is idle), not inside the request that asked for the variant: on a
-        2-core AVX2 CPU the quality forward took minutes, and it is no part of that request's latency."""
+        worker calls when it is idle), not inside the request that asked for the variant: the quality
+        forward can take minutes on a small CPU (docs/quantization.md), and it is no part of that
+        request's latency."""
         self.default_name = default.dtype_name
         self.quality_texts = quality_texts
         self.defer_quality = defer_quality

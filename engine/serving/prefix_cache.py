@@ -3,9 +3,9 @@
 Design: a flat list of whole sequences per (model, scope), matched by longest common token
 prefix. Why not vLLM's hashed blocks or SGLang's radix tree: both share KV *in place* between
 sequences, which needs attention that reads scattered blocks (paged attention). Our forward keeps
-one contiguous KV buffer per sequence (kv_cache.py), so a hit copies the matched prefix into the
-request's own buffer — cheap next to the prefill it saves (24.5 ms for 1,460 tokens of SmolLM2 in
-fp32, 68 MB, vs ~3 s to prefill them), but a large share of a warm turn's TTFT. So when a session
+one contiguous KV buffer per sequence (engine/model/kv_cache.py), so a hit copies the matched prefix into the
+request's own buffer — cheap next to the prefill it saves, but a large share of a warm turn's TTFT
+(`kv_copy_ms`; `python -m engine.bench kv` prints it; figures in docs/kv-reuse.md). So when a session
 continues its own conversation the entry is handed over instead (`Lease.take`): the prompt extends
 all of it, no other request holds it and only this session can ever ask for it, so the request
 takes the buffer itself, writes past it, and inserts the longer sequence when it ends (which would

@@ -6,8 +6,8 @@ must compare the target's and the draft's distributions after the same processin
 CPU logits go through numpy (engine/serving/sampling_cpu.py), other devices through torch ops (below); a
 test holds the two to the same distribution. Why: each torch op over a 49,152-token row is an
 OpenMP parallel region, and in a busy server (the HTTP thread and the clients on the same cores)
-their hand-offs made a greedy argmax 0.17 ms and a top-p draw 1.65 ms a token, on the model
-thread, between the batch's forwards (AMD EPYC Zen 4, 2 cores, 16 clients at max batch 8).
+their hand-offs cost the model thread time between the batch's forwards, every token (seen in
+`python -m server.bench load`; figures in docs/history.md, 2026-12-02).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class Sampler:
     def draw(self, probs: torch.Tensor) -> int:
         """One token id from a 1-D distribution, using this request's generator: the inverse of its
         cumulative sum at a uniform draw (float64, so 49k small terms keep their mass). A token of
-        probability 0 is never drawn. Why not torch.multinomial: 1.8 ms a draw over SmolLM2's
-        49,152 tokens (Zen 3), against ~0.1 ms; a batch of 8 draws every step."""
+        probability 0 is never drawn. Why not torch.multinomial: over SmolLM2's 49,152 tokens it cost
+        many times this draw (docs/history.md, 2026-12-02), and a batch of 8 draws every step."""
         return sampling_cpu.draw(probs.detach().reshape(-1).cpu().numpy(), self.uniform64)
 
     def uniform64(self) -> float:
@@ -88,8 +88,8 @@ def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Which tokens top-p keeps, per row of logits: the top-ranked ones whose higher-ranked tokens
     sum to less than `top_p` (the first is always kept). Exact: it ranks only the
     NUCLEUS_CANDIDATES most likely tokens, and sorts the whole row only where the nucleus might
-    reach past them. Why: a full sort of 49,152 logits cost 4.7 ms a token on the Zen 3, the
-    candidates' top-k ~0.25 ms; with 0.7 < T the nucleus of a chat model is far smaller."""
+    reach past them. Why: a full sort of 49,152 logits costs far more than the candidates' top-k
+    (docs/history.md, 2026-12-02); with 0.7 < T the nucleus of a chat model is far smaller."""
     k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
     top, order = torch.topk(logits.softmax(-1), k, dim=-1)
     if k < logits.shape[-1] and bool(((top.cumsum(-1) - top) < top_p)[..., -1].any()):

@@ -71,7 +71,7 @@ def draw(p: np.ndarray, uniform: Callable[[], float]) -> int:
     """One token id from a 1-D distribution: the inverse of its float64 cumulative sum at a uniform
     draw. Only tokens with mass enter the sum (a zero never moves it: the same cdf, and a token of
     probability 0 is never drawn); a top-p row has a handful."""
-    idx = np.flatnonzero(p != 0)  # a mask first: nonzero on floats is ~20x slower
+    idx = np.flatnonzero(p != 0)  # a mask first: nonzero on floats is much slower (docs/history.md)
     cdf = np.cumsum(p[idx], dtype=np.float64)
     if not len(cdf) or not cdf[-1] > 0:  # all zero, or NaN: no token can be drawn from it
         raise ValueError("cannot sample from a distribution with no mass (all zero or NaN)")

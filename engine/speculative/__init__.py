@@ -16,11 +16,12 @@ step that verifies k guesses can yield up to k+1 tokens for about the price of o
 * When to guess, and how many: prompt lookup's `LookupPolicy` (lookup_policy.py) watches every
   proposal for free and verifies only when the tokens it expects beat the verify's cost; a draft
   model's `AdaptiveK` (policy.py) picks k from a decaying acceptance. Both price a verify with a
-  `CostModel` (costs.py) measured on the loaded model the first time it speculates and then fixed
-  for the process (so that the same seed gives the same reply); the Timeline records each change
+  `CostModel` (costs.py) measured on the loaded model once per process (by the idle worker, or by
+  the first speculative request where that comes sooner) and then fixed for the process (so that the same seed gives the same reply); the Timeline records each change
   of k (`k_changes`).
 
-Modules: proposers, verification, costs, lookup_policy, policy, decoding (`SpeculativeDecoding`).
+Modules: proposers, verification, costs, lookup_policy, policy, decoding (`SpeculativeDecoding`);
+draft (loading the draft model), draft_prompts and draft_train (how the bundled draft was made).
 """
 
 from engine.speculative.costs import (

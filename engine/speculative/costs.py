@@ -11,20 +11,19 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-# A verify pass over T = k + 1 tokens costs 1 + fixed + k * per_token plain steps. These defaults
-# (the AVX-512 BF16 Zen 5, packed weights: `python -m engine.bench verify` measured 1.10-1.29 for
-# T = 2, 1.25-1.38 for 3, 1.23-1.25 for 5, 1.38 for 9) serve only where nothing was measured:
-# a speculative decoding measures its model's own (`measured_costs`).
+# A verify pass over T = k + 1 tokens costs 1 + fixed + k * per_token plain steps. These defaults,
+# fitted to `python -m engine.bench verify` (figures: docs/speculative.md), serve only where
+# nothing was measured: a speculative decoding measures its model's own (`measured_costs`).
 VERIFY_FIXED_COST = 0.2
 VERIFY_COST_PER_TOKEN = 0.03
 
 # The calibration: forwards of T = 1 and each CALIBRATION_SIZES tokens after CALIBRATION_CONTEXT
 # cached ones, alternating, CALIBRATION_ROUNDS times (after one warm-up round). Each T is priced by
 # the median over rounds of its time / the same round's T = 1 time: paired, so a neighbour's load
-# that slows a whole round cancels out (these machines are shared). Measured on the AVX2 Zen 3 (fp32,
-# MKL): T = 2 costs ~1.9 plain steps, T = 3..9 ~2.1-2.6 — not a line through T = 2 and 9, hence a table.
+# that slows a whole round cancels out (these machines are shared). A table: on some
+# CPUs the costs are not a line through T = 2 and 9 (`python -m engine.bench verify`; docs/speculative.md).
 CALIBRATION_CONTEXT = 64
-CALIBRATION_SIZES = (2, 3, 5, 9)  # k = 8, the lookup default, is T = 9; larger T extrapolates the last slope
+CALIBRATION_SIZES = (2, 3, 5, 9)  # k = 8, the lookup bench's default, is T = 9; larger T extrapolates the last slope
 CALIBRATION_T = CALIBRATION_SIZES[-1]
 CALIBRATION_ROUNDS = 6
 
@@ -116,8 +115,8 @@ def cost_model_from_times(times: dict[int, list[float]]) -> CostModel:
 
 
 def measured_costs(model, should_stop=None) -> CostModel:
-    """The verify cost model of `model` on this machine: measured once per process (~35 forwards,
-    ~2-3 s on the Zen 3), then the same for every later request, so decisions stay a function of
+    """The verify cost model of `model` on this machine: measured once per process (~35 forwards;
+    its time is in docs/speculative.md), then the same for every later request, so decisions stay a function of
     the tokens alone. Each model object (a quantized variant too) gets its own. The engine's worker
     measures it while idle (`calibrate_idle`); a speculative request that comes first measures it
     in its setup. `should_stop` as in `_timed_forwards`."""
@@ -154,7 +153,7 @@ def is_calibrated(model, draft_model=None) -> bool:
 
 def calibrate_idle(loaded_models, should_stop) -> bool:
     """Measure the next uncalibrated model's costs (the worker's idle work: the first speculative
-    request then pays nothing for it; it cost that request ~5 s on the Zen 3). `loaded_models`:
+    request then pays nothing for it: docs/speculative.md has what it cost that request). `loaded_models`:
     LoadedModel-likes (`.model`, optional `.draft`). Returns whether it measured one (False: all
     done, or `should_stop` interrupted it: a request came, and is served first)."""
     for loaded in loaded_models:
@@ -179,7 +178,7 @@ def calibrate_idle(loaded_models, should_stop) -> bool:
 def matmul_weight_ratio(draft_model, target_model) -> float:
     """A draft token's cost relative to a target step, as the ratio of the weights their matmuls
     read (decode is memory-bound: a step costs about the bytes it reads). The bundled draft: ~0.09;
-    measured time per token ~0.12 of a target step here."""
+    `measured_draft_cost` times it (docs/speculative.md)."""
     def linear_bytes(m):
         return sum(mod.weight.numel() * mod.weight.element_size() for mod in m.modules()
                    if isinstance(mod, torch.nn.Linear))

@@ -4,7 +4,7 @@ A draft must share the target's tokenizer (its token ids mean the same tokens). 
 the same runner interface as the target (`new_cache` / `forward`), in the target's dtype and on
 its device, with a KV cache of its own per request.
 
-The bundled draft for SmolLM2-135M-Instruct (assets/draft-smollm2-135m, made by
+The bundled draft for SmolLM2-135M-Instruct (engine/assets/draft-smollm2-135m, made by
 `python -m engine.speculative.draft_train`) ships only what it does not share with the target: a few
 transformer layers and a final norm, plus the list of target token ids its output head covers.
 Its token embeddings are the target's own tensor, and its head is the target's head restricted

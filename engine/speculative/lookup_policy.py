@@ -1,7 +1,7 @@
 """When prompt lookup's guesses are worth a verify pass, and how many of them to check.
 
-A verify pass is dear on some machines (the AVX2 Zen 3, fp32: ~1.9 plain steps for k = 1, ~2.6
-for k = 8), so a rejected guess costs more than it can win. `LookupPolicy` therefore guesses only
+A verify pass is dear on some machines (nearly two plain steps even for k = 1 on some CPUs:
+`python -m engine.bench verify`, docs/speculative.md), so a rejected guess costs more than it can win. `LookupPolicy` therefore guesses only
 when the tokens it expects to gain beat the measured cost (`CostModel.verify`), with a margin.
 
 What it expects comes from watching every proposal for free. Each step the lookup proposes up to
@@ -22,8 +22,8 @@ fixed for the process: a seeded reply is the same on every run.
 
 from __future__ import annotations
 
-MARGIN = 1.20  # guess only for a predicted gain of 20%+: replaying the bench prompts offline, 1.1 let
-# open-ended replies fall to 0.96x, 1.2 kept them >= 0.98x for 1% less on copies (estimates are noisy)
+MARGIN = 1.20  # guess only for a predicted gain of 20%+ (estimates are noisy): chosen by replaying
+# `python -m engine.bench lookup`'s prompts offline against 1.1 (docs/history.md, Speculative decoding)
 DECAY = 0.85  # per observation of a (key, position): ~7 recent ones count
 PRIOR_RATE, PRIOR_WEIGHT = 0.5, 1.0  # a position never observed: a coin toss, worth one observation
 
@@ -41,7 +41,7 @@ class LookupPolicy:
 
     def key_for(self, matched_n: int) -> tuple[int, bool]:
         # 2- and 3-token matches pooled: they predict alike, and pooled they learn twice as fast
-        # (replayed offline: copy-heavy 1.50x -> 1.57x, open-ended worst 0.98x -> 0.97x)
+        # (replayed offline on the lookup bench's prompts: docs/history.md, Speculative decoding)
         return (min(matched_n, 2), self.in_copy)
 
     def _positions(self, key) -> list[list[float]]:

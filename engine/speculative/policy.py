@@ -21,12 +21,12 @@ class AdaptiveK:
     this request's own wall clock: every decision is then a function of the tokens alone, so a
     seeded sampled reply is the same on every run of the process (how many guesses were drawn
     decides which random numbers each token consumes) and a greedy bf16 reply too (a verify pass
-    rounds differently from plain steps, see README: Exactness). Measured times are still
+    rounds differently from plain steps, see docs/speculative.md, Exactness in bf16). Measured times are still
     reported (`draft_ms`, `verify_ms`).
 
     Acceptance is tracked per `key`: prompt lookup passes its match length, since a 3-token match
-    is right far more often than a 1-token one (guessing on every 1-token match cost open-ended
-    replies up to 11%).
+    is right far more often than a 1-token one (guessing on every 1-token match slowed open-ended
+    replies: docs/history.md, Speculative decoding).
     """
 
     def __init__(self, max_k: int, adaptive: bool = True, prior_acceptance: float = 0.6,

@@ -17,7 +17,7 @@ sampled all along; the whole load runs twice (`--repeat`) and the RSS after each
 
 Figures per level (server `timings`, the glossary's): p50/p90/p99 of `queue_ms`, `ttft_ms`,
 `tpot_ms`, `e2e_ms`; throughput in completed requests/s and output tok/s over the level's wall
-time. fp32 by default: greedy output with KV reuse equals output without only in fp32 (README,
+time. fp32 by default: greedy output with KV reuse equals output without only in fp32 (docs/engine.md,
 "Exactness"); in bf16 a reused prefix can change a near-tie and would show as a mismatch.
 
 Here: the flags, and the figures printed. The load itself (pool and judge, clients, the run loop,

@@ -2,11 +2,9 @@
 
 Why: clients on a thread of the server's process share its interpreter lock with the worker
 thread that drives the model, and the more tokens the server streams, the more the clients' own
-parsing holds that lock: a load measured so penalizes the faster configuration. Measured (AMD EPYC
-Zen 4, 2 cores, 16 clients, max batch 8 against 1, requests/s, pairs side by side): clients in the
-server's process 3.2-3.8x; in their own process 3.4-4.0x (the bench: both engines in one process),
-3.8-4.5x (each engine in a server process of its own). The clients still share the machine's cores
-with the server, as a browser on the same laptop would.
+parsing holds that lock: a load measured so penalizes the faster configuration (`python -m
+server.bench load` shows it; figures in docs/history.md, "Batching: earlier figures"). The clients
+still share the machine's cores with the server, as a browser on the same laptop would.
 
 The parent sends the pool (each turn with its reference reply) and the run's settings as one JSON
 object on stdin; the child runs `drive` and writes one JSON line per judged request,

@@ -12,8 +12,8 @@ from .clients import drive_elsewhere
 from .figures import BAD, COMPLETE, level_row
 from .pool import Result, ScriptedConversation
 
-# RSS besides the KV cache may grow this much from the first run to the last (allocator noise was
-# 1-4 MiB a run here); a leak of each request's KV (~3 MB fp32 x ~20 requests a run) is far more.
+# RSS besides the KV cache may grow this much from the first run to the last (allocator noise is far
+# less: docs/reliability.md); a leak of each request's KV (~3 MB fp32 x ~20 requests a run) is far more.
 MEMORY_GROWTH_LIMIT_MB = 32
 
 

@@ -78,7 +78,7 @@ def totals_line(t: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """A Markdown table of the rows (what the README shows)."""
+    """A Markdown table of the rows (as in docs/reliability.md)."""
     head = ["clients", "requests", "req/s", "tok/s"] + [f"{m} p50/p90/p99" for m in METRICS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
