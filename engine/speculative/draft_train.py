@@ -25,7 +25,10 @@ from pathlib import Path
 
 import torch
 
-ASSET_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-smollm2-135m"
+from engine.speculative.draft import (
+    BUNDLED_DRAFT_DIR as ASSET_DIR,  # written where it loads from
+)
+
 TOP_K = 32
 
 
