@@ -76,27 +76,31 @@ def test_fp32_packed_weights_from_two_rows_on_give_each_row_the_same_bits_at_any
 @pytest.mark.skipif(not CAPS.packed_fp32_weights, reason="this torch build has no oneDNN; the test below covers "
                     "the model without packed weights")
 def test_the_one_row_path_is_measured_cached_and_either_choice_keeps_greedy_exact(tiny, tmp_path):
-    """engine/kernels/plan.py measures every one-row kernel here and keeps the fastest (the packed copy
-    only with a 5% lead over GEMV), writes the choice to the per-machine cache and reads it back the
-    next time; whichever it picks, greedy decoding is unchanged, and a lone sequence gets the bits
+    """engine/kernels/plan.py: where our kernel builds it takes one-row products by rule (nothing
+    measured or cached); without it (switched off here) GEMV and the packed copy are measured, the
+    packed copy kept only with a 5% lead, the choice written to the per-machine cache and read back
+    the next time; whichever serves, greedy decoding is unchanged, and a lone sequence gets the bits
     of the same sequence in a batch."""
-    from engine.kernels import cpu_gemm
+    from engine.kernels import cpu_gemm, switches
     from engine.kernels import plan as kernel_plan
     from engine.model.batch_forward import forward_batch
 
     model = tiny.model
     saved = model.kernel_plan
     try:
-        choice = kernel_plan.load_or_measure(model, tmp_path)
-        m = choice.measured
-        assert choice.source == "measured" and m["packed_ms"] > 0 and m["gemv_ms"] > 0
-        assert (m["ours_ms"] is not None) == cpu_gemm.available()
-        assert choice.one_row in (("packed", "gemv", "ours") if cpu_gemm.available() else ("packed", "gemv"))
-        if choice.one_row != "ours":
+        if cpu_gemm.available():
+            ruled = kernel_plan.load_or_measure(model, tmp_path)
+            assert ruled.one_row == "ours" and ruled.source.startswith("rule") and ruled.measured is None
+            assert not (tmp_path / "kernel-plans").exists()
+        with switches.forced_off("gemm"):
+            choice = kernel_plan.load_or_measure(model, tmp_path)
+            m = choice.measured
+            assert choice.source == "measured" and m["packed_ms"] > 0 and m["gemv_ms"] > 0 and m["ours_ms"] is None
+            assert choice.one_row in ("packed", "gemv")
             assert (choice.one_row == "packed") == (m["ratio"] <= kernel_plan.ONE_ROW_PACKED_IF)
-        assert len(list((tmp_path / "kernel-plans").iterdir())) == 1
-        again = kernel_plan.load_or_measure(model, tmp_path)  # a restart: the cached decision, not a new race
-        assert again.one_row == choice.one_row and again.source.startswith("cached") and again.measured == m
+            assert len(list((tmp_path / "kernel-plans").iterdir())) == 1
+            again = kernel_plan.load_or_measure(model, tmp_path)  # a restart: the cached decision, not a new race
+            assert again.one_row == choice.one_row and again.source.startswith("cached") and again.measured == m
         ids = torch.tensor([5, 9, 13])
         outs = {}
         for path in kernel_plan.candidates(model):  # forced
@@ -151,7 +155,7 @@ def _layer(seed=0, n=96, k=128):
 def test_weight_only_kernels_are_right_in_every_activation_dtype(cls, activations):
     lin, x = _layer()
     with capabilities.forced(weight_only_activations=activations):
-        q = cls.from_linear(lin, keep_unpacked=True, gemv=False)  # torch's kernels; ours: tests/test_cpu_gemv.py
+        q = cls.from_linear(lin, keep_unpacked=True, gemv=False)  # torch's kernels; ours: tests/test_cpu_gemm.py
     if activations == "model":
         assert q.compute_dtype == torch.float32  # the fallback: the model's own dtype
     if activations == "bf16":

@@ -26,6 +26,8 @@ def map_entries(doc: str) -> set[str]:
         while names[-1].endswith(",") and len(names) < len(words):  # "a.py, b.py  what they are"
             names.append(words[len(names)])
         word = words[0]
+        if not re.fullmatch(r"[\w.]+(/|\.py,?|\.cpp,?)", word):
+            continue  # a description's continuation line
         while stack and stack[-1][0] >= indent:
             stack.pop()
         prefix = "".join(folder for _, folder in stack)
@@ -45,7 +47,8 @@ def tree_modules() -> set[str]:
 
 
 def test_map_parser_reads_a_tree():
-    doc = "## Modules\n\n```\nengine/\n  a.py   x\n  core/  y\n    b.py, c.cpp  z, w\n  d.py\n```\n"
+    doc = ("## Modules\n\n```\nengine/\n  a.py   x\n  core/  y\n    b.py, c.cpp  z, w\n"
+           "                 more words about c\n  d.py\n```\n")
     assert map_entries(doc) == {"engine/a.py", "engine/core/b.py", "engine/core/c.cpp", "engine/d.py"}
 
 

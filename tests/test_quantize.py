@@ -257,7 +257,7 @@ def test_int4_weight_only_linear_matches_its_dequantized_weights():
     with capabilities.forced(weight_only_activations="model"):
         q = Int4WeightOnlyLinear.from_linear(lin, keep_unpacked=True, gemv=False)  # torch's kernel: fp32 in it
     w = q.dequantized()
-    assert torch.allclose(q(x), x @ w.T + q.bias, atol=1e-4)  # ours (fp16 scales): tests/test_cpu_gemv.py
+    assert torch.allclose(q(x), x @ w.T + q.bias, atol=1e-4)  # ours (fp16 scales): tests/test_cpu_gemm.py
     step = (lin.weight.reshape(-1, q.group_size).amax(1) - lin.weight.reshape(-1, q.group_size).amin(1)) / 15
     assert ((w - lin.weight).abs().reshape(-1, q.group_size).amax(1) <= step / 2 + 1e-3 * step.max()).all()
 

@@ -4,8 +4,8 @@ Every forward (engine/model/forward.py: a batch of sequences, one sequence being
 asks `choose(linear, rows, plan)` and runs the answer with `run(kernel, linear, x)`; nothing else
 picks a matmul kernel. `rows` is the row count of ONE sequence's part of the product, so a
 sequence gets the same kernel, and so the same bits, alone and beside others. `plan` is the
-model's per-machine decision for fp32 rows (engine/kernels/plan.py: measured once per machine,
-cached, injectable by tests).
+model's per-machine decision for fp32 rows (engine/kernels/plan.py: our kernel by rule where it
+builds, else measured once per machine and cached; injectable by tests).
 
 The table (`Kernel`, first match wins):
 - a weight-only int8/4-bit layer: ours (`WO_OURS`) where it holds our layout and its `gemv` flag is
