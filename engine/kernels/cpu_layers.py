@@ -4,7 +4,8 @@ runs on our fp32 kernel.
 Why: the Python layer loop makes ~20 op calls a layer. Each call lets go of the interpreter lock
 and takes it back, and in the server the HTTP thread holds it in between; while the model thread
 waits, the OpenMP team falls asleep and the next product wakes it, so a batched forward took
-longer in the server than alone (`python -m server.bench load`, figures: docs/batching.md). The C++ loop calls the same ATen ops and our kernels on
+longer in the server than alone (`python -m server.bench load` under load, `python -m engine.bench
+bandwidth --python-loop` alone; figures: docs/batching.md). The C++ loop calls the same ATen ops and our kernels on
 the same tensors in the same order, so it gives the same bits (tested against the Python loop), and
 lets go of the lock once a forward.
 
