@@ -2,8 +2,9 @@
 //
 // Why hand-written: torch's own weight-only kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
 // read the weights far below what memory delivers on a one-row product on an AVX2-only CPU
-// (`python -m engine.bench gemv`; docs/quantization.md), and a decode step is nothing but such products. engine/kernels/cpu_gemm.py builds this
-// file at first use, checks it, and owns the fallback to torch's kernels.
+// (`python -m engine.bench gemv`; docs/quantization.md), and a decode step is nothing but such
+// products. engine/kernels/cpu_gemm.py builds this file at first use, checks it, and owns the
+// fallback to torch's kernels.
 //
 // Layouts (engine/kernels/cpu_gemm.py packs them); rows are split across torch's own OpenMP threads.
 //   int8: w [N, K] int8, scale [N] fp32: y[m, n] = scale[n] * sum_k x[m, k] w[n, k], in fp32

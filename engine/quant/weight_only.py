@@ -189,10 +189,11 @@ class _WeightOnlyLinear(nn.Module):
 
     On CPU where our AVX2 kernels run (`gemv` is True; engine/kernels/cpu_gemm.py), every product goes
     to them, in fp32 (on AVX2 faster than torch's at every row count `python -m engine.bench gemv`
-    measures: docs/quantization.md; a variant keeps them only where its decode step measured faster through them: `choose_kernels`). Otherwise
-    torch's kernel in `compute_dtype` (see `weight_only_compute_dtype`): x is cast in, y cast back to x's
-    dtype, so the rest of the model keeps its own dtype. Our kernels' copies of the weights are
-    non-persistent buffers: derived, so `weight_bytes` counts the weights once.
+    measures: docs/quantization.md; a variant keeps them only where its decode step measured faster
+    through them: `choose_kernels`). Otherwise torch's kernel in `compute_dtype` (see
+    `weight_only_compute_dtype`): x is cast in, y cast back to x's dtype, so the rest of the model
+    keeps its own dtype. Our kernels' copies of the weights are non-persistent buffers: derived, so
+    `weight_bytes` counts the weights once.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
