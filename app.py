@@ -2,7 +2,9 @@
 
 One FastAPI app on one port: the OpenAI-compatible API (/v1, /metrics), the page's own endpoints
 (/lab) and the Gradio page (/). Binds 127.0.0.1 unless --host says otherwise; no public share link
-unless --share. Also installed as the `latency-lab` command (`pip install -e .`).
+unless --share. `pip install .` (no editable install needed: pyproject finds every package)
+installs it as the `latency-lab` command, beside `latency-lab-cli` (python -m engine) and
+`latency-lab-server` (python -m server).
 Exit codes: 0 ok, 1 runtime failure (the model does not load, the port is taken...), 2 usage.
 """
 

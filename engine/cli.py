@@ -2,6 +2,8 @@
 
 Without a prompt it is an interactive multi-turn chat. `--json` prints exactly one JSON object,
 `{"text": ..., "timeline": {...}}`. The flag builders here are shared by the bench and app.py.
+`pip install .` also installs it as the `latency-lab-cli` command (usage still reads `python -m
+engine`: one name for both).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""`python -m server`: the API and /metrics alone (no page), on 127.0.0.1:7860 by default."""
+"""`python -m server`: the API and /metrics alone (no page), on 127.0.0.1:7860 by default.
+
+`pip install .` also installs it as the `latency-lab-server` command.
+"""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def run(args, out):
     out(f"weight-only kernels: {cpu_gemm.kernel_name('int4wo')}")
     out(f"layer loop: {cpu_layers.describe(lm.model)}")
     out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
-    plan = getattr(lm.model, "kernel_plan", None)  # measured once per machine: which fp32 one-row kernel the steps use
+    plan = getattr(lm.model, "kernel_plan", None)  # which fp32 one-row kernel the steps use (engine/kernels/plan.py)
     one_row = {"path": plan.one_row, "source": plan.source, **(plan.measured or {})} if plan else None
     if plan is not None and plan.source != "default":
         out(kernel_plan.summary(plan))

@@ -19,13 +19,11 @@ DEVICES = ("auto", "cpu", "cuda")
 SPECULATIVE_MODES = ("off", "prompt_lookup", "draft")
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 200
-# Chunked prefill's default chunk. A 1,500-token bf16 prefill on the 2-core CPU (1 thread, CPU
-# time, `python -m engine.bench prefill_chunks`): chunks of 256 cost ~6% more than one forward
-# (matmuls over 256 rows are ~5% less efficient per token), 128 cost ~18%, and 512 no less than
-# 256 (attention with a chunk's mask costs more over 512 rows here). 256 moves a progress bar six
-# times on such a prompt for about 6%. With 2 threads on the same machine while other jobs kept
-# it oversubscribed, every forward paid for its threads' synchronization and 256 cost +187%:
-# chunking is off by default, a toggle for where the threads are not fighting for cores.
+# Chunked prefill's default chunk: the smallest that costs little more than one forward (shorter
+# chunks make matmuls less efficient per row; 512 was no cheaper on one thread) while the bar still moves
+# several times on a long prompt. Chunking is off by default: where threads fight for cores every
+# forward pays a fixed cost. `python -m engine.bench prefill_chunks` prints each chunk's cost
+# (figures: docs/perceived-latency.md, docs/history.md).
 PREFILL_CHUNK_TOKENS = 256
 
 

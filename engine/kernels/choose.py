@@ -126,7 +126,7 @@ def run(kernel: Kernel, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 # torch offers no per-call way to keep a bf16 matmul off oneDNN (aten::mm, addmm, mv and matmul all
 # consult the process-wide flag), so the flag is switched here and only here: for one product,
-# under a lock that `onednn_held` (bitsandbytes' matmuls, which need oneDNN on) also takes.
+# under a lock that `weight_only.onednn_on` (bitsandbytes' matmuls, which need oneDNN on) also takes.
 ONEDNN_FLAG_LOCK = threading.RLock()
 
 

@@ -1,9 +1,9 @@
 // Decode attention, AVX2 + FMA, fp32: one new token per sequence against its own KV cache.
 //
-// Why hand-written: a decode step attends one query row per sequence. SDPA then costs ~90 us a call
-// at any short context (Zen 3, 2 threads), and a batch calls it once per sequence and layer, with two
-// small copies per call to store the token's key and value; at long context it reads each KV head
-// once per query head that shares it (GQA) and reached ~3.4 GB/s. Here one call a layer serves every
+// Why hand-written: a decode step attends one query row per sequence. SDPA then has a fixed cost a
+// call at any short context, and a batch calls it once per sequence and layer, with two small copies
+// per call to store the token's key and value; at long context it reads each KV head once per query
+// head that shares it (GQA). Figures: docs/history.md. Here one call a layer serves every
 // decode sequence of a batch: it stores their new keys and values and streams each KV head once for
 // all its query heads. engine/kernels/cpu_attention.py checks it against SDPA and owns the fallback.
 //

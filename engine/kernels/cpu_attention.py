@@ -1,9 +1,10 @@
 """Decode attention through our AVX2 kernel (engine/kernels/cpu_attention.cpp): one new token per sequence.
 
-Why our own: a decode row's attention through SDPA cost ~90 us a call at any short context on the
-Zen 3 (2 threads): 2.7 ms of a 97 ms fp32 step alone, and in a batch of 8 one call per sequence and
-layer plus two small copies each to store the new key and value (~25 ms of a 132 ms step). At long
-context SDPA read each KV head once per query head sharing it (GQA), ~3.4 GB/s. The kernel stores
+Why our own: a decode row's attention through SDPA has a fixed cost a call at any short context,
+and a batch pays it once per sequence and layer plus two small copies each to store the new key and
+value; at long context SDPA reads each KV head once per query head sharing it (GQA). Figures, with
+CPU and date: docs/batching.md and docs/history.md; `python -m engine.bench bandwidth` with and
+without `LATENCY_LAB_ATTENTION=off` shows its share on the machine at hand. The kernel stores
 every decode sequence's new key and value and attends them all in one call a layer, streaming each
 KV head once for its query heads, with keys cut into chunks that depend only on the sequence's own
 length: a sequence gets the same bits alone and in any batch (batching's exactness needs that).

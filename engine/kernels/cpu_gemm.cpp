@@ -1,9 +1,10 @@
 // Weight-only int8 and int4 matmuls and fp32 products, AVX2 + FMA + F16C: decode steps first, prefill rows too.
 //
 // Why hand-written: torch's own weight-only kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
-// reach 2.3-4.8 GB/s of weight bytes on a one-row product on an AVX2-only Zen 3, far below what its
-// memory delivers, and a decode step is nothing but such products. engine/kernels/cpu_gemm.py builds this
-// file at first use, checks it, and owns the fallback to torch's kernels.
+// read the weights far below what memory delivers on a one-row product on an AVX2-only CPU
+// (`python -m engine.bench gemv`; docs/quantization.md), and a decode step is nothing but such
+// products. engine/kernels/cpu_gemm.py builds this file at first use, checks it, and owns the
+// fallback to torch's kernels.
 //
 // Layouts (engine/kernels/cpu_gemm.py packs them); rows are split across torch's own OpenMP threads.
 //   int8: w [N, K] int8, scale [N] fp32: y[m, n] = scale[n] * sum_k x[m, k] w[n, k], in fp32
@@ -115,7 +116,7 @@ inline void fp32_block(const float* x, int64_t K, const float* w, float* y, int6
     }
   }
   // Plain stores only: a store that depends on a runtime bound made GCC keep the accumulators on the
-  // stack through the loop (2x slower); the last, padded panel goes through a scratch block instead.
+  // stack through the loop (slower: docs/history.md); the last, padded panel goes through a scratch block instead.
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < 2 * P; ++j) _mm256_storeu_ps(y + m * ldy + 8 * j, acc[m][j]);
 }

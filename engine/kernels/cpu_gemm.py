@@ -2,19 +2,18 @@
 
 The fp32 one (`fp32_mm`, over a copy of the weight in panels of 16 output channels, `fp32_panels`)
 serves plain fp32 Linears for up to choose.OURS_ROWS rows where the per-machine one-row decision picks
-it (engine/kernels/plan.py): on the Zen 3 oneDNN's packed copy streamed a one-row step's
-weights at ~8 GB/s, MKL's GEMV at ~7, our kernel at ~13 (85% of copy). Many rows run at oneDNN's
-speed (Zen 4, 2 threads, the 120 projections of SmolLM2: 8 rows 19 ms against oneDNN's 26 and our
-earlier dot-product kernel's 26; 32 rows 45 vs 44 and 61; 256 rows 291 vs 289 and 459). Every output
+it (engine/kernels/plan.py): one row streams the weights faster than oneDNN's packed copy or MKL's
+GEMV, and many rows run at about oneDNN's speed (`python -m engine.bench gemv` prints each at every
+row count; figures, with CPU and date: docs/history.md). Every output
 sums its products in one fixed order, so a row's bits do not depend on the row count, which
 continuous batching needs (engine/model/batch_forward.py). This module also builds decode attention
 (engine/kernels/cpu_attention.py) into the same extension.
 
-Why our own: torch's weight-only kernels read the weights at ~2.3-4.8 GB/s on a one-row product on
-the AVX2-only Zen 3 (they are written for batches, and convert activations to bf16 in software),
-and a decode step is nothing but such products. Measured side by side there (2 threads, the 121
-projections of SmolLM2 with random weights, one row, `python -m engine.bench gemv`): int8 19.1 vs
-35.3 ms, 4-bit 17.2 vs 24.8 ms. torchao wraps the same torch kernels on CPU, so no package offers better.
+Why our own: torch's weight-only kernels read the weights far below the memory's speed on a one-row
+product on an AVX2-only CPU (they are written for batches, and convert activations to bf16 in
+software), and a decode step is nothing but such products. `python -m engine.bench gemv` sets ours
+against theirs on the model's own shapes (figures, with CPU and date: docs/quantization.md).
+torchao wraps the same torch kernels on CPU, so no package offers better.
 
 What they compute: int8, the fp32 product with the dequantized weights (fp32 activations; only the
 summation order differs). 4-bit, activations quantized to int16 per group of 32 (~15 bits, so the
@@ -24,7 +23,7 @@ output on random data, the fp16 scales' rounding, against ~3e-3 for torch's bf16
 
 Where they run: x86-64 CPUs where torch itself dispatches AVX2 (its cpuid check, not /proc/cpuinfo,
 which an emulator may fill with the host's flags), with a C++ compiler and ninja. They are built at
-first use into torch's extension folder (~20 s once; later processes load the cached library),
+first use into torch's extension folder (once, seconds; later processes load the cached library),
 then checked against a reference. Anything missing or wrong: `unavailable_reason()` says what, and
 the weight-only layers keep torch's kernels (engine/quant/weight_only.py).
 """

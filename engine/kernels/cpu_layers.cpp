@@ -4,9 +4,9 @@
 //
 // Why in C++: the Python loop makes ~20 op calls a layer, ~600 a forward. Each releases the
 // interpreter lock and takes it back; in the server the HTTP thread holds it between, and while the
-// model thread waits the OpenMP team goes to sleep and must be woken for the next product. Measured
-// (2 cores, 16 clients, max batch 8): a forward of 8 decode rows took 56 ms in the server against
-// 41 ms alone. Here the lock is released once for the whole forward.
+// model thread waits the OpenMP team goes to sleep and must be woken for the next product, so a
+// batched forward took longer in the server than alone (docs/batching.md). Here the lock is
+// released once for the whole forward.
 //
 // weights: per layer, 6 tensors: attention norm weight, q/k/v panels, o panels, MLP norm weight,
 // gate/up panels, down panels (engine/kernels/cpu_gemm.py: fp32_panels). biases: per layer 4 (q/k/v, o,

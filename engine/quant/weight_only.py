@@ -4,8 +4,8 @@ their activation dtype.
 Why torch's own kernels: they ship inside the torch we pin, so they need no extra package
 (torchao, which wraps these same ops, is not installed here) and run on every CPU torch runs on.
 Their activation dtype is the kernel's, not the model's: on CPU they are fast with bf16
-activations even when the model is fp32 (measured on the Zen 3, AVX2 only: one decode step's
-matmuls 6.7 ms with bf16 activations, 66.5 ms with fp32), so x is cast in and y cast back;
+activations even when the model is fp32 (on an AVX2-only CPU far faster than with fp32
+activations: docs/quantization.md), so x is cast in and y cast back;
 `weight_only_compute_dtype` measures that once per process (capabilities
 `weight_only_activations` forces a choice). engine/quant/quantize.py builds variants from these.
 """
@@ -131,9 +131,9 @@ KERNELS_MARGIN = 1.1  # torch's kernels only where a step through them is this m
 def choose_kernels(model: nn.Module, rounds: int = 3, steps: int = 2) -> dict | None:
     """Where `model`'s weight-only layers hold both our kernels' layout and torch's (CPU, our Llama
     forward), measure a decode step through each, alternating, and keep the faster (ours on a tie,
-    within KERNELS_MARGIN). Why measured: the order depends on the CPU (`python -m engine.bench gemv`,
-    one row: Zen 3, AVX2, ours 1.85x torch's for int8 and 1.44x for 4-bit; Zen 4, AVX-512, ours 1.84x
-    for int8 but torch's 4-bit kernel 1.27x ours). Returns what it measured, kept on the model for
+    within KERNELS_MARGIN). Why measured: the order depends on the CPU (`python -m engine.bench gemv`
+    prints both at each row count; on AVX2 ours won both, on AVX-512 torch's 4-bit kernel beat ours:
+    docs/quantization.md). Returns what it measured, kept on the model for
     `decode_kernels` (None: nothing to choose)."""
     from engine.model.fast_llama import FastLlama  # (fast_llama does not import this module)
 
@@ -188,11 +188,12 @@ class _WeightOnlyLinear(nn.Module):
     """A Linear whose weights stay quantized and go straight into a weight-only kernel.
 
     On CPU where our AVX2 kernels run (`gemv` is True; engine/kernels/cpu_gemm.py), every product goes
-    to them, in fp32 (on the Zen 3 faster than torch's at every row count measured, 1 to 256; a
-    variant keeps them only where its decode step measured faster through them: `choose_kernels`). Otherwise
-    torch's kernel in `compute_dtype` (see `weight_only_compute_dtype`): x is cast in, y cast back to x's
-    dtype, so the rest of the model keeps its own dtype. Our kernels' copies of the weights are
-    non-persistent buffers: derived, so `weight_bytes` counts the weights once.
+    to them, in fp32 (on AVX2 faster than torch's at every row count `python -m engine.bench gemv`
+    measures: docs/quantization.md; a variant keeps them only where its decode step measured faster
+    through them: `choose_kernels`). Otherwise torch's kernel in `compute_dtype` (see
+    `weight_only_compute_dtype`): x is cast in, y cast back to x's dtype, so the rest of the model
+    keeps its own dtype. Our kernels' copies of the weights are non-persistent buffers: derived, so
+    `weight_bytes` counts the weights once.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
