@@ -49,9 +49,12 @@ class FakeCache:
 
 
 class FakeWorker:
-    busy, max_queue = False, 4
+    max_queue = 4
 
     def queue_depth(self):
+        return 0
+
+    def running(self):
         return 0
 
 
