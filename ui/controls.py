@@ -25,14 +25,17 @@ CHOICE_LABELS = {
 ELEM_NAMES = {"max_new_tokens": "max"}  # the page's scripts and tests address the max tokens slider as lab-<pane>-max
 
 
-def elem_id(pane: str, name: str) -> str:
-    return f"lab-{pane}-{ELEM_NAMES.get(name, name).replace('_', '-')}"
+def elem_id(pane: str, t: Toggle) -> str:
+    """lab-<pane>-<name>; a GenerationConfig field may go by a shorter name (ELEM_NAMES), another
+    declaration (the Load tab's own max tokens) keeps its own."""
+    name = ELEM_NAMES.get(t.name, t.name) if FIELD.get(t.name) is t else t.name
+    return f"lab-{pane}-{name.replace('_', '-')}"
 
 
 def toggle_control(t: Toggle, pane: str, info: EngineInfo, value=None):
     """The Gradio control for one declared field, starting at `value` (None: its declared default)."""
     value = t.default if value is None else value
-    kw = dict(label=t.label, info=t.help, elem_id=elem_id(pane, t.name))
+    kw = dict(label=t.label, info=t.help, elem_id=elem_id(pane, t))
     if t.kind == "bool":
         why = info.unavailable_toggles.get(t.name)  # e.g. no C++ compiler for the compiled step: shown, not offered
         if why:

@@ -130,7 +130,7 @@ class Worker:
     def running(self) -> int:
         """Requests admitted and not yet finished (up to max_batch)."""
         with self._cv:
-            return len(self._active)
+            return sum(not s.done for s in self._active)
 
     def batching_info(self) -> dict | None:
         """The engine info's `batching` entry (None at max batch 1: nothing is batched)."""
@@ -232,8 +232,8 @@ class Worker:
         if handle.cancelled:  # cancelled while it waited: never touches the model
             tl.finish_reason = "cancelled"
             tl.mark("done")
+            seq.done = True  # before the push: whoever the done event wakes sees it finished (running())
             handle.push(Event("done", detail={"finish_reason": "cancelled"}, timeline=tl))
-            seq.done = True
             return
         try:
             seq.variant = self._variant(handle.request.config.quantization, tl)
@@ -280,9 +280,10 @@ class Worker:
                     tl.counters["kernels"] = choose.for_reply(seq.variant.loaded.model, tl.prefill_tokens or 1, compiled)
                     self.completed += 1
                     self.variants.record(seq.variant.name, tl)
+                if event.kind == "done":
+                    seq.done = True  # before the push, as above
                 seq.handle.push(event)
                 if event.kind == "done":
-                    seq.done = True
                     seq.gen.close()
                     return
                 if event.kind == "chunk" and not seq.batched:
