@@ -5,6 +5,7 @@ overlay and (A/B) the delta table; none ends in an error."""
 import time
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from engine.measure import capabilities
 from ui.page import preset_missing
@@ -33,7 +34,12 @@ def choose(page, elem_id, label):
         box.click()
         box.fill(label)  # the dropdown filters its options by what is typed
         option = page.locator(f"#{elem_id} [role=option][aria-label={label!r}]")
-        option.wait_for()
+        try:
+            option.wait_for(timeout=15_000)
+        except PlaywrightTimeout:  # the list did not open this time (seen once in a full run): open it again
+            box.press("Escape")
+            box.blur()
+            continue
         if attempt == 0:
             box.press("Enter")  # Enter takes the match
         else:
