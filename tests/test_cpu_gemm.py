@@ -167,3 +167,29 @@ def test_a_weight_only_variant_decodes_with_the_kernels_measured_faster_and_says
     assert (logits[True] - logits[False]).abs().max() <= 0.1 * logits[True].abs().max()
     assert choose_kernels(model)["kernels"] in ("ours", "torch")  # measured again: one of the two, set on every layer
     assert len({m.gemv for m in layers}) == 1
+
+
+@needs_kernels
+def test_the_weight_only_race_is_kept_per_machine_and_a_restart_takes_it(bundled, tmp_path, monkeypatch):
+    """The faster of ours and torch's kernels changes a variant's bits: measured once on this machine,
+    kept in the cache folder, and a second build (a restart) takes the kept decision, not a new race."""
+    from dataclasses import replace
+
+    from engine.quant import weight_only
+    from engine.quant.quantize import build_variant
+
+    first = build_variant(replace(bundled, cache_dir=tmp_path), "int8wo")
+    kept = first.model.weight_only_kernels
+    assert kept["source"] == "measured" and kept["kernels"] in ("ours", "torch")
+    assert len(list((tmp_path / "weight-only-kernels").iterdir())) == 1
+
+    def no_race(*args, **kwargs):
+        raise AssertionError("raced again although this machine's decision is kept")
+
+    monkeypatch.setattr(weight_only, "_race", no_race)
+    again = build_variant(replace(bundled, cache_dir=tmp_path), "int8wo")
+    chosen = again.model.weight_only_kernels
+    assert chosen["kernels"] == kept["kernels"] and chosen["source"].startswith("cached (")
+    layers = [m for m in again.model.modules() if isinstance(m, Int8WeightOnlyLinear)]
+    assert layers and all(m.gemv == (kept["kernels"] == "ours") for m in layers)
+    assert any(chosen["source"] in note for note in again.notes)

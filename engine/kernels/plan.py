@@ -36,7 +36,7 @@ from engine.measure import capabilities
 
 log = logging.getLogger(__name__)
 ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
-FILE_VERSION = 1
+FILE_VERSION = 2  # 2: {key, decision, measured_at}, shared by every cached kernel decision
 NAMES = {"packed": "packed oneDNN weights", "gemv": "MKL GEMV", "ours": "our panel kernel"}
 
 
@@ -58,20 +58,52 @@ def candidates(model) -> list[str] | None:
     return ["gemv", "packed"] + (["ours"] if cpu_gemm.available() else [])
 
 
-def key(model) -> dict:
-    """What the decision depends on: the machine, torch, the threads, the model's shape, the kernels."""
+def machine_key(model) -> dict:
+    """What a measured kernel decision for `model` depends on: the machine, torch, the threads and
+    the model's shape."""
     cfg = model.config
     shape = [getattr(cfg, a, None) for a in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                              "num_attention_heads", "num_key_value_heads", "vocab_size")]
     caps = capabilities.detect()
     return {"cpu_model": caps.cpu_model, "isa": sorted(caps.isa), "cpu_capability": caps.torch_cpu_capability,
-            "threads": torch.get_num_threads(), "torch": torch.__version__.split("+")[0],
-            "model_shape": shape, "candidates": candidates(model)}
+            "threads": torch.get_num_threads(), "torch": torch.__version__.split("+")[0], "model_shape": shape}
 
 
-def cache_file(cache_dir: Path, k: dict) -> Path:
+def key(model) -> dict:
+    """The fp32 one-row decision's key: the machine and model (`machine_key`) and the kernels."""
+    return {**machine_key(model), "candidates": candidates(model)}
+
+
+def cache_file(cache_dir: Path, k: dict, folder: str = "kernel-plans") -> Path:
     digest = hashlib.sha1(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cache_dir) / "kernel-plans" / f"{digest}.json"
+    return Path(cache_dir) / folder / f"{digest}.json"
+
+
+def cached(cache_dir: Path | None, folder: str, k: dict, measure_now, valid=lambda d: True,
+           force: bool = False) -> tuple[dict, str]:
+    """A measured kernel decision, kept per machine: the one stored under `<cache_dir>/<folder>/` for
+    key `k` (where `valid` accepts it), else `measure_now()` (a JSON-able dict), stored there.
+    Returns (decision, source): "cached (DATE)" or "measured". Every measured kernel decision goes
+    through here (this one-row plan; weight-only variants' kernels, engine/quant/weight_only.py)."""
+    path = cache_file(cache_dir, k, folder) if cache_dir else None
+    if path and path.is_file() and not force:
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("version") == FILE_VERSION and raw["key"] == k and valid(raw["decision"]):
+                return raw["decision"], f"cached ({raw['measured_at'][:10]})"
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            log.warning("ignoring unreadable kernel decision %s: %s", path, exc)
+    decision = measure_now()
+    if path:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"version": FILE_VERSION, "key": k, "decision": decision,
+                                       "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("could not cache the kernel decision at %s: %s", path, exc)
+    return decision, "measured"
 
 
 def load_or_measure(model, cache_dir: Path | None, force: bool = False) -> Plan | None:
@@ -82,28 +114,13 @@ def load_or_measure(model, cache_dir: Path | None, force: bool = False) -> Plan 
         return None
     if "ours" in names:  # the rule (module docstring): nothing to measure, nothing to cache
         return _set(model, Plan(one_row="ours", source="rule (our kernel builds here)"))
-    k = key(model)
-    path = cache_file(cache_dir, k) if cache_dir else None
-    if path and path.is_file() and not force:
-        try:
-            raw = json.loads(path.read_text())
-            if raw.get("version") == FILE_VERSION and raw["key"] == k and raw["one_row"] in names:
-                return _set(model, Plan(one_row=raw["one_row"], source=f"cached ({raw['measured_at'][:10]})",
-                                        measured=raw.get("measured")))
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            log.warning("ignoring unreadable kernel plan %s: %s", path, exc)
-    plan = measure(model, names)
-    if path:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"version": FILE_VERSION, "key": k, "one_row": plan.one_row,
-                                       "measured": plan.measured,
-                                       "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
-            tmp.replace(path)
-        except OSError as exc:
-            log.warning("could not cache the kernel plan at %s: %s", path, exc)
-    return plan
+    def measure_now():
+        plan = measure(model, names)
+        return {"one_row": plan.one_row, "measured": plan.measured}
+
+    decision, source = cached(cache_dir, "kernel-plans", key(model), measure_now,
+                              valid=lambda d: d["one_row"] in names, force=force)
+    return _set(model, Plan(one_row=decision["one_row"], source=source, measured=decision.get("measured")))
 
 
 def _set(model, plan: Plan) -> Plan:

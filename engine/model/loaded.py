@@ -34,6 +34,7 @@ class LoadedModel:
     eos_token_ids: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     draft: object | None = None  # engine.draft.Draft for speculative='draft' (None: no draft loaded)
+    cache_dir: object | None = None  # a Path: where measured kernel decisions are kept (None: not kept)
 
     @property
     def max_context(self) -> int:

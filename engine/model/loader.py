@@ -134,6 +134,7 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         dtype=dtype,
         device=device,
         load_s=time.perf_counter() - t0,
+        cache_dir=cache_root(config),
         fast_path=fast,
         weights=str(weights),
         eos_token_ids=eos,

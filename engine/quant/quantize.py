@@ -107,10 +107,10 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
     except Exception as exc:
         raise LoadError(f"quantization {name!r} cannot run on {base.device} with this model: "
                         f"{type(exc).__name__}: {first_line(exc)}") from exc
-    kernels = choose_kernels(model)  # weight-only layers: ours or torch's, whichever steps faster here
+    kernels = choose_kernels(model, base.cache_dir)  # weight-only layers: ours or torch's, the faster here
     if kernels:
         extra += (f"; decode kernels: {kernels['kernels']} (a step {kernels['ours_ms']} ms ours, "
-                  f"{kernels['torch_ms']} ms torch's)")
+                  f"{kernels['torch_ms']} ms torch's; {kernels['source']})")
     note = f"variant {name}: {METHODS[name]}{extra}" + (f" (lm_head {head}, untied)" if head else "")
     return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
 

@@ -127,24 +127,40 @@ def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...]) -
 KERNELS_MARGIN = 1.1  # torch's kernels only where a step through them is this much faster: ours are more precise (fp32 or int16 activations)
 
 
-@torch.inference_mode()
-def choose_kernels(model: nn.Module, rounds: int = 3, steps: int = 2) -> dict | None:
+def choose_kernels(model: nn.Module, cache_dir=None, rounds: int = 3, steps: int = 2) -> dict | None:
     """Where `model`'s weight-only layers hold both our kernels' layout and torch's (CPU, our Llama
-    forward), measure a decode step through each, alternating, and keep the faster (ours on a tie,
-    within KERNELS_MARGIN). Why measured: the order depends on the CPU (`python -m engine.bench gemv`
-    prints both at each row count; on AVX2 ours won both, on AVX-512 torch's 4-bit kernel beat ours:
-    docs/quantization.md). Returns what it measured, kept on the model for
-    `decode_kernels` (None: nothing to choose)."""
+    forward), the faster of the two for a decode step (ours on a tie, within KERNELS_MARGIN), set on
+    every layer. Why measured: the order depends on the CPU (`python -m engine.bench gemv` prints
+    both at each row count; on AVX2 ours won both, on AVX-512 torch's 4-bit kernel beat ours:
+    docs/quantization.md). Why cached per machine in `cache_dir` (engine/kernels/plan.py `cached`):
+    the two sum in different orders, so a race run again at each start could change the bits of a
+    restart. Returns the decision, kept on the model for `decode_kernels` (None: nothing to choose)."""
+    from engine.kernels import plan  # (plan does not import this module)
     from engine.model.fast_llama import FastLlama  # (fast_llama does not import this module)
 
     layers = [m for m in model.modules() if isinstance(m, _WeightOnlyLinear) and m.has_ours]
     if not layers or not isinstance(model, FastLlama):
         return None
+    kinds = sorted({f"{type(m).__name__}:{m.in_features}x{m.out_features}:{m.compute_dtype}" for m in layers})
+    key = {**plan.machine_key(model), "weight_only": kinds, "layers": len(layers)}
+    decision, source = plan.cached(cache_dir, "weight-only-kernels", key,
+                                   lambda: _race(model, layers, rounds, steps),
+                                   valid=lambda d: d.get("kernels") in ("ours", "torch"))
+    for m in layers:
+        m.gemv = decision["kernels"] == "ours"
+    model.weight_only_kernels = {**decision, "source": source}
+    return model.weight_only_kernels
+
+
+@torch.inference_mode()
+def _race(model, layers, rounds: int, steps: int) -> dict:
+    """A decode step through our kernels and through torch's, alternating (paired per round: a
+    neighbour's load slows both); round 0 warms both up and is dropped."""
     prompt = 16
     cache = model.new_cache(prompt + steps + 2)
     model.forward(torch.arange(prompt, device=model.device) % model.vocab_size, cache)
     times = {True: [], False: []}
-    for r in range(rounds + 1):  # round 0 warms both up and is dropped
+    for r in range(rounds + 1):
         for ours in times:
             for m in layers:
                 m.gemv = ours
@@ -155,13 +171,8 @@ def choose_kernels(model: nn.Module, rounds: int = 3, steps: int = 2) -> dict | 
             if r:
                 times[ours].append((time.perf_counter() - t0) / steps)
     torch_over_ours = statistics.median(t / o for o, t in zip(times[True], times[False]))
-    ours = torch_over_ours * KERNELS_MARGIN >= 1.0
-    for m in layers:
-        m.gemv = ours
-    model.weight_only_kernels = {"kernels": "ours" if ours else "torch",
-                                 **{f"{k}_ms": round(statistics.median(times[v]) * 1e3, 2)
-                                    for k, v in (("ours", True), ("torch", False))}}
-    return model.weight_only_kernels
+    return {"kernels": "ours" if torch_over_ours * KERNELS_MARGIN >= 1.0 else "torch",
+            **{f"{k}_ms": round(statistics.median(times[v]) * 1e3, 2) for k, v in (("ours", True), ("torch", False))}}
 
 
 def decode_kernels(model: nn.Module) -> str | None:
@@ -174,7 +185,7 @@ def decode_kernels(model: nn.Module) -> str | None:
     chosen = getattr(model, "weight_only_kernels", None)
     if chosen and chosen["kernels"] == "torch" and all(m.has_ours for m in layers):
         return (f"torch's weight-only kernels: a decode step measured faster through them here "
-                f"({chosen['torch_ms']} ms against ours {chosen['ours_ms']} ms)")
+                f"({chosen['torch_ms']} ms against ours {chosen['ours_ms']} ms; {chosen['source']})")
     on_cpu = next(layers[0].buffers()).device.type == "cpu"
     why = (cpu_gemm.unavailable_reason() if on_cpu else "they run on CPU only") or "a layer's shape"
     return f"torch's weight-only kernels; ours not used: {why}"
