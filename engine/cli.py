@@ -81,7 +81,7 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
 def generation_config_from_args(args) -> GenerationConfig:
     given = {t.name: getattr(args, t.name) for t in (*SAMPLING, *TOGGLES)}
     given.update({t.name: tuple(given[t.name] or t.default) for t in SAMPLING if t.kind == "strings"})
-    return GenerationConfig(**given).validate()
+    return GenerationConfig(**given)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -160,7 +160,7 @@ def parse_chat_request(body) -> ChatRequest:
     given["max_new_tokens"] = getattr(b, field)
     config = GenerationConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v is not None})
     include_usage = bool(b.stream_options and b.stream_options.include_usage)
-    return ChatRequest(b.model, b.messages, config.validate(), bool(b.stream), include_usage, b.session, field,
+    return ChatRequest(b.model, b.messages, config, bool(b.stream), include_usage, b.session, field,
                        b.batch_scope)
 
 

@@ -104,7 +104,7 @@ def test_the_generic_transformers_forward_prefills_in_chunks_too(tiny_model_dir)
                                             ({"prefill_chunk_tokens": 100.0}, "prefill_chunk_tokens")])
 def test_bad_chunked_prefill_options_are_refused_by_name(changes, param):
     with pytest.raises(InvalidRequest) as err:
-        GenerationConfig(**changes).validate()
+        GenerationConfig(**changes)
     assert err.value.param == param
 
 

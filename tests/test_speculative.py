@@ -424,11 +424,11 @@ def test_draft_mode_without_a_draft_is_a_clear_error(tiny):
 
 def test_invalid_speculative_options_are_rejected():
     with pytest.raises(InvalidRequest):
-        GenerationConfig(speculative="maybe").validate()
+        GenerationConfig(speculative="maybe")
     with pytest.raises(InvalidRequest):
-        GenerationConfig(num_speculative_tokens=0).validate()
+        GenerationConfig(num_speculative_tokens=0)
     with pytest.raises(InvalidRequest):
-        GenerationConfig(speculative_adaptive="yes").validate()
+        GenerationConfig(speculative_adaptive="yes")
 
 
 def test_a_draft_with_another_tokenizer_is_refused(tiny, tmp_path_factory, tokenizer):

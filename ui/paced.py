@@ -48,7 +48,7 @@ class PacedSource:
     def submit(self, messages=None, config=None, *, prompt_ids=None, session=None, timeline=None):
         from engine.core.config import GenerationConfig
 
-        request = Request(messages=messages, prompt_ids=prompt_ids, config=(config or GenerationConfig()).validate(),
+        request = Request(messages=messages, prompt_ids=prompt_ids, config=config or GenerationConfig(),
                           session=session, id=f"paced-{next(_ids)}")
         timeline = timeline or Timeline()
         timeline.request_id = request.id

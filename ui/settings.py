@@ -76,7 +76,7 @@ def parse(settings: dict | None) -> tuple[str | None, GenerationConfig]:
     changes = {t.name: t.coerce(s[t.name]) for t in ON_PAGE if s.get(t.name) is not None}
     changes.update({t.name: t.coerce(s[t.name]) for t in TOGGLES if t.name in s})
     config = GenerationConfig(**changes)
-    return (system.strip() or None) if system else None, config.validate()
+    return (system.strip() or None) if system else None, config
 
 
 def normalized(settings: dict | None) -> dict:

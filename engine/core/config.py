@@ -1,7 +1,7 @@
 """Options: how to load a model (`LoadConfig`) and how to answer one request (`GenerationConfig`).
 
 Both are plain dataclasses. Each `GenerationConfig` field is declared once, with its bounds, as a
-`toggle(...)` (engine/core/toggles.py); `GenerationConfig.validate` checks every field against its
+`toggle(...)` (engine/core/toggles.py); making a `GenerationConfig` checks every field against its
 declaration and turns every bad value into an `InvalidRequest` whose message says which field is
 wrong and what would be accepted.
 """
@@ -128,14 +128,15 @@ class GenerationConfig:
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
 
-    def validate(self) -> GenerationConfig:
-        """Raise InvalidRequest for any value the engine cannot honour; return self otherwise."""
+    def __post_init__(self):
+        """Raise InvalidRequest for any value the engine cannot honour: the one validation, where a
+        config is made, so an invalid one never exists (the API, the page, the CLI and a remote engine
+        all build one; none checks again)."""
         for t in (*SAMPLING, *TOGGLES):
             t.check(getattr(self, t.name))
         if self.compiled_decode and self.speculative != "off":
             raise InvalidRequest("compiled_decode compiles the plain one-token step; speculation verifies several "
                                  "tokens per forward, which it does not cover: turn one of them off", "compiled_decode")
-        return self
 
 
 TOGGLES = declared(GenerationConfig)  # the page, API, CLI and remote engine derive from these

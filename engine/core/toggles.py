@@ -4,7 +4,7 @@ optimization toggles.
 
 A declaration (name, kind, default, bounds, slider step, help, glossary entry, which backends
 honour it) is the metadata of its field in engine/core/config.py. Everything else derives from it:
-`GenerationConfig.validate`, the API's body model (server/protocol.py), the CLI flags
+`GenerationConfig`'s check at construction, the API's body model (server/protocol.py), the CLI flags
 (engine/cli.py), the page's controls and labels (ui/controls.py, ui/records.py), the remote
 engine's forwarding (engine/remote/wire.py), the sweep and the exports. Adding a toggle is one
 `toggle(...)` field plus the code that honours it.

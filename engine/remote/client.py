@@ -126,7 +126,7 @@ class RemoteEngine:
     def submit(self, messages: list[dict] | None = None, config: GenerationConfig | None = None, *,
                prompt_ids: list[int] | None = None, session: str | None = None,
                timeline: Timeline | None = None) -> RemoteHandle:
-        config = (config or GenerationConfig()).validate()
+        config = config or GenerationConfig()
         if prompt_ids is not None:
             raise InvalidRequest("a remote engine takes chat messages, not token ids", "prompt_ids")
         if self._closed:

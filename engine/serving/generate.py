@@ -5,7 +5,7 @@ how to prefill and take one decode step. `generate` drives it for a request, tur
 the stop rules and records every timestamp on the request's `Timeline`. It yields `Event`s, which
 the worker forwards to whoever waits (CLI, API, page), and, for a batched sequence, the scheduler's
 own `Step`/`Pause` signals (engine/serving/decoding.py), which the worker keeps to itself.
-The request's config is trusted: the worker validated it at submit (`Worker.submit`).
+The request's config is trusted: a GenerationConfig is checked when it is made.
 
 Stopping: EOS, a stop string, `max_new_tokens`, or cancellation, checked before every step.
 """
@@ -64,7 +64,7 @@ def generate(
     `decoding_factory` None: chosen by the request's toggles (`decoding_for`); `draft`: the loaded
     draft model for speculative='draft'.
     """
-    cfg = request.config  # validated at submit
+    cfg = request.config  # valid since it was made
     yield Event("status", stage="setup")
     prompt_ids = list(request.prompt_ids) if request.prompt_ids is not None else build_prompt_ids(
         tokenizer, request.messages

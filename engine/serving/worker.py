@@ -1,7 +1,7 @@
 """The one thread that owns the model, the FIFO queue in front of it, and the loop that runs it.
 
-`Worker.submit` validates a request (the only place a config is validated: everything downstream
-trusts it), stamps it enqueued and returns a `RequestHandle` at once. The worker thread runs up to
+`Worker.submit` checks what only the engine knows (the weights variant, the batch scope; a config
+is valid from its construction, engine/core/config.py), stamps it enqueued and returns a `RequestHandle` at once. The worker thread runs up to
 `max_batch` requests at once in arrival order (`--max-batch`; 1: one at a time), their decode steps
 batched into one forward (engine/serving/scheduler.py). A handle yields the request's events (sync
 or async), can be cancelled (checked before every decode step), and stamps each chunk's hand-off to
@@ -69,7 +69,6 @@ class Worker:
 
     def submit(self, request: Request, timeline: Timeline | None = None) -> RequestHandle:
         """Queue a request. Bad options raise InvalidRequest here, before it waits in line."""
-        request.config.validate()
         self.variants.check(request.config.quantization)
         if request.prompt_ids is None and request.messages is None:
             raise InvalidRequest("a request needs messages or prompt_ids", "messages")
