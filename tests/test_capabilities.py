@@ -83,7 +83,7 @@ def test_the_one_row_path_is_measured_cached_and_either_choice_keeps_greedy_exac
     of the same sequence in a batch."""
     from engine.kernels import cpu_gemm, switches
     from engine.kernels import plan as kernel_plan
-    from engine.model.batch_forward import forward_batch
+    from engine.model.forward import forward as forward_batch
 
     model = tiny.model
     saved = model.kernel_plan

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from engine.kernels import cpu_attention
 from engine.measure import capabilities
-from engine.model.batch_forward import forward_batch
+from engine.model.forward import forward as forward_batch
 from engine.model.kv_cache import KVCache
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")

@@ -3,6 +3,8 @@ replaces, batched (decode rows, prompt rows from position 0 and after a prefix, 
 alone (FastLlama.forward), with projection biases (a Qwen2), and the Python loop wherever a
 projection is not our fp32 kernel's."""
 
+import threading
+
 import pytest
 import torch
 from conftest import build_tiny_model_dir
@@ -11,7 +13,7 @@ from engine.core.config import LoadConfig
 from engine.kernels import choose, cpu_gemm, cpu_layers, switches
 from engine.kernels import plan as kernel_plan
 from engine.measure import capabilities
-from engine.model.batch_forward import forward_batch
+from engine.model.forward import forward as forward_batch
 from engine.model.loader import load
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
@@ -60,9 +62,10 @@ def _alone_run(model):
 def test_the_cpp_loop_serves_here_and_gives_the_python_loops_bits(ours_plan, monkeypatch):
     model = ours_plan.model
     assert cpu_layers.unavailable_reason() is None and cpu_layers.serves(model)
-    calls = []
+    calls, me = [], threading.get_ident()  # this thread's calls: a session engine's worker may idle-measure on the same model
     run_layers = cpu_layers.run_layers
-    monkeypatch.setattr(cpu_layers, "run_layers", lambda *a: calls.append(1) or run_layers(*a))
+    monkeypatch.setattr(cpu_layers, "run_layers",
+                        lambda *a: (threading.get_ident() == me and calls.append(1)) or run_layers(*a))
     _layers(monkeypatch, True)
     cpp = _batched_run(model), _alone_run(model)
     assert len(calls) == 3 + 7  # every forward of both runs went through the C++ loop

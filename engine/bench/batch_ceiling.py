@@ -32,11 +32,13 @@ def request_costs(d1: float, dB: float, prompt_alone: float, prompt_added: float
 
 def run(args, out):
     from engine.core.errors import InvalidRequest
-    from engine.model.batch_forward import forward_batch, pack, supports
+    from engine.kernels.choose import prepare as pack
+    from engine.model.fast_llama import FastLlama
+    from engine.model.forward import forward as forward_batch
 
     lm = load_model(args)
     model, B = lm.model, args.batch
-    if not supports(model):
+    if not isinstance(model, FastLlama):
         raise InvalidRequest(f"{lm.name} has no batched forward here (our Llama forward): nothing to measure")
     if B < 2:
         raise InvalidRequest("--batch must be at least 2", param="batch")

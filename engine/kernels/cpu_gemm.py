@@ -6,7 +6,7 @@ it (engine/kernels/plan.py): one row streams the weights faster than oneDNN's pa
 GEMV, and many rows run at about oneDNN's speed (`python -m engine.bench gemv` prints each at every
 row count; figures, with CPU and date: docs/history.md). Every output
 sums its products in one fixed order, so a row's bits do not depend on the row count, which
-continuous batching needs (engine/model/batch_forward.py). This module also builds decode attention
+continuous batching needs (engine/model/forward.py). This module also builds decode attention
 (engine/kernels/cpu_attention.py) into the same extension.
 
 Why our own: torch's weight-only kernels read the weights far below the memory's speed on a one-row

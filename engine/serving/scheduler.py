@@ -5,7 +5,7 @@ lease; what batching changes is who runs its forwards. The worker's loop, betwee
 
 1. admits queued requests while fewer than `max_batch` run (queue_ms ends here);
 2. advances each newcomer through setup (prompt ids, prefix-cache lookup);
-3. runs one forward (`forward` here, engine/model/batch_forward.py) for every sequence waiting at a
+3. runs one forward (engine/model/forward.py) for every sequence waiting at a
    `Step`: the running batch's decode tokens and the newcomers' prompts (a long one 256 tokens per
    loop, `BatchedDecoding.interleave_chunk`) together, so a prefill does not stall the batch with a
    forward of its own; one forward per model variant (a quantized variant batches with its own
@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.request import RequestHandle
-from engine.model import batch_forward
+from engine.model.fast_llama import FastLlama
+from engine.model.forward import forward as one_forward
 from engine.model.fast_llama import packed_bytes
 from engine.serving.decoding import Decoding
 
@@ -92,7 +93,7 @@ def why_unbatched(config, model) -> str | None:
         return "speculative"
     if config.compiled_decode:
         return "compiled step"  # its graph is a one-sequence step
-    if not batch_forward.supports(model):
+    if not isinstance(model, FastLlama):  # the batched forward is our Llama forward's
         return "model without the batched forward"
     return None
 
@@ -151,7 +152,7 @@ def forward(seqs: list[Sequence], stats: Stats) -> None:
     (`BatchedDecoding.ran`). Raises (before handing anything over) when the forward fails."""
     decs = [s.waiting for s in seqs]
     rows = [d.next_rows() for d in decs]
-    logits = batch_forward.forward_batch(decs[0].model, rows, [d.cache for d in decs])
+    logits = one_forward(decs[0].model, rows, [d.cache for d in decs])
     if decs[0].device.type == "cuda":
         import torch
 

@@ -24,7 +24,8 @@ from engine.core.request import Event, QueueFull, Request, RequestHandle
 from engine.core.timeline import Timeline, now_ns
 from engine.kernels import choose
 from engine.measure import roofline
-from engine.model import batch_forward
+from engine.kernels import choose as kernel_choice
+from engine.model.fast_llama import FastLlama
 from engine.serving import public_prefix, scheduler
 from engine.serving.decoding import Pause, Step
 from engine.serving.generate import generate
@@ -57,8 +58,8 @@ class Worker:
         self._cv = threading.Condition()
         self._stopping = False
         self._scopes: dict[str, int] = {}  # batch scope id -> its run's limit (open_batch_scope)
-        if self.batching and batch_forward.supports(loaded.model):
-            batch_forward.pack(loaded.model)  # the default variant: now, not in the first step
+        if self.batching and isinstance(loaded.model, FastLlama):  # the model with the batched forward
+            kernel_choice.prepare(loaded.model)  # the default variant's weight copies: now, not in the first step
         self._thread = threading.Thread(target=self._loop, name="model-worker", daemon=True)
         self._thread.start()
 
@@ -245,7 +246,7 @@ class Worker:
             why = scheduler.why_unbatched(handle.request.config, lm.model)
             seq.batched = why is None and (factory is None or scheduler.is_batched(factory))
             if seq.batched:
-                batch_forward.pack(lm.model)  # a no-op once packed
+                kernel_choice.prepare(lm.model)  # a no-op once made
                 factory = factory or BatchedDecoding
             else:
                 self.stats.unbatched_requests += 1
