@@ -178,3 +178,20 @@ def test_browser_times_land_on_the_server_clock_by_the_offset():
     assert reply["dur"] == pytest.approx(39_000.0)
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert names == {"A · browser", "A · network", "A · server"}
+
+
+def test_the_cli_writes_the_replys_trace(tiny_model_dir, tmp_path, capsys):
+    from engine.cli import main
+
+    path = tmp_path / "reply.json"
+    assert main(["Hi there.", "--model", str(tiny_model_dir), "--temperature", "0", "--max-new-tokens", "6",
+                 "--json", "--trace", str(path)]) == 0
+    tl = json.loads(capsys.readouterr().out)["timeline"]
+    trace = json.loads(path.read_text())
+    check_well_formed(trace)
+    origin = trace["otherData"]["origin_server_ms"] * 1e6
+    ev = {k: tl["received_ns"] + round(v * 1e6) for k, v in tl["events_ms"].items() if v is not None}
+    (setup,) = slices(trace, "setup")
+    assert_interval(setup, ev["started"], ev["setup_done"], origin)
+    steps = slices(trace, "decode step")
+    assert len(steps) == tl["output_tokens"] - 1
