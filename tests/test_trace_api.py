@@ -13,6 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from support import ask
 from test_trace import assert_interval, check_well_formed, server_checks, slices
 
+from engine.core.config import GenerationConfig
 from engine.measure.otel import traces_url
 from engine.serving.service import Engine
 from server.api import create_api
@@ -145,3 +146,38 @@ def test_without_traceparent_a_request_starts_its_own_trace(api):
     assert api.app.state.traces.otlp.flush()
     roots = [s for s in api.receiver.spans() if s.span_id not in before and s.name.startswith("chat ")]
     assert len(roots) == 1 and not roots[0].parent_span_id and roots[0].trace_id.hex() != TRACE_ID
+
+
+def test_the_pages_trace_route_reads_a_load_runs_requests_from_the_api(tiny):
+    """The Load tab's clients go through /v1: /lab/trace finds those ids among the API's finished requests,
+    one process per request, and refuses an id it has nowhere."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from server.tracing import RequestTraces
+    from ui.chat import ChatStore
+    from ui.trace_routes import trace_router
+
+    engine = Engine(tiny)
+    try:
+        done = [engine.complete(ask(f"Count to {n}."), GenerationConfig(temperature=0.0, max_new_tokens=4))
+                for n in (3, 4)]
+        store = ChatStore(engine)
+        app = FastAPI()
+        app.state.traces = RequestTraces()
+        for d in done:
+            app.state.traces.finished(d.timeline, "tiny")
+        app.include_router(trace_router(store))
+        client, session = TestClient(app), store.new_session()
+        ids = ",".join(d.timeline.request_id for d in done)
+        trace = client.get(f"/lab/trace?session={session}&ids={ids}&labels=c1,c2").json()
+        check_well_formed(trace)
+        names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+        assert names == {"c1 · server", "c2 · server"}
+        for d in done:
+            pid = next(r for r in trace["otherData"]["replies"] if r["request_id"] == d.timeline.request_id)
+            assert pid["browser_pid"] is None  # no page timings: no browser track, not an empty one
+        missing = client.get(f"/lab/trace?session={session}&ids=req-nope")
+        assert missing.status_code == 404
+    finally:
+        engine.close()
