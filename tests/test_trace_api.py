@@ -9,9 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import openai
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+)
 from support import ask
-from test_trace import assert_interval, check_well_formed, server_checks, slices
+from test_trace import check_well_formed, server_checks, slices
 
 from engine.core.config import GenerationConfig
 from engine.measure.otel import traces_url
@@ -59,7 +61,7 @@ def attrs(span) -> dict:
     for kv in span.attributes:
         v = kv.value
         kind = v.WhichOneof("value")
-        out[kv.key] = list(x.string_value for x in v.array_value.values) if kind == "array_value" else getattr(v, kind)
+        out[kv.key] = [x.string_value for x in v.array_value.values] if kind == "array_value" else getattr(v, kind)
     return out
 
 

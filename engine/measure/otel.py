@@ -35,7 +35,7 @@ MAX_PARENTS = 4096  # callers' trace contexts waiting for their request to finis
 
 
 def epoch_ns(perf_ns: float) -> int:
-    return int(round(perf_ns + EPOCH_MINUS_PERF_NS))
+    return round(perf_ns + EPOCH_MINUS_PERF_NS)
 
 
 def traces_url(endpoint: str) -> str:

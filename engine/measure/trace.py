@@ -20,6 +20,7 @@ the calling process (viztracer, perfetto's TraceProcessor reads, it does not bui
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 TRACKS = ("browser", "network", "server")  # top to bottom in the viewer, one process each per reply
 
@@ -91,7 +92,7 @@ def _decode_steps(tl: dict, origin: int, tokens: list, kernels) -> list[Span]:
         else:
             groups.append((t, i, 1))
     out = []
-    for (prev, _, _), (t, i, n) in zip(groups, groups[1:]):
+    for (prev, _, _), (t, i, n) in pairwise(groups):
         args = {"step": len(out) + 1, "tokens": n, "kernels": kernels,
                 "batch_size": batch[i] if i < len(batch) else None,
                 "batch_prompt_tokens": prompt_rows[i] if i < len(prompt_rows) else None}
