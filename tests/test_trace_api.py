@@ -171,15 +171,17 @@ def test_the_pages_trace_route_reads_a_load_runs_requests_from_the_api(tiny):
             app.state.traces.finished(d.timeline, "tiny")
         app.include_router(trace_router(store))
         client, session = TestClient(app), store.new_session()
-        ids = ",".join(d.timeline.request_id for d in done)
-        trace = client.get(f"/lab/trace?session={session}&ids={ids}&labels=c1,c2").json()
+        ids = [d.timeline.request_id for d in done]
+        trace = client.post("/lab/trace", json={"session": session, "ids": ids, "labels": ["c1", "c2"]}).json()
         check_well_formed(trace)
         names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
         assert names == {"c1 · server", "c2 · server"}
         for d in done:
             pid = next(r for r in trace["otherData"]["replies"] if r["request_id"] == d.timeline.request_id)
             assert pid["browser_pid"] is None  # no page timings: no browser track, not an empty one
-        missing = client.get(f"/lab/trace?session={session}&ids=req-nope")
+        missing = client.post("/lab/trace", json={"session": session, "ids": ["req-nope"]})
         assert missing.status_code == 404
+        bad = client.post("/lab/trace", json={"session": session, "ids": ["no/such id"]})
+        assert bad.status_code == 400
     finally:
         engine.close()

@@ -2,7 +2,7 @@
 // panes on one timeline) and LabTrace.download(ids, labels, name) for the Load tab (every request a
 // track). The file is Chrome Trace Event JSON (open it in ui.perfetto.dev or chrome://tracing), built
 // by the server from the replies' Timelines and the browser timings the page already sent
-// (GET /lab/trace, engine/measure/trace.py). This file only adds what the server cannot know: when the
+// (POST /lab/trace, engine/measure/trace.py). This file only adds what the server cannot know: when the
 // browser got the response headers and the stream's first bytes, mapped onto the server clock by the
 // same measured offset (docs/trace.md).
 (function (root) {
@@ -11,9 +11,8 @@
   async function fetchTrace(ids, labels) {
     const lab = root.lab;
     await lab.internal.ready;
-    const q = `session=${encodeURIComponent(lab.session)}&ids=${ids.map(encodeURIComponent).join(",")}` +
-      (labels ? `&labels=${labels.map((l) => encodeURIComponent(l || "")).join(",")}` : "");
-    const r = await fetch(`/lab/trace?${q}`, { cache: "no-store" });
+    const body = JSON.stringify({ session: lab.session, ids, labels: labels || [] });
+    const r = await fetch("/lab/trace", { method: "POST", headers: { "Content-Type": "application/json" }, body });
     if (!r.ok) throw new Error(await lab.internal.errorText(r));
     return r.json();
   }

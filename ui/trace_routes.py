@@ -1,5 +1,6 @@
-"""`GET /lab/trace`: the page's *Trace* downloads (ui/trace.js), one Chrome Trace Event file per reply,
-per A/B pair (both panes on one timeline) or per Load run (every request its own track).
+"""`POST /lab/trace`: the page's *Trace* downloads (ui/trace.js), one Chrome Trace Event file per reply,
+per A/B pair (both panes on one timeline) or per Load run (every request its own track). A body
+({session, ids, labels}), not a query: a Load run's ids outgrow a URL.
 
 A page reply is read from the tab's session (ui/chat.py), with the browser's timings joined and its
 pane's simulated link named; an id the session does not hold (a Load run's requests, which go
@@ -10,6 +11,7 @@ The trace itself is built in one place, engine/measure/trace.py.
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request
+from pydantic import BaseModel, Field
 
 from engine.core.errors import LatencyLabError
 from engine.measure.trace import chrome_trace
@@ -20,17 +22,23 @@ from .chat import ChatStore, check_id
 MAX_IDS = 2000  # a Load run's requests, at most
 
 
+class TraceIn(BaseModel):
+    session: str
+    ids: list[str] = Field(min_length=1, max_length=MAX_IDS)
+    labels: list[str | None] = Field(default_factory=list, max_length=MAX_IDS)  # one per id: the tracks' names
+
+
 def trace_router(store: ChatStore) -> APIRouter:
     router = APIRouter(prefix="/lab")
 
-    @router.get("/trace")
-    async def trace(request: Request, session: str, ids: str, labels: str | None = None):
+    @router.post("/trace")
+    async def trace(request: Request, body: TraceIn):
         try:
-            check_id(session, "session")
-            wanted = [check_id(i, "ids") for i in ids.split(",")][:MAX_IDS]
+            session = check_id(body.session, "session")
+            wanted = [check_id(i, "ids") for i in body.ids]
         except LatencyLabError as exc:
-            raise HTTPException(400, {"message": str(exc), "param": "ids"}) from exc
-        names = (labels or "").split(",") if labels else []
+            raise HTTPException(400, {"message": str(exc), "param": exc.param}) from exc
+        names = body.labels
         replies, links = [], {}
         api_traces = getattr(request.app.state, "traces", None)
         for k, rid in enumerate(wanted):
