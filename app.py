@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code(exc)
-    api = create_api(backends, api_key=args.api_key)
+    api = create_api(backends, api_key=args.api_key, otlp_endpoint=args.otlp_endpoint)
     # The page drives the API's instrumented backends, so its requests show in /metrics too.
     app = create_app(api.state.backends, app=api)
     if args.share:

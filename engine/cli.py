@@ -1,7 +1,8 @@
 """`python -m engine "PROMPT"`: stream a reply to the terminal, then one line of timings.
 
 Without a prompt it is an interactive multi-turn chat. `--json` prints exactly one JSON object,
-`{"text": ..., "timeline": {...}}`. The flag builders here are shared by the bench and app.py.
+`{"text": ..., "timeline": {...}}`. `--trace FILE` writes the reply's trace (Chrome Trace Event JSON:
+open it in ui.perfetto.dev; a chat's turns all go in one file, rewritten after each). The flag builders here are shared by the bench and app.py.
 `pip install .` also installs it as the `latency-lab-cli` command (usage still reads `python -m
 engine`: one name for both).
 """
@@ -88,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     p.add_argument("prompt", nargs="?", help="the message to answer (omit for an interactive chat)")
     p.add_argument("--json", action="store_true", help="print only one JSON object: text and timeline")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write the reply's trace (every server step on one clock) as Chrome Trace Event JSON, for "
+                        "ui.perfetto.dev or chrome://tracing (a chat: every turn, rewritten after each)")
     add_load_args(p)
     add_generation_args(p)
     return p
@@ -109,6 +113,16 @@ def _answer(engine, messages, gen, stream_to=None, session: str = "cli"):
     return handle.final
 
 
+def _write_trace(path: str | None, timelines: list) -> None:
+    if path is None:
+        return
+    from engine.measure.trace import chrome_trace
+
+    turns = [(f"turn {i + 1}" if len(timelines) > 1 else None, tl.to_dict()) for i, tl in enumerate(timelines)]
+    with open(path, "w") as f:
+        json.dump(chrome_trace(turns), f)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from engine.serving.service import Engine
@@ -126,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             return _chat(engine, args, gen)
         done = _answer(engine, _messages(args.system, [{"role": "user", "content": args.prompt}]), gen,
                        None if args.json else sys.stdout)
+        _write_trace(args.trace, [done.timeline])
         if args.json:
             print(json.dumps({"text": done.text, "model": engine.info().to_dict(), "timeline": done.timeline.to_dict()}))
         else:
@@ -147,6 +162,7 @@ def _chat(engine, args, gen) -> int:
     # The conversation lives here, replies exactly as generated, in one prefix-cache session:
     # each turn prefills only the new tokens (see the `cached` figure in the summary line).
     conv = Conversation("cli-chat", args.system)
+    timelines = []
     while True:
         try:
             line = input("\n> ")
@@ -166,3 +182,5 @@ def _chat(engine, args, gen) -> int:
             continue
         conv.add_reply(done)
         print(f"\n[{done.timeline.summary()}]", file=sys.stderr)
+        timelines.append(done.timeline)
+        _write_trace(args.trace, timelines)

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({engine + ', ' if engine else ''}auth {'on' if args.api_key else 'off'}); metrics at /metrics",
           file=sys.stderr)
     try:
-        uvicorn.run(create_api(backends, api_key=args.api_key), host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(create_api(backends, api_key=args.api_key, otlp_endpoint=args.otlp_endpoint),
+                    host=args.host, port=args.port, log_level="warning")
     except SystemExit as exc:  # uvicorn exits 3 when it cannot start (the port is taken...)
         if exc.code:
             print(f"error: the server could not start on {args.host}:{args.port}", file=sys.stderr)

@@ -17,6 +17,11 @@ Sessions (`session`, the prefix-cache scope) are issued by `POST /v1/sessions` a
 server/sessions.py: a client cannot choose one, so it cannot guess its way into another's cache.
 Queueing shows in `X-Queue-Position` / `X-Queue-Ms` headers, `timings.queue_ms`, and `GET /v1/queue`.
 
+Traces (docs/trace.md): `GET /v1/trace/{id}` (the X-Request-Id or the completion id) answers a finished
+request's Chrome Trace Event JSON (server/tracing.py); `?trace=true` on the chat request puts it in the
+reply's `timings.trace`. With `otlp_endpoint`, every request is exported as OpenTelemetry spans, and a
+W3C `traceparent` header continues the caller's trace.
+
 Streaming uses Starlette's own `StreamingResponse` rather than sse-starlette: OpenAI's framing is
 only `data: JSON\\n\\n` lines, Starlette already stops the stream when the client leaves, and one
 try/finally (`_CancelWhenDone`) cancels the generation however the response ends (finished, client
@@ -36,6 +41,7 @@ from starlette.requests import ClientDisconnect
 
 from engine.core.errors import LatencyLabError
 from engine.core.timeline import Timeline
+from engine.measure.trace import chrome_trace
 
 from .auth import APIKeyAuth
 from .limits import BodySizeLimit
@@ -55,15 +61,23 @@ from .protocol import (
     usage_of,
 )
 from .sessions import SessionIds
+from .tracing import RequestTraces
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # far beyond any prompt that fits the context; refuses memory abuse
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
 
 
 def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metrics | None = None,
-               session_ids: SessionIds | None = None) -> FastAPI:
-    """The API app over one engine or a {model name: engine} dict (local `Engine` or `RemoteEngine`)."""
+               session_ids: SessionIds | None = None, otlp_endpoint: str | None = None, otlp=None) -> FastAPI:
+    """The API app over one engine or a {model name: engine} dict (local `Engine` or `RemoteEngine`).
+    `otlp_endpoint` (or an `OtlpExport`, engine/measure/otel.py): export every request's spans."""
     metrics = metrics or Metrics()
+    if otlp is None and otlp_endpoint:
+        from engine.measure.otel import OtlpExport  # the SDK loads only when asked for
+
+        otlp = OtlpExport(otlp_endpoint)
+    traces = RequestTraces(otlp)
+    traces.watch(metrics)
     session_ids = session_ids or SessionIds()
     backends = {name: metrics.instrument(b, name, engine=str(i))
                 for i, (name, b) in enumerate(named_backends(engine_or_backends).items())}
@@ -74,6 +88,7 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     app.state.backends = backends
     app.state.metrics = metrics
     app.state.session_ids = session_ids
+    app.state.traces = traces
     # Every route of the app, the page's included (it mounts here), refuses oversized bodies...
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     # ...and, with a key, every request without it but /health, /metrics and /login (server/auth.py).
@@ -151,6 +166,15 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
         data, content_type = metrics.render()
         return Response(data, media_type=content_type)
 
+    @app.get("/v1/trace/{request_id}")
+    async def get_trace(request_id: str):
+        """A finished request's trace (Chrome Trace Event JSON: open it in ui.perfetto.dev)."""
+        body = traces.trace(request_id)
+        if body is None:
+            raise APIError(404, f"no finished request {request_id!r} here (the latest {traces.keep} are kept)",
+                           param="request_id", code="not_found")
+        return body
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         timeline = Timeline()  # glossary: "request received by the server" — before the body is read
@@ -166,7 +190,10 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
                                code="invalid_value")
             scoped["batch_scope"] = chat.batch_scope
         handle = backends[name].submit(chat.messages, chat.config, session=session, timeline=timeline, **scoped)
-        return await _respond(request, handle, chat, name)
+        if otlp is not None:
+            otlp.parent_from(handle.id, request.headers)  # a caller's traceparent: its trace goes on
+        with_trace = request.query_params.get("trace", "").lower() in ("1", "true")
+        return await _respond(request, handle, chat, name, with_trace)
 
     return app
 
@@ -226,7 +253,7 @@ class ClientGone(Exception):
     """The client closed its connection before its reply was ready."""
 
 
-async def _respond(request: Request, handle, chat, model: str) -> Response:
+async def _respond(request: Request, handle, chat, model: str, with_trace: bool = False) -> Response:
     events = handle.aevents()
     try:
         head = await _accepted(request, events)
@@ -239,9 +266,10 @@ async def _respond(request: Request, handle, chat, model: str) -> Response:
     if head[-1].kind == "error":
         raise in_api_terms(_exception_of(head[-1]), chat.max_tokens_field)
     cid, created = new_completion_id(), now_s()
+    request.app.state.traces.alias(cid, handle.id)
     headers = {"X-Request-Id": handle.id, **queue_headers(handle.timeline)}
     if chat.stream:
-        body = _sse_stream(handle, _chain(head, events), chat, model, cid, created)
+        body = _sse_stream(handle, _chain(head, events), chat, model, cid, created, with_trace)
         return _CancelWhenDone(handle, body, media_type="text/event-stream", headers={**STREAM_HEADERS, **headers})
     try:
         rest = await _unless_disconnected(request, _collect(events))
@@ -253,7 +281,10 @@ async def _respond(request: Request, handle, chat, model: str) -> Response:
     if final.kind == "error":
         raise in_api_terms(_exception_of(final), chat.max_tokens_field)
     tl = final.timeline or handle.timeline
-    return JSONResponse(completion_body(cid, created, model, final.text, _finish_reason(final), tl), headers=headers)
+    body = completion_body(cid, created, model, final.text, _finish_reason(final), tl)
+    if with_trace:
+        body["timings"]["trace"] = chrome_trace([tl.to_dict()])
+    return JSONResponse(body, headers=headers)
 
 
 def queue_headers(tl: Timeline) -> dict:
@@ -309,7 +340,7 @@ async def _chain(head: list, events):
         yield event
 
 
-async def _sse_stream(handle, events, chat, model: str, cid: str, created: int):
+async def _sse_stream(handle, events, chat, model: str, cid: str, created: int, with_trace: bool = False):
     def chunk(delta, finish_reason=None, **extra) -> str:
         return sse(chunk_body(cid, created, model, delta, finish_reason, **extra))
 
@@ -321,7 +352,10 @@ async def _sse_stream(handle, events, chat, model: str, cid: str, created: int):
             tl = event.timeline or handle.timeline
             # like llama.cpp's server: `timings` ride on the chunk that carries finish_reason;
             # like vLLM's: `metrics` ride on the usage chunk (and here on the finish chunk too)
-            yield chunk({}, _finish_reason(event), timings=timings_of(tl), metrics=metrics_of(tl))
+            timings = timings_of(tl)
+            if with_trace:  # asked with ?trace=true: the reply's trace rides with its timings
+                timings["trace"] = chrome_trace([tl.to_dict()])
+            yield chunk({}, _finish_reason(event), timings=timings, metrics=metrics_of(tl))
             if chat.include_usage:
                 yield sse(chunk_body(cid, created, model, None, usage=usage_of(tl), metrics=metrics_of(tl)))
         elif event.kind == "error":  # headers are sent: the error goes in the stream, as OpenAI's does

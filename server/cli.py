@@ -46,6 +46,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=os.environ.get("LATENCY_LAB_API_KEY"),
                    help="require the key on every route but /health and /metrics: 'Authorization: Bearer KEY', "
                         "or a login form for the page (default: $LATENCY_LAB_API_KEY, else none)")
+    g.add_argument("--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+                   help="export every request as OpenTelemetry spans (a child per stage) over OTLP/HTTP to this "
+                        "collector, e.g. http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none; "
+                        "docs/trace.md)")
     g = p.add_argument_group("remote engine")
     g.add_argument("--backend", default="local", choices=BACKENDS,
                    help="local: the engine in this process; openai: a remote OpenAI-compatible server "

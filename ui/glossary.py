@@ -114,6 +114,18 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "last text painted: the time a reader at the reading pace spends waiting for more text", "browser"),
     _M("smoothing_hold_ms", "smoothing hold", "ms", "the last text arrived",
        "it was put on the page (what smoothing held back at the end; 0 when off)", "browser"),
+    # The per-reply trace's pieces (engine/measure/trace.py, docs/trace.md): its slices' names and args.
+    _M("kv_copy_ms", "KV copy", "ms", "the prefix cache's matching entry found",
+       "its KV copied (or handed over) into the request's cache (part of setup_ms; the trace's 'kv lookup')"),
+    _M("prefill_chunk_ms", "prefill chunk", "ms", "a chunk of the prompt handed to the forward (batched: "
+       "waiting for the batch's forward included)", "its prompt tokens are in the KV cache (the trace's 'prefill chunk')"),
+    _M("decode_step_ms", "decode step", "ms", "token i−1 sampled",
+       "the next token(s) sampled: one step, several tokens when speculation's guesses were accepted "
+       "(the trace's 'decode step', with its batch size, kernels, drafted and accepted)"),
+    _M("network_out_chunk_ms", "network out (chunk)", "ms", "a chunk handed to the transport",
+       "that chunk read by the browser (the trace's 'network out'; the simulated link's delay is in it)", "estimated"),
+    _M("clock_bound_ms", "clock offset bound", "ms", "",
+       "half the round trip of the clock ping the offset came from: every cross-clock time is within ± this"),
 ]}
 
 

@@ -216,6 +216,7 @@
     } else {
       await r.rec.settled(); // the last chunk's paint time
       await postTiming(r);
+      window.LabTrace.attach(r); // the Trace download under the reply (ui/trace.js)
     }
     drawPane(p);
     refreshTable(p);
@@ -225,6 +226,7 @@
 
   async function viaSSE(r, payload) {
     const resp = await fetch("/lab/chat", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(payload) });
+    r.headersAt = performance.now(); // the response headers are in (the trace's browser track, ui/trace.js)
     if (!resp.ok) throw new Error(await errorText(resp));
     const reader = resp.body.getReader();
     const decoder = new TextDecoder();
@@ -233,6 +235,7 @@
       const { value, done } = await reader.read();
       const t = performance.now(); // every event in this read arrived now
       if (done) break;
+      r.firstByteAt ??= t;
       buf += decoder.decode(value, { stream: true });
       let m;
       while ((m = /\r\n\r\n|\n\n|\r\r/.exec(buf))) {

@@ -11,6 +11,7 @@ from .load.run import LoadRunner
 from .page import build_page, css, head
 from .presets import load_prompt_sets, teaching_presets
 from .stream_api import lab_router
+from .trace_routes import trace_router
 
 
 def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None = None) -> FastAPI:
@@ -24,6 +25,7 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
     app = app or FastAPI(title="Latency Lab", docs_url=None, redoc_url=None)
     app.state.store = store
     app.include_router(lab_router(store, presets))
+    app.include_router(trace_router(store))  # the Trace downloads (ui/trace.js)
     # the Load tab's clients go through the API's /v1 routes, when this app has them (app.py mounts them)
     has_api = any(getattr(r, "path", "") == "/v1/chat/completions" for r in app.routes)
     app.include_router(load_router(LoadRunner(store.engines, prompt_sets), has_api))

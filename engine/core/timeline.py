@@ -65,6 +65,10 @@ class Timeline:
     # projections' kernels, engine/kernels/choose.for_reply)...
     counters: dict = field(default_factory=dict)
     client: dict = field(default_factory=dict)  # browser timestamps and metrics, joined later
+    # Work inside a stage, for the per-reply trace (engine/measure/trace.py): {"name", "start_ns",
+    # "end_ns", **figures} — the KV lookup/copy and compile in setup, each prefill chunk, each
+    # speculative step's drafted/accepted counts. Only what ran is recorded (absent, never zero).
+    spans: list[dict] = field(default_factory=list)
 
     # --- recording -------------------------------------------------------------------------
     def mark(self, event: str) -> int:
@@ -77,6 +81,12 @@ class Timeline:
         t = now_ns() if t_ns is None else t_ns
         self.token_ns.extend([t] * count)
         return t
+
+    def add_span(self, name: str, start_ns: int, end_ns: int | None = None, **figures) -> int:
+        """Record one piece of work inside a stage (ends now unless `end_ns`); returns its end."""
+        end = now_ns() if end_ns is None else end_ns
+        self.spans.append({"name": name, "start_ns": start_ns, "end_ns": end, **figures})
+        return end
 
     def add_chunk_out(self, output_tokens: int, t_ns: int | None = None) -> None:
         self.chunk_out_ns.append(now_ns() if t_ns is None else t_ns)
@@ -265,6 +275,9 @@ class Timeline:
             "chunk_tokens": list(self.chunk_tokens),
             **({"batch_size": list(self.batch_size), "batch_prompt_tokens": list(self.batch_prompt_tokens)}
                if self.batch_size else {}),  # only when batching ran
+            **({"spans_ms": [{**{k: v for k, v in s.items() if k not in ("start_ns", "end_ns")},
+                              "start_ms": rel(s["start_ns"]), "end_ms": rel(s["end_ns"])} for s in self.spans]}
+               if self.spans else {}),  # only where work inside a stage was recorded
             "received_ns": origin,
             "roofline": {"weight_bytes": self.weight_bytes, "compute_dtype": self.compute_dtype,
                          "prefill_flops": self.prefill_flops, "decode_steps": self.decode_steps,

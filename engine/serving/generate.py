@@ -70,8 +70,12 @@ def generate(
         tokenizer, request.messages
     )
     check_lengths(len(prompt_ids), cfg, model.max_context)
+    t0 = now_ns()
     reuse = RequestReuse(prefix_cache, model, request.session, cfg.kv_reuse, prompt_ids,
                          cache_capacity(len(prompt_ids), cfg))
+    if reuse.lease is not None:  # the prefix cache was asked: its lookup and the KV copy (or handover)
+        timeline.add_span("kv_lookup", t0, kv_copy_ms=round(reuse.copy_ms, 3), handover=reuse.handover,
+                          cached_tokens=reuse.cached_tokens)
     try:
         yield from _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop,
                            decoding_factory or decoding_for(cfg, draft))
@@ -84,7 +88,8 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
     if cfg.compiled_decode:  # compiled on the first request that asks, in its setup (InvalidRequest: cannot here)
         t0 = now_ns()
         if compiled_step.for_model(model).prepare(tokenizer):
-            timeline.counters["compile_ms"] = round((now_ns() - t0) / 1e6, 1)
+            end = timeline.add_span("compile", t0)
+            timeline.counters["compile_ms"] = round((end - t0) / 1e6, 1)
         timeline.counters["decode_step"] = "compiled"
     dec = decoding_factory(model, prompt_ids, cfg, cache=reuse.kv, cached_tokens=reuse.cached_tokens)
     timeline.prompt_tokens = len(prompt_ids)
@@ -100,7 +105,7 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
     text_parts: list[str] = []
     finish, hit_stop, produced = None, False, 0
     timeline.prefill_start_ns = now_ns()
-    new_tokens = yield from _prefill(dec, cfg, should_stop)
+    new_tokens = yield from _prefill(dec, cfg, should_stop, timeline)
     while True:
         t = now_ns()
         kept, finish = _truncate(new_tokens, eos_token_ids, cfg.max_new_tokens - produced)
@@ -118,7 +123,10 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
             finish = "cancelled"
         if finish is not None:
             break
+        drafted, accepted = getattr(dec, "drafted", None), getattr(dec, "accepted", None)
         new_tokens = yield from _decode_step(dec)
+        if drafted is not None and dec.drafted > drafted:  # a speculative step: its guesses and hits
+            timeline.add_span("speculative_step", t, drafted=dec.drafted - drafted, accepted=dec.accepted - accepted)
 
     if not hit_stop:  # text held back (an unfinished character, a possible stop string) is real text
         tail, hit_stop = stops.push(detok.flush())
@@ -145,12 +153,13 @@ def _decode_step(dec: Decoding):
     return dec.step()
 
 
-def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], bool]):
+def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], bool], timeline: Timeline):
     """Prefill; chunked when the request asks, with a progress event after each chunk (prompt
     tokens prefilled of `prefill_tokens`, ending at the total) and Stop honoured between chunks.
     A batched sequence yields a `Step` for each chunk of its prompt (`dec.next_rows`): the
     scheduler runs it in the same forward as the running batch's decode step (with the chunked
     toggle: a `Pause` after each chunk, which runs alone).
+    Each chunk is recorded on the timeline (`prefill_chunk` spans) for the trace.
     Returns the first token(s), or [] when stopped before the prompt was through."""
     total, batched = dec.prompt_len - dec.cached_tokens, getattr(dec, "batched", False)
     if cfg.chunked_prefill:
@@ -158,15 +167,22 @@ def _prefill(dec: Decoding, cfg: GenerationConfig, should_stop: Callable[[], boo
             return Event("status", stage="prefill", detail={"prefill_tokens": total, "prefilled_tokens": done})
 
         yield progress(0)
-        for end in dec.prefill_chunks(cfg.prefill_chunk_tokens):
+        start, before = now_ns(), dec.cached_tokens
+        for end in dec.prefill_chunks(cfg.prefill_chunk_tokens):  # each chunk runs alone, in this generator
+            timeline.add_span("prefill_chunk", start, tokens=end - before)
+            before = end
             yield progress(end - dec.cached_tokens)
             if end < dec.prompt_len and batched:
                 yield Pause()
             if end < dec.prompt_len and should_stop():
                 return []
+            start = now_ns()
     elif batched:  # each chunk (dec.next_rows) runs in the scheduler's forward, beside the batch's decode step
         while dec.prefilled < dec.prompt_len:
+            start, before = now_ns(), dec.prefilled
             yield Step(dec)
+            timeline.add_span("prefill_chunk", start, tokens=dec.prefilled - before, batch_size=dec.batch_size,
+                              batch_prompt_tokens=dec.batch_prompt_tokens)
             if dec.prefilled < dec.prompt_len and should_stop():
                 return []
     return dec.prefill()
