@@ -110,6 +110,7 @@ class Metrics:
         self.kv_usage_legacy = Gauge(p + "gpu_cache_usage_perc", "the same as kv_cache_usage_perc (vLLM's older name)",
                                      lb, registry=r)
         self.engines: dict[str, str] = {}  # model name → engine label
+        self.listeners: list = []  # f(timeline, model_name), told of each finished request after it is counted
         self.api_errors = Counter(p + "api_errors", "API requests answered with an error, by HTTP status",
                                   ["status"], registry=r)
 
@@ -149,6 +150,8 @@ class Metrics:
         self.spec_accepted.labels(**m).inc(accepted)
         for pos in range(min(len(hist) - 1, MAX_SPEC_POSITIONS)):  # guess `pos` accepted ⇔ more than pos accepted
             self.spec_accepted_per_pos.labels(**m, position=str(pos)).inc(sum(hist[pos + 1:]))
+        for listener in self.listeners:
+            listener(timeline, model_name)
 
     def observe_abandoned(self, model_name: str) -> None:
         """A consumer stopped reading before the end (a client went away): vLLM's `abort`."""

@@ -24,14 +24,8 @@ class RequestTraces:
         self._lock = threading.Lock()
 
     def watch(self, metrics) -> None:
-        """Hear of every finished request through `metrics.observe` (called once per request)."""
-        observe = metrics.observe
-
-        def observe_and_keep(timeline, model_name, *args, **kwargs):
-            observe(timeline, model_name, *args, **kwargs)
-            self.finished(timeline, model_name)
-
-        metrics.observe = observe_and_keep
+        """Hear of every finished request: `metrics` tells its listeners once per request."""
+        metrics.listeners.append(self.finished)
 
     def finished(self, timeline, model_name: str) -> None:
         with self._lock:
