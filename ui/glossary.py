@@ -98,6 +98,26 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "token i sampled, over decode tokens whose forward carried prompt tokens (median)"),
     _M("itl_ms_decode_only_p50", "ITL p50, decode-only forwards", "ms", "token i−1 sampled",
        "token i sampled, over decode tokens whose forward carried no prompt tokens (median)"),
+    # Two configs compared over items (ui/stats.py, ui/replies.py): the Sweep and repeated A/B runs.
+    _M("ab_ratio", "B / A", "ratio", "",
+       "median of B's values / median of A's, over the items both configs completed (below 1: B is lower)", better=""),
+    _M("ab_ratio_ci", "95% interval", "ratio", "",
+       "the 95% confidence interval of B / A: paired bootstrap over items (scipy.stats.bootstrap, BCa, seeded, "
+       "so the same figures give the same interval)", better=""),
+    _M("ab_decision", "decision", "", "",
+       "the better side, only where the 95% interval excludes 1; otherwise 'no difference detected (n = items)'",
+       better=""),
+    _M("items_to_detect_5pct", "items for 5%", "", "",
+       "items a paired t-test on log(B / A) needs to detect a 5% difference (α = 0.05 two-sided, 80% power, "
+       "exact noncentral t) at the spread of log(B / A) observed here", better=""),
+    _M("identical_replies", "identical replies", "", "",
+       "pairs whose token ids are the same in A and B; where one differs, its first differing token. Lossless "
+       "toggles (declared in engine/core/toggles.py: KV reuse, speculation, chunked prefill, the compiled step; "
+       "batching too) must keep greedy fp32 replies identical", better="higher"),
+    _M("token_agreement", "token agreement with A", "%", "",
+       "over the set: B's tokens equal to A's before the pair's replies first differ, / A's tokens (the quality "
+       "delta of a lossy change: a weights variant, bf16, sampling)", better="higher"),
+    _M("identical_rate", "identical-reply rate", "%", "", "identical replies / pairs compared", better="higher"),
     # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.
     _M("client_feedback_ms", "first feedback", "ms", "user pressed send",
        "the message and a status painted (Nielsen's 'instant' is 100 ms)", "browser"),

@@ -128,6 +128,7 @@ def settings_glossary_html() -> str:
 def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: bool = False) -> gr.Blocks:
     info = store.info
     backends = list(store.engines)
+    decode = sweep.decoder(store)  # token ids → text, for where two replies part
 
     async def gradio_chat(payload: str):
         """One turn through Gradio's queue. `payload`: JSON {session?, pane, message, settings,
@@ -158,12 +159,13 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                                          progress=lambda d, t, desc: progress((d, t), desc=desc, unit="replies"))
         except LatencyLabError as exc:
             raise gr.Error(str(exc)) from exc
-        return sweep.summary_html(rows), sweep.distributions_figure(rows), sweep.export_files(rows)
+        return sweep.summary_html(rows, decode), sweep.distributions_figure(rows), sweep.export_files(rows)
 
     async def sweep_api(prompt_set: str = "open_questions", prompts: str = "", settings_a: dict | None = None,
                         settings_b: dict | None = None, max_items: int = 4) -> dict:
         """Run a prompt set (a preset name, or "custom" with `prompts`, one per line) through
-        settings A and B; returns {"summary": p50/p90 per metric, "rows": one per reply}."""
+        settings A and B; returns {"summary": p50/p90 per metric, "paired": B/A with its 95% interval
+        per metric, "replies": identical replies, "verdict": one sentence, "rows": one per reply}."""
         try:
             chosen = custom_prompt_set(prompts) if prompt_set == "custom" else prompt_sets.get(prompt_set)
             if chosen is None:
@@ -171,7 +173,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
             rows = await sweep.run_sweep(store, chosen, settings_a or {}, settings_b or {}, max_items=max_items)
         except LatencyLabError as exc:
             raise gr.Error(str(exc)) from exc
-        return {"summary": sweep.summary(rows), "rows": rows}
+        return {**sweep.report(rows, decode), "rows": rows}
 
     def preset_values(name: str):
         p = presets[name]
