@@ -259,7 +259,8 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                 with gr.Row():
                     set_choice = gr.Radio([(s["title"], k) for k, s in prompt_sets.items()] + [("My own prompts", "custom")],
                                           value=next(iter(prompt_sets)), label="Prompt set", scale=3)
-                    max_items = gr.Slider(1, 50, value=4, step=1, label="Items (conversations)", scale=1)
+                    max_items = gr.Slider(1, 50, value=4, step=1, label="Items (conversations)", scale=1,
+                                          elem_id="lab-sweep-items")
                 custom = gr.Textbox(label="My own prompts (one per line)", lines=4, max_lines=12)
                 with gr.Row():
                     sweep_run = gr.Button("Run sweep", variant="primary", elem_id="lab-sweep-run")

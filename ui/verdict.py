@@ -34,6 +34,10 @@ def verdict(table: list[PairedRatio], replies: RepliesSummary | None = None, who
     # decided metrics first: what changed leads, what did not follows
     picked.sort(key=lambda p: not p.decided)
     clauses = [clause(p, i == 0) for i, p in enumerate(picked[:2])]
-    text = f"{who} " + " and ".join(clauses)
+    if len(clauses) == 2 and not picked[0].decided and not picked[1].decided:  # "no difference in X or in Y"
+        clauses[1] = clauses[1].replace("shows no difference in ", "in ", 1)
+        text = f"{who} {clauses[0]} or {clauses[1]}"
+    else:
+        text = f"{who} " + " and ".join(clauses)
     tail = sentence(replies) if replies else ""
     return text + (f"; {tail}." if tail else ".")
