@@ -138,3 +138,34 @@ def test_a_sweep_reports_intervals_replies_and_a_verdict():
     assert all("winner" not in s for s in rep["summary"])
     page = sweep.summary_html(rows)
     assert 'class="lab-verdict"' in page and 'class="lab-ci"' in page
+
+
+def test_repeated_ab_runs_of_one_prompt_pair_up_with_their_intervals():
+    from ui import ab_stats
+
+    store = ChatStore(PacedSource(2000.0))
+    s = store.new_session()
+    a_set, b_set = {"max_new_tokens": 3, "temperature": 0}, {"max_new_tokens": 3, "temperature": 0, "kv_reuse": False}
+
+    async def turn(pane, prompt, settings):
+        async for kind, data in store.run_turn(s, pane, prompt, settings):
+            if kind == "done":
+                return data
+
+    async def runs():
+        await turn("A", "other prompt", a_set)
+        await turn("B", "other prompt", b_set)
+        for _ in range(3):
+            await turn("A", "the prompt", a_set)
+            await turn("B", "the prompt", b_set)
+
+    asyncio.run(runs())
+    a, b = store.replies(s, "A")[-1], store.replies(s, "B")[-1]
+    rep = ab_stats.repeated_report(store, s, a, b)
+    assert rep["runs"] == 3 and rep["replies"].n == 3 and rep["replies"].identical == 3
+    assert {p.metric for p in rep["paired"]} >= {"ttft_ms", "tpot_ms"} and all(p.n == 3 for p in rep["paired"])
+    assert rep["verdict"].startswith("B ") and rep["verdict"].endswith("3 of 3 replies identical.")
+    assert ab_stats.token_ids(store, s, a) is not None
+    assert "Over 3 runs of this prompt" in ab_stats.repeated_html(store, s, a, b)
+    first = store.replies(s, "A")[0], store.replies(s, "B")[0]
+    assert "run the same prompt again" in ab_stats.repeated_html(store, s, *first)

@@ -3,7 +3,7 @@
 
 import re
 
-from .test_ui_page import open_ab, set_number
+from .test_ui_page import open_ab, run_ab, set_number
 
 
 def test_a_sweep_of_8_items_shows_intervals_and_a_verdict(page_server, browser_page, artifacts):
@@ -32,3 +32,18 @@ def test_a_sweep_of_8_items_shows_intervals_and_a_verdict(page_server, browser_p
         if lo <= 1 <= hi:
             assert d == "no difference detected (n = 8)"
     assert "Replies: 8 of 8 replies identical" in page.inner_text("#lab-sweep-summary .lab-replies-line")
+
+
+def test_the_same_prompt_run_again_in_ab_gets_an_interval_over_the_runs(page_server, browser_page):
+    page = browser_page
+    open_ab(page, page_server, 4)
+    run_ab(page, "Name a fruit.")
+    assert "run the same prompt again" in page.inner_text("#lab-delta")
+    for runs in (2, 3):
+        page.fill("#lab-ab-msg textarea", "Name a fruit.")
+        page.click("#lab-ab-run")
+        page.wait_for_selector(f"#lab-delta h4:has-text('Over {runs} runs of this prompt')", timeout=120_000)
+    text = page.inner_text("#lab-delta .lab-repeat-verdict")
+    assert text.startswith("Verdict. B ") and ", 3 items" in text and text.endswith("3 of 3 replies identical."), text
+    cells = page.locator("#lab-delta table.lab-paired td.lab-ci").all_inner_texts()
+    assert cells and all(re.fullmatch(r"\d+\.\d\d–\d+\.\d\d", c) for c in cells), cells
