@@ -118,6 +118,19 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "over the set: B's tokens equal to A's before the pair's replies first differ, / A's tokens (the quality "
        "delta of a lossy change: a weights variant, bf16, sampling)", better="higher"),
     _M("identical_rate", "identical-reply rate", "%", "", "identical replies / pairs compared", better="higher"),
+    # Speculation replayed (engine/speculative/replay.py, ui/replay.py).
+    _M("acceptance_by_position", "acceptance by draft position", "%", "",
+       "for draft position j: of the verifies that drafted at least j tokens, the share whose j-th guess the "
+       "target accepted (guesses after a rejected one never count as accepted)", better="higher"),
+    _M("predicted_speedup", "predicted speedup", "ratio", "",
+       "decode tokens / their cost in plain decode steps, each verify of k guesses priced by the measured cost "
+       "table (engine/speculative/costs.py: verify(k + 1), plus k draft tokens for a draft model) and each plain "
+       "step at 1: what this reply's measured acceptance should give against plain decoding", better="higher"),
+    _M("measured_speedup", "measured speedup", "ratio", "",
+       "a plain decode step's time (measured by the cost calibration in this process) / this reply's TPOT; "
+       "below 1: speculation cost time", better="higher"),
+    _M("rejected_drafts", "rejected drafts", "tok", "", "drafted tokens the target did not accept (drafted − accepted)",
+       better="lower"),
     # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.
     _M("client_feedback_ms", "first feedback", "ms", "user pressed send",
        "the message and a status painted (Nielsen's 'instant' is 100 ms)", "browser"),

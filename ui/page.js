@@ -26,6 +26,7 @@
     markdown: CFG.markdown !== false,
     pendingGradio: null,
     gradioRun: null,
+    afterReply: [], // functions of a finished reply's run, called after its timings are joined
   });
 
   const pane = (name) => (lab.panes[name] ||= { name, runs: [], run: null, selected: null, pace: CFG.readingPace, draw: null, lastDraw: 0 });
@@ -216,6 +217,7 @@
     } else {
       await r.rec.settled(); // the last chunk's paint time
       await postTiming(r);
+      for (const hook of lab.afterReply) await hook(r); // e.g. the speculation replay (ui/replay.js)
     }
     drawPane(p);
     refreshTable(p);

@@ -1,0 +1,48 @@
+"""The speculation replay's block (ui/replay.py) from a made-up Timeline: every token in its
+step, accepted and rejected drafts told apart, the figures and the warning."""
+
+from __future__ import annotations
+
+import re
+
+from ui import replay
+
+
+def decode(ids):
+    return "".join(f"<{i}>" for i in ids)
+
+
+TIMELINE = {
+    # output: 10 | verify: drafts 11 12 13, 2 accepted, own 20 | plain 21 | verify: draft 22 accepted, own 23
+    "draft_steps": [[1, 2, [11, 12, 13]], [5, 1, [22]]], "draft_step_count": 2, "predicted_speedup": 1.4,
+    "cost_model": {"step_ms": 50.0, "measured": True}, "tpot_ms": 40.0, "acceptance_rate": 0.75,
+}
+TOKENS = [10, 11, 12, 20, 21, 22, 23]
+
+
+def test_every_token_sits_in_its_step_and_rejected_drafts_are_struck():
+    body, last = replay.tokens_html(TOKENS, [replay.DraftStep.from_list(s) for s in TIMELINE["draft_steps"]], decode)
+    found = re.findall(r'<(span|s) class="([\w-]+)" data-step="(\d+)"[^>]*>([^<]*)<', body.replace("&lt;", "[")
+                       .replace("&gt;", "]"))
+    assert [(c, int(st), t) for _, c, st, t in found] == [
+        ("lab-tok", 0, "[10]"), ("lab-tok-acc", 1, "[11]"), ("lab-tok-acc", 1, "[12]"), ("lab-tok-rej", 1, "[13]"),
+        ("lab-tok-own", 1, "[20]"), ("lab-tok", 2, "[21]"), ("lab-tok-acc", 3, "[22]"), ("lab-tok-own", 3, "[23]")]
+    assert last == 3 and "<s " in body
+
+
+def test_figures_and_no_warning_when_speculation_pays():
+    f = replay.figures(TIMELINE)
+    assert f["acceptance_by_position"] == [1.0, 1.0, 0.0] and f["measured_speedup"] == 50.0 / 40.0
+    assert replay.warning(f) == ""
+    html = replay.replay_html(TIMELINE, TOKENS, decode)
+    assert "predicted speedup 1.40x" in html and "measured 1.25x" in html and "rejected drafts: 1" in html
+
+
+def test_a_plain_warning_when_speculation_costs_time():
+    slow = {**TIMELINE, "tpot_ms": 62.5, "acceptance_rate": 0.1}
+    text = replay.warning(replay.figures(slow))
+    assert text.startswith("Speculation is costing time in this reply: its TPOT (62.5 ms) is above a plain decode "
+                           "step (50.0 ms")
+    assert "0.80x" in text and "10%" in text
+    assert 'class="lab-spec-warning"' in replay.replay_html(slow, TOKENS, decode)
+    assert replay.replay_html({"tpot_ms": 3.0}, TOKENS, decode) == ""  # no speculation: no block
