@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from ui import replay
 
 
@@ -46,3 +48,22 @@ def test_a_plain_warning_when_speculation_costs_time():
     assert "0.80x" in text and "10%" in text
     assert 'class="lab-spec-warning"' in replay.replay_html(slow, TOKENS, decode)
     assert replay.replay_html({"tpot_ms": 3.0}, TOKENS, decode) == ""  # no speculation: no block
+
+
+def test_the_ttft_change_splits_into_measured_terms_that_add_up():
+    from ui import attribution
+
+    a = {"ttft_ms": 900.0, "queue_ms": 5.0, "setup_ms": 10.0, "prefill_ms": 880.0, "prefill_tokens": 400,
+         "client": {"client_ttft_ms": 960.0, "transport_overhead_ms": 60.0}}
+    b = {"ttft_ms": 130.0, "queue_ms": 7.0, "setup_ms": 14.0, "prefill_ms": 105.0, "prefill_tokens": 40,
+         "kv_copy_ms": 3.5, "client": {"client_ttft_ms": 200.0, "transport_overhead_ms": 70.0}}
+    rep = attribution.attribution(a, b)
+    terms = {t["name"]: t["ms"] for t in rep["terms"]}
+    assert terms["prefill_tokens"] == -360 * 2.2  # 360 tokens avoided at A's 2.2 ms per token
+    assert terms["prefill_ms"] == (105.0 - 880.0) + 360 * 2.2
+    assert terms["queue_ms"] == 2.0 and terms["setup_ms"] == 4.0 and terms["transport_overhead_ms"] == 10.0
+    assert rep["clock"] == "browser" and rep["measured_ms"] == -760.0 and rep["sum_ms"] == pytest.approx(-760.0)
+    html = attribution.attribution_html(a, b)
+    assert "KV copy +3.5 ms" in html and "-760.0 ms" in html
+    no_browser = attribution.attribution({**a, "client": {}}, {**b, "client": {}})
+    assert no_browser["clock"] == "server" and no_browser["sum_ms"] == pytest.approx(-770.0)

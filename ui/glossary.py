@@ -118,6 +118,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "over the set: B's tokens equal to A's before the pair's replies first differ, / A's tokens (the quality "
        "delta of a lossy change: a weights variant, bf16, sampling)", better="higher"),
     _M("identical_rate", "identical-reply rate", "%", "", "identical replies / pairs compared", better="higher"),
+    _M("ttft_attribution", "TTFT change, attributed", "ms", "A's TTFT",
+       "B's TTFT, split into measured terms that add up: prefill tokens avoided × the measured prefill cost per "
+       "token, the rest of the prefill change, queue, setup (KV copy, compile, variant build), gaps between "
+       "stages, and network (browser TTFT − server TTFT)", "both"),
     # Speculation replayed (engine/speculative/replay.py, ui/replay.py).
     _M("acceptance_by_position", "acceptance by draft position", "%", "",
        "for draft position j: of the verifies that drafted at least j tokens, the share whose j-th guess the "

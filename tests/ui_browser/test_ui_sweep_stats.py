@@ -47,3 +47,14 @@ def test_the_same_prompt_run_again_in_ab_gets_an_interval_over_the_runs(page_ser
     assert text.startswith("Verdict. B ") and ", 3 items" in text and text.endswith("3 of 3 replies identical."), text
     cells = page.locator("#lab-delta table.lab-paired td.lab-ci").all_inner_texts()
     assert cells and all(re.fullmatch(r"\d+\.\d\d–\d+\.\d\d", c) for c in cells), cells
+    # the latest pair's TTFT change, split into measured terms that add up to it
+    rows = page.locator("#lab-delta table.lab-attribution tr").all_inner_texts()
+    figures = {r.split("\t")[0]: r.split("\t")[-1] for r in rows}
+    total = next(v for k, v in figures.items() if k.startswith("sum of the terms"))
+    measured = next(v for k, v in figures.items() if k.startswith("measured change in TTFT (browser)"))
+    assert "prefill tokens avoided" in " ".join(figures) and "network" in " ".join(figures), figures
+
+    def ms(text):
+        return float(text.replace(" ms", "").replace(",", ""))
+
+    assert abs(ms(total) - ms(measured)) <= 0.2, figures
