@@ -122,6 +122,12 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "B's TTFT, split into measured terms that add up: prefill tokens avoided × the measured prefill cost per "
        "token, the rest of the prefill change, queue, setup (KV copy, compile, variant build), gaps between "
        "stages, and network (browser TTFT − server TTFT)", "both"),
+    _M("whatif_ttft_ms", "what-if TTFT", "ms", "request received", "first token sampled, predicted for another "
+       "prompt length, weights variant or batch size: a pass = one read of the weights (this reply's TPOT, or weight "
+       "bytes / the measured copy bandwidth) + the extra rows' FLOPs at the rate this reply's prefill reached (or "
+       "the measured matmul peak); queue, setup and gaps as measured (engine/measure/whatif.py)", "estimated"),
+    _M("whatif_error", "what-if error", "%", "", "predicted / measured − 1, the prediction made from the first "
+       "reply at the prompt length that really ran", better=""),
     # Speculation replayed (engine/speculative/replay.py, ui/replay.py).
     _M("acceptance_by_position", "acceptance by draft position", "%", "",
        "for draft position j: of the verifies that drafted at least j tokens, the share whose j-th guess the "
