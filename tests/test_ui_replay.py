@@ -67,3 +67,14 @@ def test_the_ttft_change_splits_into_measured_terms_that_add_up():
     assert "KV copy +3.5 ms" in html and "-760.0 ms" in html
     no_browser = attribution.attribution({**a, "client": {}}, {**b, "client": {}})
     assert no_browser["clock"] == "server" and no_browser["sum_ms"] == pytest.approx(-770.0)
+
+
+def test_the_measured_speedup_prefers_this_replys_own_plain_steps():
+    # tokens 0..9: verify at 1 (2 accepted: tokens 1-3), plain steps give tokens 4..9 at 30 ms each
+    tl = {"draft_steps": [[1, 2, [5, 6, 7]]], "draft_step_count": 1, "tpot_ms": 20.0, "plain_step_ms": 50.0,
+          "token_ms": [100.0, 140.0, 140.0, 140.0, 170.0, 200.0, 230.0, 260.0, 290.0, 320.0]}
+    assert replay.plain_steps_ms(tl) == [30.0] * 6
+    f = replay.figures(tl)
+    assert f["plain_step_ms"] == 30.0 and f["measured_speedup"] == 1.5 and "6 plain steps" in f["plain_step_from"]
+    few = {**tl, "token_ms": tl["token_ms"][:6]}  # 2 plain steps: the calibrated step serves
+    assert replay.figures(few)["plain_step_ms"] == 50.0

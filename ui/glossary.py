@@ -137,8 +137,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "table (engine/speculative/costs.py: verify(k + 1), plus k draft tokens for a draft model) and each plain "
        "step at 1: what this reply's measured acceptance should give against plain decoding", better="higher"),
     _M("measured_speedup", "measured speedup", "ratio", "",
-       "a plain decode step's time (measured by the cost calibration in this process) / this reply's TPOT; "
-       "below 1: speculation cost time", better="higher"),
+       "a plain decode step's time / this reply's TPOT; the plain step is the median of this reply's own plain "
+       "steps (tokens no verify produced, the same machine load), else the one the cost calibration measured in "
+       "this process; below 1: speculation cost time", better="higher"),
     _M("rejected_drafts", "rejected drafts", "tok", "", "drafted tokens the target did not accept (drafted − accepted)",
        better="lower"),
     # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.

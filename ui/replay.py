@@ -10,26 +10,53 @@ functions: `decode` turns token ids into text.
 from __future__ import annotations
 
 import html
+import statistics
 
 from engine.speculative.replay import DraftStep, acceptance_by_position
 
 from .glossary import hover
 
 
+MIN_PLAIN_STEPS = 3  # fewer plain steps in the reply than this: its own plain-step time is too thin
+
+
+def plain_steps_ms(timeline: dict) -> list[float]:
+    """The gaps before each token a plain decode step produced in this reply (no draft verified):
+    this reply's own plain step, on the same machine load as its verifies."""
+    token_ms = timeline.get("token_ms") or []
+    steps = [DraftStep.from_list(s) for s in timeline.get("draft_steps") or []]
+    covered = {s.at + j for s in steps for j in range(s.accepted + 1)}
+    end = len(token_ms)
+    if (timeline.get("draft_step_count") or 0) > len(steps) and steps:  # the record was cut: stop where it ends
+        end = steps[-1].at + steps[-1].accepted + 1
+    return [token_ms[i] - token_ms[i - 1] for i in range(1, min(end, len(token_ms)))
+            if i not in covered and token_ms[i] is not None and token_ms[i - 1] is not None]
+
+
+def plain_step(timeline: dict) -> tuple[float | None, str]:
+    """(a plain decode step's ms, where it comes from): the median of this reply's own plain steps,
+    else the step the cost calibration measured in this process."""
+    own = plain_steps_ms(timeline)
+    if len(own) >= MIN_PLAIN_STEPS:
+        return statistics.median(own), f"median of this reply's {len(own)} plain steps"
+    calibrated = timeline.get("plain_step_ms") or (timeline.get("cost_model") or {}).get("step_ms")
+    return calibrated, "the plain step measured by the cost calibration in this process"
+
+
 def measured_speedup(timeline: dict) -> float | None:
-    """A plain decode step (measured by the cost calibration in this process) / this reply's TPOT."""
-    step_ms = timeline.get("plain_step_ms") or (timeline.get("cost_model") or {}).get("step_ms")
-    tpot = timeline.get("tpot_ms")
+    """A plain decode step (`plain_step`) / this reply's TPOT."""
+    step_ms, tpot = plain_step(timeline)[0], timeline.get("tpot_ms")
     return step_ms / tpot if step_ms and tpot else None
 
 
 def figures(timeline: dict) -> dict:
     steps = [DraftStep.from_list(s) for s in timeline.get("draft_steps") or []]
     cost = timeline.get("cost_model") or {}
+    step_ms, step_from = plain_step(timeline)
     return {"steps": len(steps), "step_count": timeline.get("draft_step_count"),
             "acceptance_by_position": acceptance_by_position(steps),
             "predicted_speedup": timeline.get("predicted_speedup"), "measured_speedup": measured_speedup(timeline),
-            "plain_step_ms": timeline.get("plain_step_ms") or cost.get("step_ms"),
+            "plain_step_ms": step_ms, "plain_step_from": step_from,
             "costs_measured": bool(timeline.get("plain_step_ms") or cost.get("measured")),
             "tpot_ms": timeline.get("tpot_ms"), "acceptance_rate": timeline.get("acceptance_rate")}
 
@@ -79,7 +106,7 @@ def warning(f: dict) -> str:
     acc_text = "—" if acc is None else f"{100 * acc:.0f}%"
     if slow:
         head = (f"Speculation is costing time in this reply: its TPOT ({f['tpot_ms']:,.1f} ms) is above a plain "
-                f"decode step ({f['plain_step_ms']:,.1f} ms, measured in this process), {measured:.2f}x.")
+                f"decode step ({f['plain_step_ms']:,.1f} ms, {f['plain_step_from']}), {measured:.2f}x.")
     else:
         head = f"Speculation is predicted to cost time here ({predicted:.2f}x)."
     return (f"{head} Only {acc_text} of the drafted tokens were accepted, and each verify costs more than a plain "
@@ -116,5 +143,6 @@ def replay_html(timeline: dict, token_ids: list[int] | None, decode) -> str:
         f'position: {esc(by_pos) or "—"}</span> · <span class="lab-spec-predicted" '
         f'title="{esc(hover("predicted_speedup"))}">predicted speedup {x(f["predicted_speedup"])}{esc(costs_note)}'
         f'</span> · <span class="lab-spec-measured" title="{esc(hover("measured_speedup"))}">measured '
-        f'{x(f["measured_speedup"])}</span></div>'
+        f'{x(f["measured_speedup"])}</span> <span class="lab-muted">(a plain step: {esc(f["plain_step_from"])})'
+        f'</span></div>'
         + (f'<p class="lab-spec-warning">{esc(warn)}</p>' if warn else "") + "</div>")
