@@ -90,6 +90,8 @@ def test_lossless_derives_from_the_toggle_declarations():
     assert replies.pair_kind(greedy, {**greedy, "kv_reuse": False}) == ("lossless", ["kv_reuse"])
     assert replies.pair_kind(greedy, {**greedy, "quantization": "int8wo"})[0] == "lossy"
     assert replies.pair_kind(greedy, {"temperature": 0.7})[0] == "sampled"
+    assert replies.pair_kind(greedy, {**greedy, "system": "Be brief."}) == ("lossy", ["system"])
+    assert replies.pair_kind({**greedy, "backend": "local"}, {**greedy, "backend": "openai"})[0] == "lossy"
 
 
 def test_replies_count_identical_ones_and_name_the_first_differing_token():

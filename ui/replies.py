@@ -19,9 +19,17 @@ from .settings import PAGE_SETTINGS
 DECLARED = {t.name: t for t in (*SAMPLING, *TOGGLES, *PAGE_SETTINGS)}
 
 
+# Not toggles, but they change what answers or what it is asked: never lossless.
+UNDECLARED = ("system", "backend")
+
+
+def _keeps_reply(name: str) -> bool:
+    return name in DECLARED and DECLARED[name].keeps_reply
+
+
 def changed_settings(settings_a: dict, settings_b: dict) -> list[str]:
-    """The declared settings whose values differ between the two configs (unset = the default)."""
-    out = []
+    """The settings whose values differ between the two configs (unset = the default)."""
+    out = [n for n in UNDECLARED if ((settings_a or {}).get(n) or "") != ((settings_b or {}).get(n) or "")]
     for name, t in DECLARED.items():
         va, vb = (settings_a or {}).get(name, t.default), (settings_b or {}).get(name, t.default)
         if t.kind == "variant":
@@ -38,7 +46,7 @@ def pair_kind(settings_a: dict, settings_b: dict) -> tuple[str, list[str]]:
     greedy = all((s or {}).get("temperature", DECLARED["temperature"].default) == 0 for s in (settings_a, settings_b))
     if not greedy:
         return "sampled", changed
-    lossy = [n for n in changed if not DECLARED[n].keeps_reply and n != "max_new_tokens"]
+    lossy = [n for n in changed if not _keeps_reply(n) and n != "max_new_tokens"]
     return ("lossy" if lossy else "lossless"), changed
 
 
@@ -123,7 +131,7 @@ def sentence(s: RepliesSummary) -> str:
         return count + where + note
     agree = "—" if s.token_agreement is None else f"{100 * s.token_agreement:.0f}%"
     why = "sampling (temperature > 0)" if s.kind == "sampled" else "lossy: " + ", ".join(
-        n for n in s.changed if not DECLARED[n].keeps_reply)
+        n for n in s.changed if not _keeps_reply(n))
     return f"token agreement with A {agree}, {count}{where} ({why})"
 
 
