@@ -98,6 +98,50 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "token i sampled, over decode tokens whose forward carried prompt tokens (median)"),
     _M("itl_ms_decode_only_p50", "ITL p50, decode-only forwards", "ms", "token i−1 sampled",
        "token i sampled, over decode tokens whose forward carried no prompt tokens (median)"),
+    # Two configs compared over items (ui/stats.py, ui/replies.py): the Sweep and repeated A/B runs.
+    _M("ab_ratio", "B / A", "ratio", "",
+       "median of B's values / median of A's, over the items both configs completed (below 1: B is lower)", better=""),
+    _M("ab_ratio_ci", "95% interval", "ratio", "",
+       "the 95% confidence interval of B / A: paired bootstrap over items (scipy.stats.bootstrap, BCa, seeded, "
+       "so the same figures give the same interval)", better=""),
+    _M("ab_decision", "decision", "", "",
+       "the better side, only where the 95% interval excludes 1; otherwise 'no difference detected (n = items)'",
+       better=""),
+    _M("items_to_detect_5pct", "items for 5%", "", "",
+       "items a paired t-test on log(B / A) needs to detect a 5% difference (α = 0.05 two-sided, 80% power, "
+       "exact noncentral t) at the spread of log(B / A) observed here", better=""),
+    _M("identical_replies", "identical replies", "", "",
+       "pairs whose token ids are the same in A and B; where one differs, its first differing token. Lossless "
+       "toggles (declared in engine/core/toggles.py: KV reuse, speculation, chunked prefill, the compiled step; "
+       "batching too) must keep greedy fp32 replies identical", better="higher"),
+    _M("token_agreement", "token agreement with A", "%", "",
+       "over the set: B's tokens equal to A's before the pair's replies first differ, / A's tokens (the quality "
+       "delta of a lossy change: a weights variant, bf16, sampling)", better="higher"),
+    _M("identical_rate", "identical-reply rate", "%", "", "identical replies / pairs compared", better="higher"),
+    _M("ttft_attribution", "TTFT change, attributed", "ms", "A's TTFT",
+       "B's TTFT, split into measured terms that add up: prefill tokens avoided × the measured prefill cost per "
+       "token, the rest of the prefill change, queue, setup (KV copy, compile, variant build), gaps between "
+       "stages, and network (browser TTFT − server TTFT)", "both"),
+    _M("whatif_ttft_ms", "what-if TTFT", "ms", "request received", "first token sampled, predicted for another "
+       "prompt length, weights variant or batch size: a pass = one read of the weights (this reply's TPOT, or weight "
+       "bytes / the measured copy bandwidth) + the extra rows' FLOPs at the rate this reply's prefill reached (or "
+       "the measured matmul peak); queue, setup and gaps as measured (engine/measure/whatif.py)", "estimated"),
+    _M("whatif_error", "what-if error", "%", "", "predicted / measured − 1, the prediction made from the first "
+       "reply at the prompt length that really ran", better=""),
+    # Speculation replayed (engine/speculative/replay.py, ui/replay.py).
+    _M("acceptance_by_position", "acceptance by draft position", "%", "",
+       "for draft position j: of the verifies that drafted at least j tokens, the share whose j-th guess the "
+       "target accepted (guesses after a rejected one never count as accepted)", better="higher"),
+    _M("predicted_speedup", "predicted speedup", "ratio", "",
+       "decode tokens / their cost in plain decode steps, each verify of k guesses priced by the measured cost "
+       "table (engine/speculative/costs.py: verify(k + 1), plus k draft tokens for a draft model) and each plain "
+       "step at 1: what this reply's measured acceptance should give against plain decoding", better="higher"),
+    _M("measured_speedup", "measured speedup", "ratio", "",
+       "a plain decode step's time / this reply's TPOT; the plain step is the median of this reply's own plain "
+       "steps (tokens no verify produced, the same machine load), else the one the cost calibration measured in "
+       "this process; below 1: speculation cost time", better="higher"),
+    _M("rejected_drafts", "rejected drafts", "tok", "", "drafted tokens the target did not accept (drafted − accepted)",
+       better="lower"),
     # Perceived latency (ui/perceived.py): what the reader sees, on the browser's clock.
     _M("client_feedback_ms", "first feedback", "ms", "user pressed send",
        "the message and a status painted (Nielsen's 'instant' is 100 ms)", "browser"),

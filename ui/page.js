@@ -26,6 +26,7 @@
     markdown: CFG.markdown !== false,
     pendingGradio: null,
     gradioRun: null,
+    afterReply: [], // functions of a finished reply's run, called after its timings are joined
   });
 
   const pane = (name) => (lab.panes[name] ||= { name, runs: [], run: null, selected: null, pace: CFG.readingPace, draw: null, lastDraw: 0 });
@@ -216,7 +217,7 @@
     } else {
       await r.rec.settled(); // the last chunk's paint time
       await postTiming(r);
-      window.LabTrace.attach(r); // the Trace download under the reply (ui/trace.js)
+      for (const hook of lab.afterReply) await hook(r); // the Trace link, the replay, the what-if (ui/*.js)
     }
     drawPane(p);
     refreshTable(p);

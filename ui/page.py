@@ -80,6 +80,7 @@ def head(presets: dict, info: EngineInfo) -> str:
     scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
         (HERE / name).read_text() for name in ("overlays.js", "roofline.js", "markdown.js", "client_timing.js",
                                               "smooth.js", "page.js", "trace.js", "gradio_transport.js", "ab.js",
+                                              "replay.js", "whatif.js",
                                               "load/load_plots.js", "load/load.js")]
     return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
 
@@ -128,6 +129,7 @@ def settings_glossary_html() -> str:
 def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: bool = False) -> gr.Blocks:
     info = store.info
     backends = list(store.engines)
+    decode = sweep.decoder(store)  # token ids → text, for where two replies part
 
     async def gradio_chat(payload: str):
         """One turn through Gradio's queue. `payload`: JSON {session?, pane, message, settings,
@@ -158,12 +160,13 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                                          progress=lambda d, t, desc: progress((d, t), desc=desc, unit="replies"))
         except LatencyLabError as exc:
             raise gr.Error(str(exc)) from exc
-        return sweep.summary_html(rows), sweep.distributions_figure(rows), sweep.export_files(rows)
+        return sweep.summary_html(rows, decode), sweep.distributions_figure(rows), sweep.export_files(rows)
 
     async def sweep_api(prompt_set: str = "open_questions", prompts: str = "", settings_a: dict | None = None,
                         settings_b: dict | None = None, max_items: int = 4) -> dict:
         """Run a prompt set (a preset name, or "custom" with `prompts`, one per line) through
-        settings A and B; returns {"summary": p50/p90 per metric, "rows": one per reply}."""
+        settings A and B; returns {"summary": p50/p90 per metric, "paired": B/A with its 95% interval
+        per metric, "replies": identical replies, "verdict": one sentence, "rows": one per reply}."""
         try:
             chosen = custom_prompt_set(prompts) if prompt_set == "custom" else prompt_sets.get(prompt_set)
             if chosen is None:
@@ -171,7 +174,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
             rows = await sweep.run_sweep(store, chosen, settings_a or {}, settings_b or {}, max_items=max_items)
         except LatencyLabError as exc:
             raise gr.Error(str(exc)) from exc
-        return {"summary": sweep.summary(rows), "rows": rows}
+        return {**sweep.report(rows, decode), "rows": rows}
 
     def preset_values(name: str):
         p = presets[name]
@@ -257,7 +260,8 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                 with gr.Row():
                     set_choice = gr.Radio([(s["title"], k) for k, s in prompt_sets.items()] + [("My own prompts", "custom")],
                                           value=next(iter(prompt_sets)), label="Prompt set", scale=3)
-                    max_items = gr.Slider(1, 50, value=4, step=1, label="Items (conversations)", scale=1)
+                    max_items = gr.Slider(1, 50, value=4, step=1, label="Items (conversations)", scale=1,
+                                          elem_id="lab-sweep-items")
                 custom = gr.Textbox(label="My own prompts (one per line)", lines=4, max_lines=12)
                 with gr.Row():
                     sweep_run = gr.Button("Run sweep", variant="primary", elem_id="lab-sweep-run")

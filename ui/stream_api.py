@@ -25,9 +25,10 @@ from engine.core.errors import LatencyLabError
 from engine.core.request import QueueFull
 from engine.core.timeline import Timeline
 
-from . import compare, engine_info, network, record_view, records
+from . import ab_stats, attribution, compare, engine_info, network, record_view, records
 from .chat import ChatStore, check_id
 from .settings import page_settings
+from .sweep import decoder
 
 
 class ChatIn(BaseModel):
@@ -153,7 +154,9 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
         row_a, row_b = ra.row(), rb.row()
         notes = [compare.transport_lesson(ra.record(), rb.record()), compare.replies_note(ra.record(), rb.record())]
         return {"html": compare.delta_html(compare.delta_rows(row_a, row_b), row_a["config"], row_b["config"])
-                + "".join(f'<p class="lab-muted lab-replies-note">{html.escape(n)}</p>' for n in notes if n)}
+                + "".join(f'<p class="lab-muted lab-replies-note">{html.escape(n)}</p>' for n in notes if n)
+                + attribution.attribution_html(ra.timeline.to_dict(), rb.timeline.to_dict())  # ui/attribution.py
+                + ab_stats.repeated_html(store, session, ra, rb, decoder(store))}  # ui/ab_stats.py
 
     @router.get("/export/{session}.{fmt}")
     async def export(session: str, fmt: str, pane: str | None = None):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine.core.errors import InvalidRequest
 
-from . import compare, record_view, records
+from . import compare, record_view, records, replies, stats, verdict
 from .chat import ChatStore
 from .glossary import METRICS, hover
 
@@ -44,6 +44,9 @@ async def run_sweep(store: ChatStore, prompt_set: dict, settings_a: dict, settin
                 if progress:
                     progress(done, total, f"item {i + 1}/{len(items)}, {pane}")
                 row = await _one_turn(store, session, pane, turn, settings)
+                if row.get("finish_reason") not in ("error", "cancelled"):  # the reply as generated, for ui/replies.py
+                    last = store.pane(session, pane).conversation.messages[-1]
+                    row = {**row, "reply": last.content, "token_ids": last.token_ids, "settings": settings}
                 rows.append({"item": i + 1, **row})
                 done += 1
                 if row.get("finish_reason") in ("error", "cancelled"):
@@ -67,32 +70,86 @@ async def _one_turn(store: ChatStore, session: str, pane: str, message: str, set
 
 
 def summary(rows: list[dict]) -> list[dict]:
+    """p50/p90 per metric and config; no winner here: that takes an interval (`paired`)."""
     by = {"A": [r for r in rows if r.get("pane") == "A"], "B": [r for r in rows if r.get("pane") == "B"]}
-    return compare.summary_rows(by, SWEEP_METRICS)
+    return [{k: v for k, v in s.items() if k != "winner"} for s in compare.summary_rows(by, SWEEP_METRICS)]
 
 
-def summary_html(rows: list[dict]) -> str:
-    """p50 and p90 of each metric for A and B, the better p50 marked."""
+def paired(rows: list[dict]) -> list[stats.PairedRatio]:
+    """Per metric, B/A of medians with its 95% interval over the items (ui/stats.py)."""
+    return stats.paired_table([r for r in rows if r.get("finish_reason") not in ("error", "cancelled")])
+
+
+def replies_summary(rows: list[dict], decode=None) -> replies.RepliesSummary | None:
+    """Identical replies and where they part, item by item (ui/replies.py)."""
+    by = {(r["item"], r.get("turn"), r["pane"]): r for r in rows if "token_ids" in r}
+    pairs = [(f"{item}" + (f".{turn}" if turn and turn > 1 else ""), r, by[(item, turn, "B")])
+             for (item, turn, pane), r in by.items() if pane == "A" and (item, turn, "B") in by]
+    if not pairs:
+        return None
+    settings = {p: next(r["settings"] for r in rows if r.get("pane") == p and "settings" in r) for p in ("A", "B")}
+    return replies.summarize(pairs, settings["A"], settings["B"], decode,
+                             [r.get("compute_dtype") for r in rows if "token_ids" in r])
+
+
+def decoder(store: ChatStore):
+    """A token id → its text, through the default backend's tokenizer (None: it has none here)."""
+    tok = getattr(next(iter(store.engines.values())), "tokenizer", None)
+    return None if tok is None else (lambda ids: tok.decode(ids))
+
+
+def report(rows: list[dict], decode=None) -> dict:
+    """What the API returns beside the rows: p50/p90, the paired intervals, the replies, the verdict."""
+    table, same = paired(rows), replies_summary(rows, decode)
+    return {"summary": summary(rows), "paired": [p.to_dict() for p in table],
+            "replies": same.to_dict() if same else None, "verdict": verdict.verdict(table, same)}
+
+
+def paired_html(rows: list[dict], decode=None) -> str:
+    """The verdict, the replies line and the paired table: B/A, its interval, the decision, the items
+    a 5% difference needs."""
+    table, same = paired(rows), replies_summary(rows, decode)
+    if not table:
+        return ""
+    esc = html.escape
+    trs = []
+    for p in table:
+        win = ' class="lab-win"' if p.winner else ""
+        trs.append(f'<tr><th title="{esc(hover(p.metric))}">{esc(METRICS[p.metric].label)}</th>'
+                   f'<td>{stats.fmt_ratio(p.ratio)}</td><td class="lab-ci">{stats.interval_text(p)}</td>'
+                   f'<td{win}>{esc(stats.decision_text(p))}</td>'
+                   f'<td>{"—" if p.items_to_detect is None else f"{p.items_to_detect:,}"}</td></tr>')
+    head = "".join(f'<th title="{esc(hover(k))}">{esc(METRICS[k].label)}</th>'
+                   for k in ("ab_ratio", "ab_ratio_ci", "ab_decision", "items_to_detect_5pct"))
+    same_line = (f'<p class="lab-replies-line" title="{esc(hover("identical_replies"))}">Replies: '
+                 f'{esc(replies.sentence(same))}.</p>') if same else ""
+    return (f'<p class="lab-verdict"><b>Verdict.</b> {esc(verdict.verdict(table, same))}</p>{same_line}'
+            f'<table class="lab-table lab-paired"><thead><tr><th>metric</th>{head}</tr></thead>'
+            f'<tbody>{"".join(trs)}</tbody></table>'
+            f'<p class="lab-muted">Paired bootstrap over items (scipy.stats.bootstrap, {stats.RESAMPLES:,} '
+            f'resamples, seeded); a winner only where the interval excludes 1. Items for 5%: a paired t-test '
+            f'on log(B/A), α = 0.05 two-sided, 80% power, at the spread observed.</p>')
+
+
+def summary_html(rows: list[dict], decode=None) -> str:
+    """The verdict and paired intervals, then p50 and p90 of each metric for A and B."""
     labels = {r["pane"]: r["config"] for r in rows if r.get("config")}
     trs = []
     for s in summary(rows):
         name = s["metric"]
         if not s["A n"] and not s["B n"]:
             continue  # e.g. acceptance without speculation
-        cells = ""
-        for side in ("A", "B"):
-            win = ' class="lab-win"' if s.get("winner") == side else ""
-            cells += (f"<td{win}>{record_view.fmt(name, s[f'{side} p50'])}</td>"
-                      f"<td>{record_view.fmt(name, s[f'{side} p90'])}</td>")
+        cells = "".join(f"<td>{record_view.fmt(name, s[f'{side} p50'])}</td>"
+                        f"<td>{record_view.fmt(name, s[f'{side} p90'])}</td>" for side in ("A", "B"))
         trs.append(f'<tr><th title="{html.escape(hover(name))}">{METRICS[name].label}</th>'
-                   f'{cells}<td class="lab-winner">{s.get("winner", "")}</td><td>{s["A n"]} / {s["B n"]}</td></tr>')
+                   f'{cells}<td>{s["A n"]} / {s["B n"]}</td></tr>')
     errors = sum(r.get("finish_reason") == "error" for r in rows)
     note = f'<p class="lab-muted">{errors} replies failed and are left out.</p>' if errors else ""
     esc = html.escape
-    return (f'<table class="lab-table lab-delta"><thead><tr><th>metric</th>'
-            f'<th>A p50</th><th>A p90</th><th>B p50</th><th>B p90</th><th>winner (p50)</th><th>n (A / B)</th></tr>'
+    return (paired_html(rows, decode) + f'<table class="lab-table lab-delta"><thead><tr><th>metric</th>'
+            f'<th>A p50</th><th>A p90</th><th>B p50</th><th>B p90</th><th>n (A / B)</th></tr>'
             f'<tr class="lab-sub"><th></th><th colspan="2">{esc(labels.get("A", ""))}</th>'
-            f'<th colspan="2">{esc(labels.get("B", ""))}</th><th></th><th></th></tr></thead>'
+            f'<th colspan="2">{esc(labels.get("B", ""))}</th><th></th></tr></thead>'
             f'<tbody>{"".join(trs)}</tbody></table>{note}')
 
 
@@ -118,5 +175,5 @@ def export_files(rows: list[dict], folder: Path | None = None) -> list[str]:
     folder = Path(folder or tempfile.mkdtemp(prefix="latency-lab-sweep-"))
     csv_path, json_path = folder / "sweep.csv", folder / "sweep.json"
     csv_path.write_text(records.rows_to_csv(rows, SWEEP_COLUMNS))
-    json_path.write_text(json.dumps({"rows": rows, "summary": summary(rows)}, indent=1))
+    json_path.write_text(json.dumps({"rows": rows, **report(rows)}, indent=1))
     return [str(csv_path), str(json_path)]

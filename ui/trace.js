@@ -68,7 +68,7 @@
   }
 
   const LabTrace = {
-    // Under a finished reply: its Trace link (called by page.js once the browser timings are in).
+    // Under a finished reply: its Trace link (a lab.afterReply hook: page.js calls it once the browser timings are in).
     attach(r) {
       if (!r.requestId || r.error || r.view.el.querySelector(".lab-trace")) return;
       const div = document.createElement("div");
@@ -89,4 +89,5 @@
     fetchTrace,
   };
   root.LabTrace = LabTrace;
+  root.lab.afterReply.push((r) => LabTrace.attach(r));
 })(window);

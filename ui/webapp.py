@@ -6,6 +6,7 @@ import gradio as gr
 from fastapi import APIRouter, FastAPI
 
 from .chat import ChatStore
+from .insight_api import insight_router
 from .load.api import load_router
 from .load.run import LoadRunner
 from .page import build_page, css, head
@@ -26,6 +27,7 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
     app.state.store = store
     app.include_router(lab_router(store, presets))
     app.include_router(trace_router(store))  # the Trace downloads (ui/trace.js)
+    app.include_router(insight_router(store))  # a reply's speculation replay (ui/replay.py)
     # the Load tab's clients go through the API's /v1 routes, when this app has them (app.py mounts them)
     has_api = any(getattr(r, "path", "") == "/v1/chat/completions" for r in app.routes)
     app.include_router(load_router(LoadRunner(store.engines, prompt_sets), has_api))

@@ -99,7 +99,7 @@ class GenerationConfig:
         glossary="acceptance_rate", off_label="fixed k", only_with="speculative")
     quantization: str | None = toggle(
         None, "variant", "Weights", "the weights variant that serves the request (a dtype or a "
-        "quantization); none: the variant the engine loaded", glossary="weight_mb")
+        "quantization); none: the variant the engine loaded", glossary="weight_mb", lossless=False)
     chunked_prefill: bool = toggle(
         False, "bool", "Chunked prefill", "prefill long prompts in chunks: a progress bar and Stop between "
         "chunks, for some extra prefill time", glossary="prefill_ms")

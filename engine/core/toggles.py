@@ -40,6 +40,17 @@ class Toggle:
     off_label: str | None = None  # the A/B label when a bool toggle is off ("no kv reuse")
     only_with: str | None = None  # the toggle that must be on (not at its default) for this one to matter
     short: str | None = None  # a name in config labels: "k" gives "k=8", "smooth" gives "smooth adaptive"
+    # Whether switching it leaves a greedy fp32 reply token for token the same (the correctness
+    # invariant the tests hold the engine to: KV reuse, speculation, chunked prefill, the compiled
+    # step). None: by rule, an optimization toggle or a page setting is lossless and a sampling field
+    # is not (`keeps_reply`); a toggle that changes the numbers (a weights variant) declares False.
+    lossless: bool | None = None
+
+    @property
+    def keeps_reply(self) -> bool:
+        """Lossless: switching it leaves a greedy fp32 reply identical (the A/B replies check says
+        how many were; ui/replies.py)."""
+        return (not self.sampling) if self.lossless is None else self.lossless
 
     @property
     def cli_flag(self) -> str:
@@ -132,7 +143,7 @@ class Toggle:
         return {"name": self.name, "kind": self.kind, "default": self.default, "label": self.label,
                 "help": self.help, "choices": list(self.choices), "lo": self.lo, "hi": self.hi,
                 "lo_open": self.lo_open, "step": self.step, "max_chars": self.max_chars,
-                "glossary": self.glossary, "backends": list(self.backends)}
+                "glossary": self.glossary, "backends": list(self.backends), "lossless": self.keeps_reply}
 
 
 def toggle(default, kind: str, label: str, help: str, **declaration):

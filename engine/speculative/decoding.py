@@ -16,6 +16,7 @@ from engine.speculative.costs import (
 from engine.speculative.lookup_policy import LookupPolicy
 from engine.speculative.policy import AdaptiveK
 from engine.speculative.proposers import DraftModel, PromptLookup
+from engine.speculative.replay import DraftLog
 from engine.speculative.verification import verify_greedy, verify_sampling
 
 MAX_K_CHANGES_KEPT = 64
@@ -51,6 +52,11 @@ class SpeculativeDecoding(Decoding):
         else:
             raise InvalidRequest(f"speculative={config.speculative!r} is not a speculative mode", "speculative")
         self.costs = costs
+        # Each verify's drafts, for the replay, priced by measured costs even where the policy was told
+        # not to adapt (fixed k decides with the defaults): the prediction needs this machine's figures,
+        # measured once per process (the idle worker usually has; else this request's setup pays once).
+        log_costs = costs if costs.measured else replace(measured_costs(model), draft_cost=costs.draft_cost)
+        self.log = DraftLog(log_costs, log_costs.draft_cost or 0.0)
         self.drafted = self.accepted = self.steps = self.step_tokens = self.backoffs = 0
         self.accepted_hist = [0] * (config.num_speculative_tokens + 1)
         self.k_changes: list[dict] = []
@@ -95,6 +101,7 @@ class SpeculativeDecoding(Decoding):
         out = super().step()
         self.steps += 1
         self.step_tokens += 1
+        self.log.plain()
         if isinstance(self.policy, LookupPolicy):  # score the watched proposals on the new token
             self.policy.advance(out)
         return out
@@ -119,6 +126,7 @@ class SpeculativeDecoding(Decoding):
         self.accepted_hist[accepted] += 1
         self.steps += 1
         self.step_tokens += len(new)
+        self.log.verified(len(self.output_ids), guesses, accepted)
         return self._accept(new)
 
     def _note_k(self, k: int) -> None:
@@ -156,4 +164,5 @@ class SpeculativeDecoding(Decoding):
             "k_changes": self.k_changes,  # the first MAX_K_CHANGES_KEPT
             "k_change_count": self.k_change_count,
             "cost_model": self.costs.to_dict(),  # in plain steps, measured once per process and model
+            **self.log.counters(),  # draft_steps, draft_step_count, predicted_speedup (replay.py)
         }
