@@ -33,9 +33,10 @@ HERE = Path(__file__).resolve().parent
 EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
 EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
-LIMITS_HOVER = ("Measured on this machine at first start (engine/measure/machine_limits.py): memory copy bandwidth "
-                "(read + write bytes of a copy far past the caches) and matmul throughput per dtype. Each reply's "
-                "prefill is shown against the matmul peak, its decode against the copy bandwidth.")
+LIMITS_HOVER = ("Measured on this machine at first start (engine/measure/machine_limits.py), best of interleaved "
+                "rounds: memory read bandwidth (a sum over a buffer far past the caches), copy bandwidth (for "
+                "reference) and matmul throughput per dtype. Each reply's prefill is shown against the matmul "
+                "peak, its decode against the read bandwidth.")
 
 
 def preset_missing(preset: dict, info: EngineInfo) -> str | None:

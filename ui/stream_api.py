@@ -129,7 +129,7 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
 
     @router.get("/limits")
     async def limits():
-        """The machine's measured limits (copy bandwidth, matmul peaks), as the page header shows them."""
+        """The machine's measured limits (read and copy bandwidth, matmul peaks), as the page header shows them."""
         return engine_info.limits_json(store.info)
 
     @router.post("/limits")

@@ -20,7 +20,7 @@ import time
 SCENARIOS = {
     "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
     "gemv": "our weight-only kernels vs torch's on the model's layer shapes, per row count",
-    "bandwidth": "memory copy bandwidth vs the bandwidth each weight variant's decode step achieves",
+    "bandwidth": "each weight variant's decode step against the machine's read bandwidth (the limits probe's)",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
     "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
     "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",
