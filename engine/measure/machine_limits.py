@@ -326,14 +326,18 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds of each figure (the best counts)")
     p.add_argument("--force", action="store_true", help="measure again even if cached")
     p.add_argument("--no-cache", action="store_true", help="measure, and write nothing")
+    p.add_argument("--json", action="store_true", help="end with one JSON line (the limits), as the benches do")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     root = None if args.no_cache else cache_root(LoadConfig())
     dtypes = tuple(args.dtypes.split(",")) if args.dtypes else probe_dtypes("fp32", args.device)
     limits = load_or_measure(root, args.device, dtypes, force=args.force, seconds=args.seconds, rounds=args.rounds)
-    print(json.dumps(limits.to_dict(), indent=1))
+    if not args.json:
+        print(json.dumps(limits.to_dict(), indent=1))
     print(limits.summary(), f"· probe {limits.probe_s:.2f} s")
+    if args.json:
+        print(json.dumps(limits.to_dict()))
     return 0
 
 
