@@ -45,7 +45,11 @@ class Step:
     load_flags: bool = True  # takes the model flags (--model, --dtype, --device, --threads)
 
     def command(self, quick: bool, forward: list[str]) -> list[str]:
-        return [self.module, *(self.quick if quick else self.argv), *(forward if self.load_flags else []), "--json"]
+        own = self.quick if quick else self.argv
+        if "--device" in own and "--device" in forward:  # the step names its own device (the GPU's steps)
+            i = forward.index("--device")
+            forward = forward[:i] + forward[i + 2:]
+        return [self.module, *own, *(forward if self.load_flags else []), "--json"]
 
 
 def suite(peer_python: str | None, cuda: bool) -> list[Step]:
@@ -81,8 +85,7 @@ def suite(peer_python: str | None, cuda: bool) -> list[Step]:
                           ["--device", "cuda", "--force", "--seconds", "0.5", "--rounds", "2"], load_flags=False))
         steps.append(Step("bandwidth_cuda", "decode per weights variant on the GPU", "engine.bench",
                           ["bandwidth", "--device", "cuda", "--rounds", "4", "--steps", "8"],
-                          ["bandwidth", "--device", "cuda", "--rounds", "1", "--steps", "1", "--variants", "int8wo"],
-                          load_flags=False))
+                          ["bandwidth", "--device", "cuda", "--rounds", "1", "--steps", "1", "--variants", "int8wo"]))
     return steps
 
 
