@@ -88,13 +88,15 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     # probe (a busy moment only slows a round), with the rounds' spread (best − worst) / best recorded beside it.
     _M("read_gbps", "read bandwidth (limit)", "GB/s", "",
        "the machine's memory read bandwidth: torch.sum over a buffer 8× the last-level cache (≥ 256 MiB; 1 GiB "
-       "on CUDA), all threads, bytes read per second; decode_bandwidth_fraction divides by it", better=""),
+       "on CUDA), all threads, bytes read per second; the best of interleaved rounds (a busy moment only slows a "
+       "round; the rounds' spread is kept beside it); decode_bandwidth_fraction divides by it", better=""),
     _M("copy_gbps", "copy bandwidth (limit)", "GB/s", "",
        "the machine's memory copy bandwidth, for reference: dst.copy_(src) on two such buffers, bytes read + "
        "written per second (STREAM's convention); no fraction divides by it", better=""),
     _M("peak_tflops", "matmul peak (limit)", "TFLOP/s", "",
        "the machine's matmul throughput in the reply's compute dtype: torch.mm of N×N matrices, 2·N³ FLOP per "
-       "product, N grown until one takes ≥ 20 ms; prefill_compute_fraction divides by it", better=""),
+       "product, N grown until one takes ≥ 20 ms; the best of interleaved rounds; prefill_compute_fraction "
+       "divides by it", better=""),
     _M("decode_mb_per_token", "bytes per token", "MB", "",
        "bytes decode read per output token: (weight bytes + KV bytes) × steps / (output tokens − 1)",
        better="lower"),
