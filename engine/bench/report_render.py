@@ -154,7 +154,7 @@ def bars_svg(title: str, labels: list[str], series: dict[str, list[float | None]
     top = 40 + 16 * (n > 1)
     height = top + len(labels) * (n * bar_h + gap) + 10
     top_value = max([v for vs in series.values() for v in vs if v is not None] or [1.0])
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 160}" height="{height}" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 280}" height="{height}" '
            f'font-family="sans-serif" font-size="12">', f'<text x="8" y="20" font-size="14" font-weight="bold">'
            f'{html.escape(title)}</text>']
     for j, name in enumerate(series if n > 1 else ()):
@@ -191,10 +191,10 @@ def write_plots(folder: Path, report: dict) -> list[str]:
                            {f"max batch {a}": [x.get("tok_per_s_a") for x in rows],
                             f"max batch {b}": [x.get("tok_per_s_b") for x in rows]}, "tok/s")
         elif s["name"].startswith("limits") and r.get("details"):
-            names = [k for k, d in r["details"].items() if isinstance(d, dict) and d.get("best")]
-            svg = bars_svg(f"the limits' rounds: best / median / worst ({s['name']})", names,
-                           {k: [r["details"][n].get(k) for n in names] for k in ("best", "median", "worst")},
-                           "GB/s or TFLOP/s")
+            names = [k for k in ("read", "copy") if (r["details"].get(k) or {}).get("best")]  # one unit: GB/s
+            svg = bars_svg(f"memory bandwidth over the probe's rounds: best (the limit), median, worst ({s['name']})",
+                           names, {k: [r["details"][n].get(k) for n in names] for k in ("best", "median", "worst")},
+                           "GB/s")
         else:
             continue
         (folder / "plots" / f"{s['name']}.svg").write_text(svg)
