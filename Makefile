@@ -1,6 +1,7 @@
 # make run       — set up .venv and start the app (127.0.0.1)
 # make test      — set up .venv and run every test (installs Chromium for the browser tests if it may)
 # make test-fast — set up .venv and run the inner-loop tier: no browser, nothing marked slow (pytest.ini)
+# make report    — set up .venv and measure this machine: `latency-lab report` (~10 min on 2 cores)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ ARGS ?=
 
 FAST := not slow and not browser
 
-.PHONY: run test test-fast chromium setup bench clean-venv
+.PHONY: run test test-fast report chromium setup bench clean-venv
 
 run: setup
 	$(BIN)/python app.py $(ARGS)
@@ -18,6 +19,9 @@ test: setup chromium
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "$(FAST)" $(ARGS)
+
+report: setup
+	$(BIN)/python app.py report $(ARGS)
 
 chromium:
 	scripts/ensure-chromium.sh

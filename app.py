@@ -4,7 +4,8 @@ One FastAPI app on one port: the OpenAI-compatible API (/v1, /metrics), the page
 (/lab) and the Gradio page (/). Binds 127.0.0.1 unless --host says otherwise; no public share link
 unless --share. `pip install .` (no editable install needed: pyproject finds every package)
 installs it as the `latency-lab` command, beside `latency-lab-cli` (python -m engine) and
-`latency-lab-server` (python -m server).
+`latency-lab-server` (python -m server). `latency-lab report` (app.py report) measures this machine
+instead: `python -m engine.bench report` (engine/bench/report.py).
 Exit codes: 0 ok, 1 runtime failure (the model does not load, the port is taken...), 2 usage.
 """
 
@@ -31,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:  # `latency-lab report ...`: measure this machine (engine/bench/report.py)
+        from engine.bench import main as bench_main
+
+        return bench_main(argv)
     args = build_parser().parse_args(argv)
     import uvicorn
 

@@ -17,8 +17,8 @@ LM_HEAD = 49_152 * 64  # 3,145,728 (logits of the last position only)
 # weights: embedding (tied lm_head) 3,145,728 + layers 73,728 + norms 2×2×64 + 64 = 3,219,776 params × 4 bytes
 WEIGHT_BYTES = 12_879_104
 KV_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # K and V × layers × KV heads × head_dim × 4 bytes = 512
-LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", copy_gbps=10.0,
-                       matmul_tflops={"fp32": 0.1})
+LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", copy_gbps=7.0,
+                       matmul_tflops={"fp32": 0.1}, read_gbps=10.0)
 
 
 def test_shape_and_hand_counted_flops(tiny):
@@ -58,7 +58,8 @@ def test_a_reply_carries_its_fractions(tiny, max_batch):
     for name in ("prefill_tflops", "prefill_compute_fraction", "decode_gbps", "decode_bandwidth_fraction",
                  "prefill_tps", "context_tokens", "context_max"):
         assert d[name] == pytest.approx(getattr(tl, name))
-    assert d["roofline"]["peak_tflops"] == 0.1 and d["roofline"]["copy_gbps"] == 10.0
+    assert d["roofline"]["peak_tflops"] == 0.1 and d["roofline"]["read_gbps"] == 10.0
+    assert d["roofline"]["copy_gbps"] == 7.0  # for reference: no fraction divides by it
 
 
 def test_unknowns_stay_none_never_zero():
@@ -76,13 +77,15 @@ def test_limits_are_cached_per_machine_with_their_date(tmp_path, monkeypatch):
 
     def counted(*a, **kw):
         calls.append(a)
-        return real(a[0], a[1], 0.2)
+        return real(a[0], a[1], 0.2, 2)
 
     monkeypatch.setattr(machine_limits, "measure", counted)
     first = machine_limits.load_or_measure(tmp_path, "cpu", ("fp32",))
     again = machine_limits.load_or_measure(tmp_path, "cpu", ("fp32",))
     assert len(calls) == 1 and again.to_dict() == first.to_dict()
-    assert first.copy_gbps > 0 and first.matmul_tflops["fp32"] > 0 and first.date == first.measured_at[:10]
+    assert first.copy_gbps > 0 and first.read_gbps > 0 and first.matmul_tflops["fp32"] > 0
+    assert first.date == first.measured_at[:10]
+    assert first.details["read"]["rounds_n"] == 2 and first.details["read"]["spread"] is not None
     path = machine_limits.cache_file(tmp_path, machine_limits.machine_key("cpu"))
     assert json.loads(path.read_text())["limits"]["key"]["threads"] >= 1
     machine_limits.load_or_measure(tmp_path, "cpu", ("fp32",), force=True)
@@ -96,7 +99,7 @@ def test_stats_line_dashes_unknowns_and_flags_fractions_above_the_roof():
               "context_tokens": None, "context_max": None, "prefill_tps": None, "measured_at": "client"}
     line = record_view.stats_line_html(remote)
     assert "prefill rate —" in line and "— → 5 tok" in line and "context — / — tok" in line
-    assert "prefill % of matmul peak —" in line and "decode % of copy bandwidth —" in line
+    assert "prefill % of matmul peak —" in line and "decode % of read bandwidth —" in line
     assert "the remote server sent no usage" in line and " 0 tok" not in line
     local = {**remote, "prompt_tokens": 30, "context_tokens": 35, "context_max": 512, "prefill_tps": 1500.0,
              "measured_at": None, "prefill_tflops": 0.05, "prefill_compute_fraction": 1.6,

@@ -4,6 +4,7 @@ variants and speculation modes that exist, and the reason for each one this mach
 from __future__ import annotations
 
 from engine.core.info import EngineInfo
+from engine.measure.machine_limits import MachineLimits
 
 
 def describe(engine) -> EngineInfo:
@@ -47,17 +48,16 @@ def weight_bytes(info: EngineInfo, variant: str | None) -> int | None:
 
 
 def limits_line(info: EngineInfo) -> str:
-    """The machine's measured ceilings for the header: 'machine limits: copy N GB/s · fp32 matmul N TFLOP/s …'."""
+    """The machine's measured ceilings for the header: 'machine limits: read N GB/s · copy N GB/s · fp32 matmul N TFLOP/s …'."""
     lim = info.machine_limits
     if not lim:
         return "machine limits: not measured for this backend"
-    parts = [f"copy {lim['copy_gbps']:,.1f} GB/s" if lim.get("copy_gbps") else "copy —"]
-    parts += [f"{k} matmul {v:,.3g} TFLOP/s" for k, v in (lim.get("matmul_tflops") or {}).items() if v]
     key = lim.get("key") or {}
     where = ", ".join(str(x) for x in (key.get("cpu_model"), key.get("isa"),
                                        key.get("threads") and f"{key['threads']} threads",
                                        key.get("cuda_device")) if x)
-    return f"machine limits: {' · '.join(parts)} (measured {lim.get('date', '?')}{', ' + where if where else ''})"
+    line = MachineLimits.from_dict(lim).summary()  # one wording for the page, the CLI and the report
+    return f"machine limits: {line[:-1]}{', ' + where if where else ''})"
 
 
 def limits_json(info: EngineInfo) -> dict:

@@ -75,13 +75,28 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "first token sampled: (2 × layer matmul parameters × prefill tokens + 2 × lm_head parameters "
        "+ attention FLOPs 4 × layers × heads × head_dim × keys attended) / prefill_ms", better="higher"),
     _M("prefill_compute_fraction", "prefill % of matmul peak", "%", "",
-       "prefill_tflops / the machine's measured matmul peak for that dtype (1 = compute-bound at the roof)",
-       better="higher"),
+       "prefill_tflops / peak_tflops, the machine's measured matmul peak for that dtype (1 = compute-bound at "
+       "the roof)", better="higher"),
     _M("decode_gbps", "decode bandwidth", "GB/s", "first token sampled",
        "last token sampled: (weight bytes + KV bytes read per step) × steps / decode time", better="higher"),
-    _M("decode_bandwidth_fraction", "decode % of copy bandwidth", "%", "",
-       "decode_gbps / the machine's measured memory copy bandwidth (1 = memory-bound at the roof)",
-       better="higher"),
+    _M("decode_bandwidth_fraction", "decode % of read bandwidth", "%", "",
+       "decode_gbps / read_gbps, the machine's measured memory read bandwidth: a decode step reads its weights "
+       "and KV and writes next to nothing, so reading is its roof (1 = memory-bound at the roof). The same "
+       "division in the page, the API's timings and `python -m engine.bench bandwidth`", better="higher"),
+    # The machine's limits (engine/measure/machine_limits.py): one probe per machine and device, cached with its
+    # date; every fraction above divides by one of them. Each is the best of interleaved rounds spread over the
+    # probe (a busy moment only slows a round), with the rounds' spread (best − worst) / best recorded beside it.
+    _M("read_gbps", "read bandwidth (limit)", "GB/s", "",
+       "the machine's memory read bandwidth: torch.sum over a buffer 8× the last-level cache (≥ 256 MiB; 1 GiB "
+       "on CUDA), all threads, bytes read per second; the best of interleaved rounds (a busy moment only slows a "
+       "round; the rounds' spread is kept beside it); decode_bandwidth_fraction divides by it", better=""),
+    _M("copy_gbps", "copy bandwidth (limit)", "GB/s", "",
+       "the machine's memory copy bandwidth, for reference: dst.copy_(src) on two such buffers, bytes read + "
+       "written per second (STREAM's convention); no fraction divides by it", better=""),
+    _M("peak_tflops", "matmul peak (limit)", "TFLOP/s", "",
+       "the machine's matmul throughput in the reply's compute dtype: torch.mm of N×N matrices, 2·N³ FLOP per "
+       "product, N grown until one takes ≥ 20 ms; the best of interleaved rounds; prefill_compute_fraction "
+       "divides by it", better=""),
     _M("decode_mb_per_token", "bytes per token", "MB", "",
        "bytes decode read per output token: (weight bytes + KV bytes) × steps / (output tokens − 1)",
        better="lower"),

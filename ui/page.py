@@ -33,9 +33,10 @@ HERE = Path(__file__).resolve().parent
 EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
 EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
-LIMITS_HOVER = ("Measured on this machine at first start (engine/measure/machine_limits.py): memory copy bandwidth "
-                "(read + write bytes of a copy far past the caches) and matmul throughput per dtype. Each reply's "
-                "prefill is shown against the matmul peak, its decode against the copy bandwidth.")
+LIMITS_HOVER = ("Measured on this machine at first start (engine/measure/machine_limits.py), best of interleaved "
+                "rounds: memory read bandwidth (a sum over a buffer far past the caches), copy bandwidth (for "
+                "reference) and matmul throughput per dtype. Each reply's prefill is shown against the matmul "
+                "peak, its decode against the read bandwidth.")
 
 
 def preset_missing(preset: dict, info: EngineInfo) -> str | None:
@@ -192,7 +193,9 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                 f'goes: measured by the server, perceived by your browser</span></div><div class="lab-engine">'
                 f'{html.escape(info.headline())}<br><span id="lab-limits" title="{html.escape(LIMITS_HOVER)}">'
                 f'{html.escape(engine_info.limits_line(info))}</span> <button id="lab-limits-rerun" type="button" '
-                f'class="lab-linkbtn">re-measure</button><br><span id="lab-machine" class="lab-muted">'
+                f'class="lab-linkbtn">re-measure</button> · <a id="lab-report-link" href="/lab/report" target="_blank" '
+                f'title="the newest `latency-lab report` of this machine: limits, decode per weights variant, KV reuse, '
+                f'prompt lookup, batching">latest report</a><br><span id="lab-machine" class="lab-muted">'
                 f'{html.escape((info.capabilities or {}).get("summary") or "")}</span><br>'
                 f'<span id="lab-clock">clock offset: measuring…</span>'
                 f'</div></div>')

@@ -61,7 +61,7 @@ def missing_reason(name: str, r: dict) -> str:
         if name == "prefill_compute_fraction" and r.get("prefill_tflops") is not None:
             return f"no measured matmul peak for {r.get('compute_dtype') or 'this dtype'} (re-measure the limits)"
         if name == "decode_bandwidth_fraction" and r.get("decode_gbps") is not None:
-            return "the machine's copy bandwidth is not measured (re-measure the limits)"
+            return "the machine's read bandwidth is not measured (re-measure the limits)"
         if name.startswith("decode") and (r.get("output_tokens") or 0) < 2:
             return "fewer than two output tokens: no decode step"
         return "the engine reported no model shape or weight bytes for this reply"

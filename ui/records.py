@@ -31,7 +31,8 @@ ROW_COLUMNS = [
     "prompt_tokens", "cached_tokens", "prefill_tokens", "output_tokens",
     "drafted", "accepted", "acceptance_rate", "tokens_per_step", "quantization", "weight_mb",
     "prefill_tps", "context_tokens", "context_max", "prefill_tflops", "prefill_compute_fraction",
-    "decode_gbps", "decode_bandwidth_fraction", "decode_mb_per_token", "peak_tflops", "copy_gbps",
+    "decode_gbps", "decode_bandwidth_fraction", "decode_mb_per_token", "peak_tflops", "read_gbps",
+    "copy_gbps",
     *perceived.METRICS, "smoothing",
 ]
 
@@ -178,7 +179,8 @@ def row(record: dict) -> dict:
                 "decode_bandwidth_fraction"):
         r[key] = tl.get(key)
     roof = tl.get("roofline") or {}
-    r["peak_tflops"], r["copy_gbps"] = roof.get("peak_tflops"), roof.get("copy_gbps")
+    r["peak_tflops"], r["read_gbps"], r["copy_gbps"] = (roof.get("peak_tflops"), roof.get("read_gbps"),
+                                                         roof.get("copy_gbps"))
     r["compute_dtype"], r["limits_date"] = roof.get("compute_dtype"), roof.get("limits_date")
     per_token = tl.get("decode_bytes_per_token")
     r["decode_mb_per_token"] = per_token / 1e6 if per_token else None

@@ -1,8 +1,9 @@
 // Latency Lab roofline: each stage of a reply against the machine's measured limit.
 //
 // Prefill is compute-bound: its bar is prefill_tflops against the matmul peak of its dtype.
-// Decode is memory-bound: its bar is decode_gbps against the copy bandwidth. Both limits were
-// measured on this machine (engine/measure/machine_limits.py; the header shows them and re-measures).
+// Decode is memory-bound: its bar is decode_gbps against the read bandwidth (a decode step reads its
+// weights and writes next to nothing). Both limits come from the one probe of this machine
+// (engine/measure/machine_limits.py, via the reply's timings.roofline; the header shows them and re-measures).
 // Pure HTML strings from numbers (no model text), plus the header's re-measure button.
 (function (root) {
   "use strict";
@@ -15,7 +16,7 @@
   const g3 = (v) => (v >= 100 ? Math.round(v).toLocaleString("en-US") : v.toPrecision(3));
 
   // r: {prefill_tflops, prefill_compute_fraction, peak_tflops, compute_dtype, decode_gbps,
-  //     decode_bandwidth_fraction, copy_gbps, decode_mb_per_token, finished, remote}
+  //     decode_bandwidth_fraction, read_gbps, limits_date, decode_mb_per_token, finished, remote}
   function row(stage, label, value, limit, unit, fraction, hover, why) {
     const known = value != null;
     const f = fraction != null ? Math.max(0, Math.min(1, fraction)) : 0;
@@ -38,7 +39,7 @@
     return `<div class="lab-roof" title="each stage against the machine's measured limit">` +
       row("prefill", "prefill: compute", num(r.prefill_tflops), num(r.peak_tflops),
         `TFLOP/s${r.compute_dtype ? " " + r.compute_dtype : ""} matmul`, num(r.prefill_compute_fraction), hov("prefill_compute_fraction"), why("prefill")) +
-      row("decode", "decode: memory", num(r.decode_gbps), num(r.copy_gbps), "GB/s copy",
+      row("decode", "decode: memory", num(r.decode_gbps), num(r.read_gbps), "GB/s read",
         num(r.decode_bandwidth_fraction), hov("decode_bandwidth_fraction"), why("decode")) +
       (perTok != null ? `<div class="lab-muted lab-roof-note" title="${esc(hov("decode_mb_per_token"))}">decode read ${g3(perTok)} MB per token</div>` : "") +
       "</div>";

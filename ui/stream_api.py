@@ -130,7 +130,7 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
 
     @router.get("/limits")
     async def limits():
-        """The machine's measured limits (copy bandwidth, matmul peaks), as the page header shows them."""
+        """The machine's measured limits (read and copy bandwidth, matmul peaks), as the page header shows them."""
         return engine_info.limits_json(store.info)
 
     @router.post("/limits")
@@ -142,6 +142,17 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
         await asyncio.to_thread(engine.remeasure_limits)
         store.refresh_info(backend)
         return engine_info.limits_json(store.info)
+
+    @router.get("/report")
+    async def latest_report():
+        """The newest `latency-lab report` of this machine (engine/bench/report.py), its report.md as text."""
+        from engine.bench import report
+
+        folder = report.latest(report.default_root())
+        if folder is None:
+            return Response("No report on this machine yet: run `latency-lab report` (about 10 minutes on 2 cores).\n",
+                            status_code=404, media_type="text/plain; charset=utf-8")
+        return Response((folder / "report.md").read_text(), media_type="text/plain; charset=utf-8")
 
     @router.get("/table")
     async def table(session: str, pane: str | None = None):

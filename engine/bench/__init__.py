@@ -20,7 +20,7 @@ import time
 SCENARIOS = {
     "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
     "gemv": "our weight-only kernels vs torch's on the model's layer shapes, per row count",
-    "bandwidth": "memory copy bandwidth vs the bandwidth each weight variant's decode step achieves",
+    "bandwidth": "each weight variant's decode step against the machine's read bandwidth (the limits probe's)",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
     "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
     "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",
@@ -31,6 +31,8 @@ SCENARIOS = {
     "verify": "a forward over T tokens in one-token steps, packed oneDNN weights vs plain (speculation's verify cost)",
     "prefill_chunks": "what chunked prefill costs on a long prompt, per chunk size (why the default chunk)",
     "peer": "ours vs llama.cpp (llama-cpp-python in its own venv) on the same GGUF and token ids: decode, TTFT",
+    "report": "the fixed suite in one command (limits, decode per variant, KV reuse, lookup, batching, peer, GPU): "
+              "a dated report folder (also `latency-lab report`)",
 }
 
 CHAT_PROMPTS = [

@@ -1,16 +1,17 @@
-"""Memory bandwidth of this machine vs the bandwidth each weight variant's decode step achieves.
+"""Memory read bandwidth of this machine vs the bandwidth each weight variant's decode step achieves.
 
 A decode step reads every weight it uses once, so bytes read per step ÷ step time is the bandwidth
 it achieves: the roofline's memory side. Bytes read per step: the variant's weights, less the
 embedding when lm_head has its own copy (a step then reads one row of it), plus the KV cache at the
-measured context. The machine's figure is a large tensor copy (bytes read + bytes written, as
-STREAM counts it) at the same thread count. Variants take turns (quant_steps.step_times), so the
-ratios between them are measured side by side; one that cannot run here is listed with the reason.
+measured context. The machine's figure is its read bandwidth from the one limits probe
+(engine/measure/machine_limits.py: cached per machine with its date, the figure the page and the
+API's `timings` divide by; `--remeasure` probes again first), so `fraction_of_read` here and a
+reply's `decode_bandwidth_fraction` are the same division. Variants take turns
+(quant_steps.step_times), so the ratios between them are measured side by side; one that cannot run
+here is listed with the reason.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 
@@ -21,7 +22,8 @@ DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,int4wo+head8"
 
 
 def add_args(p):
-    p.add_argument("--copy-mb", type=int, default=1024, help="size of the tensor copied")
+    p.add_argument("--remeasure", action="store_true",
+                   help="probe the machine's limits again (and cache them) instead of reading the cached probe")
     p.add_argument("--context", type=int, default=256, help="tokens already in the cache at each step")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=4, help="decode steps per variant per round")
@@ -72,17 +74,14 @@ class PythonLoop(_StepsOf):
             return self.model.forward(ids, cache, all_logits)
 
 
-def copy_bandwidth(mb: int, runs: int = 7) -> float:
-    """GB/s of dst.copy_(src) for an `mb`-MB tensor, counting read + write."""
-    n = mb * 1024 * 1024 // 4
-    src, dst = torch.ones(n), torch.empty(n)
-    dst.copy_(src)
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t)
-    return 2 * n * 4 / median(times) / 1e9
+def machine_limits_for(args, device, dtype_name: str):
+    """The one limits probe for the model the flags load: the cached one, or measured now (and cached)."""
+    from engine.cli import load_config_from_args
+    from engine.measure.machine_limits import load_or_measure, probe_dtypes
+    from engine.model.loader import cache_root
+
+    return load_or_measure(cache_root(load_config_from_args(args, progress=False)), device,
+                           probe_dtypes(dtype_name, device), force=args.remeasure)
 
 
 def bytes_read_per_step(model, context: int) -> int:
@@ -126,12 +125,13 @@ def run(args, out):
             models[f"{name} torch"] = TorchKernels(models[name])
     if args.python_loop:
         models[f"{lm.dtype_name} python loop"] = PythonLoop(lm.model)
-    machine = copy_bandwidth(args.copy_mb)
+    limits = machine_limits_for(args, lm.device, lm.dtype_name)
+    machine = limits.read_gbps
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
     out(f"weight-only kernels: {cpu_gemm.kernel_name('int4wo')}")
     out(f"layer loop: {cpu_layers.describe(lm.model)}")
-    out(f"memory copy bandwidth ({args.copy_mb} MB, read + write): {machine:.1f} GB/s")
+    out(f"machine limits (the page's and the API's): {limits.summary()}")
     plan = getattr(lm.model, "kernel_plan", None)  # which fp32 one-row kernel the steps use (engine/kernels/plan.py)
     one_row = {"path": plan.one_row, "source": plan.source, **(plan.measured or {})} if plan else None
     if plan is not None and plan.source != "default":
@@ -143,16 +143,17 @@ def run(args, out):
                                    args.context)
         gbps = read / step / 1e9
         rows[name] = {"step_ms": round(step * 1e3, 2), "tok_s": round(1 / step, 1), "mb_per_step": round(read / 1e6, 1),
-                      "gbps": round(gbps, 2), "fraction_of_copy": round(gbps / machine, 3)}
+                      "gbps": round(gbps, 2), "fraction_of_read": round(limits.decode_fraction(gbps), 3)}
         out(f"{name:>13}: {rows[name]['step_ms']:6.1f} ms/step = {1 / step:5.1f} tok/s; reads {read / 1e6:6.1f} MB "
-            f"= {gbps:5.1f} GB/s, {gbps / machine:4.0%} of the copy bandwidth")
+            f"= {gbps:5.1f} GB/s, {limits.decode_fraction(gbps):4.0%} of the read bandwidth")
     for name, info in compiled.items():
         out(f"{name}: compiled in {info['compile_s']} s; top-1 agreement with the eager step "
             f"{info['top1_agreement']:.0%} over {info['positions']} positions")
     for name, why in refused.items():
         out(f"{name:>13}: not measured: {why}")
     default = rows[lm.dtype_name]
-    return {"copy_gbps": round(machine, 2), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
-            "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_copy"],
+    return {"read_gbps": limits.read_gbps, "copy_gbps": limits.copy_gbps, "limits_date": limits.date,
+            "limits": limits.to_dict(), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
+            "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_read"],
             "capabilities": capabilities.detect().summary(), "one_row_path": one_row,
             "gemv_kernels": cpu_gemm.unavailable_reason() or "ours", "layer_loop": cpu_layers.describe(lm.model)}

@@ -59,7 +59,8 @@ class Timeline:
     decode_steps: int | None = None  # target forward passes after prefill
     decode_bytes: float | None = None  # weights + KV read over those steps
     peak_tflops: float | None = None  # the machine's measured matmul peak for compute_dtype
-    copy_gbps: float | None = None  # the machine's measured memory copy bandwidth
+    read_gbps: float | None = None  # the machine's measured memory read bandwidth: decode's roof
+    copy_gbps: float | None = None  # the machine's measured memory copy bandwidth (for reference)
     limits_date: str | None = None
     # feature figures: speculation, quantization, `kernels` ({"prefill": ..., "decode": ...}: the
     # projections' kernels, engine/kernels/choose.for_reply)...
@@ -176,7 +177,7 @@ class Timeline:
     @property
     def decode_bandwidth_fraction(self):
         v = self.decode_gbps
-        return v / self.copy_gbps if v is not None and self.copy_gbps else None
+        return v / self.read_gbps if v is not None and self.read_gbps else None  # MachineLimits.decode_fraction
 
     @property
     def decode_bytes_per_token(self):
@@ -282,7 +283,8 @@ class Timeline:
             "roofline": {"weight_bytes": self.weight_bytes, "compute_dtype": self.compute_dtype,
                          "prefill_flops": self.prefill_flops, "decode_steps": self.decode_steps,
                          "decode_bytes": self.decode_bytes, "peak_tflops": self.peak_tflops,
-                         "copy_gbps": self.copy_gbps, "limits_date": self.limits_date},
+                         "read_gbps": self.read_gbps, "copy_gbps": self.copy_gbps,
+                         "limits_date": self.limits_date},
             "weight_bytes": self.weight_bytes,
             **self.counters,
             "client": dict(self.client),
@@ -306,7 +308,7 @@ class Timeline:
             f"e2e {f(m['e2e_ms'])}",
             f"prompt {n(m['prompt_tokens'])} tok ({n(m['cached_tokens'])} cached)",
             f"prefill {f(m['prefill_tps'], ' tok/s', 1)} ({f(m['prefill_compute_fraction'] and 100 * m['prefill_compute_fraction'], '% of matmul peak')})",
-            f"decode {f(m['decode_gbps'], ' GB/s', 1)} ({f(m['decode_bandwidth_fraction'] and 100 * m['decode_bandwidth_fraction'], '% of copy bandwidth')})",
+            f"decode {f(m['decode_gbps'], ' GB/s', 1)} ({f(m['decode_bandwidth_fraction'] and 100 * m['decode_bandwidth_fraction'], '% of read bandwidth')})",
             f"output {m['output_tokens']} tok",
             f"finish {m['finish_reason']}",
         ]

@@ -1,16 +1,30 @@
-"""The machine's limits, measured: memory copy bandwidth and matmul throughput per dtype.
+"""The machine's limits, measured: read and copy bandwidth, and matmul throughput per dtype.
 
 Prefill is a few large matmuls (compute-bound); decode reads every weight once per token
 (bandwidth-bound). To say how close a reply came to the machine, we need the machine's own
-ceilings, not a datasheet's: a 1–2 s probe at first start, cached per machine in the engine's
-cache folder with the date it ran, keyed by what changes the answer (CPU model, ISA level,
-threads, device). The page can run it again (a button; `Engine.remeasure_limits`).
+ceilings, not a datasheet's: a probe of a few seconds at first start, cached per machine in the
+engine's cache folder with the date it ran, keyed by what changes the answer (CPU model, ISA level,
+threads, device). This one probe is the only source of the limits: the page, the API's `timings`
+(engine/measure/roofline.py fills the Timeline from it), every bench and `latency-lab report` read
+it (`load_or_measure`). The page can run it again (a button; `Engine.remeasure_limits`).
 
-- copy bandwidth: `dst.copy_(src)` on buffers far larger than the last-level cache, bytes read +
-  written per second (the STREAM "copy" convention), best of repeats.
-- matmul peak: `torch.mm` of square matrices in each dtype, 2·N³ FLOP per product, N grown until
-  one product takes ≥ 20 ms, best of repeats.
-On CUDA every timestamp follows `torch.cuda.synchronize()`.
+- read bandwidth (`read_gbps`, **decode's roof**: a decode step reads its weights and writes next to
+  nothing): `torch.sum` over one buffer far larger than the last-level cache, all torch threads,
+  bytes read per second.
+- copy bandwidth (`copy_gbps`, for reference): `dst.copy_(src)` on two such buffers, bytes read +
+  written per second (the STREAM "copy" convention). Writes cost more than reads, so copy < read.
+- matmul peak (`matmul_tflops[dtype]`, prefill's roof): `torch.mm` of square matrices in each dtype,
+  2·N³ FLOP per product, N grown until one product takes ≥ 20 ms.
+Buffers: `buffer_mib(device)`, one definition for every caller (8× the last-level cache, at least
+256 MiB, on CPU; 1 GiB on CUDA). On CUDA every timestamp follows `torch.cuda.synchronize()`.
+
+**Robust to a busy moment** (the machine is shared): each figure is measured in `rounds` rounds,
+interleaved (read, copy, matmul per dtype, then again), so one figure's rounds lie spread over the
+whole probe; each round keeps its fastest repeat. A neighbour's load can only make a round slower,
+never faster, so the limit is the best round (`aggregate`), and the rounds' spread — (best − worst)
+/ best, with the median — is recorded beside it (`details[name]`), so a probe taken while the
+machine was busy shows as a wide spread rather than passing for a low roof. A load that lasts the
+whole probe still lowers it: re-measure when the machine is idle (`--force`, the page's button).
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,17 +44,19 @@ from engine.measure import capabilities
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-FILE_VERSION = 1
+FILE_VERSION = 2  # 2: read bandwidth, rounds and their spread
+ROUNDS = 5
 
 
 @dataclass
 class MachineLimits:
     key: dict  # what the figures depend on: cpu_model, isa, threads, device, torch
     measured_at: str  # ISO 8601, UTC
-    copy_gbps: float | None  # memory copy bandwidth, GB/s (read + write)
-    matmul_tflops: dict = field(default_factory=dict)  # {"fp32": TFLOP/s, ...}
+    copy_gbps: float | None  # memory copy bandwidth, GB/s (read + write): for reference
+    matmul_tflops: dict = field(default_factory=dict)  # {"fp32": TFLOP/s, ...}: prefill's roof
     probe_s: float = 0.0  # how long the probe took
-    details: dict = field(default_factory=dict)  # sizes used, repeats
+    details: dict = field(default_factory=dict)  # per figure: sizes, rounds, best/median/worst, spread
+    read_gbps: float | None = None  # memory read bandwidth, GB/s: decode's roof
 
     @property
     def date(self) -> str:
@@ -50,20 +67,33 @@ class MachineLimits:
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
         return self.matmul_tflops.get(dtype) if dtype else None
 
+    def decode_fraction(self, gbps: float | None) -> float | None:
+        """A decode's bandwidth as a fraction of its roof, the read bandwidth (None where unknown).
+        The Timeline's `decode_bandwidth_fraction` is the same division (engine/core/timeline.py)."""
+        return gbps / self.read_gbps if gbps is not None and self.read_gbps else None
+
+    def spread(self, name: str) -> float | None:
+        """(best − worst) / best over the rounds of one figure ("read", "copy", "matmul_fp32")."""
+        return (self.details.get(name) or {}).get("spread")
+
     def to_dict(self) -> dict:
         return {**asdict(self), "date": self.date}
 
     @classmethod
     def from_dict(cls, d: dict) -> MachineLimits:
-        return cls(key=d["key"], measured_at=d["measured_at"], copy_gbps=d.get("copy_gbps"),
+        return cls(key=d.get("key") or {}, measured_at=d.get("measured_at") or "?", copy_gbps=d.get("copy_gbps"),
                    matmul_tflops=dict(d.get("matmul_tflops") or {}), probe_s=d.get("probe_s", 0.0),
-                   details=dict(d.get("details") or {}))
+                   details=dict(d.get("details") or {}), read_gbps=d.get("read_gbps"))
 
     def summary(self) -> str:
-        """'copy N GB/s · fp32 matmul N TFLOP/s · bf16 matmul N TFLOP/s (measured YYYY-MM-DD)'."""
-        parts = [f"copy {self.copy_gbps:,.1f} GB/s" if self.copy_gbps else "copy —"]
+        """'read N GB/s · copy N GB/s · fp32 matmul N TFLOP/s · … (measured YYYY-MM-DD; spread over 5 rounds ≤ N%)'."""
+        parts = [f"read {self.read_gbps:,.1f} GB/s" if self.read_gbps else "read —",
+                 f"copy {self.copy_gbps:,.1f} GB/s" if self.copy_gbps else "copy —"]
         parts += [f"{k} matmul {v:,.3g} TFLOP/s" for k, v in self.matmul_tflops.items() if v]
-        return " · ".join(parts) + f" (measured {self.date})"
+        spreads = [d["spread"] for d in self.details.values() if isinstance(d, dict) and d.get("spread") is not None]
+        rounds = max((d.get("rounds_n", 0) for d in self.details.values() if isinstance(d, dict)), default=0)
+        tail = f"; rounds spread ≤ {max(spreads):.0%} over {rounds}" if spreads else ""
+        return " · ".join(parts) + f" (measured {self.date}{tail})"
 
 
 def machine_key(device: torch.device | str = "cpu", threads: int | None = None) -> dict:
@@ -81,50 +111,88 @@ def cache_file(cache_dir: Path, key: dict) -> Path:
     return Path(cache_dir) / "machine-limits" / f"{digest}.json"
 
 
+def cached(cache_dir: Path | None, device: torch.device | str = "cpu") -> MachineLimits | None:
+    """This machine's cached limits, if a probe of the current version wrote them (else None)."""
+    path = cache_file(cache_dir, machine_key(device)) if cache_dir else None
+    if not (path and path.is_file()):
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        return MachineLimits.from_dict(raw["limits"]) if raw.get("version") == FILE_VERSION else None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("ignoring unreadable machine limits %s: %s", path, exc)
+        return None
+
+
+def save(cache_dir: Path, limits: MachineLimits) -> Path | None:
+    """Write `limits` as this machine's (atomically); the path, or None where it cannot be written."""
+    path = cache_file(cache_dir, limits.key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": FILE_VERSION, "limits": limits.to_dict()}, indent=1))
+        tmp.replace(path)
+        return path
+    except OSError as exc:
+        log.warning("could not cache machine limits at %s: %s", path, exc)
+        return None
+
+
 def load_or_measure(cache_dir: Path | None, device: torch.device | str = "cpu", dtypes=("fp32",),
-                    force: bool = False, seconds: float = 1.5) -> MachineLimits:
+                    force: bool = False, seconds: float = 3.0, rounds: int = ROUNDS) -> MachineLimits:
     """The cached limits of this machine, or a fresh probe (written to the cache) when there are
     none, they lack a dtype asked for, or `force`."""
-    key = machine_key(device)
-    path = cache_file(cache_dir, key) if cache_dir else None
-    if path and path.is_file() and not force:
-        try:
-            raw = json.loads(path.read_text())
-            limits = MachineLimits.from_dict(raw["limits"])
-            if raw.get("version") == FILE_VERSION and all(d in limits.matmul_tflops for d in dtypes):
-                return limits
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring unreadable machine limits %s: %s", path, exc)
-    limits = measure(device, dtypes, seconds)
-    if path:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"version": FILE_VERSION, "limits": limits.to_dict()}, indent=1))
-            tmp.replace(path)
-        except OSError as exc:
-            log.warning("could not cache machine limits at %s: %s", path, exc)
+    limits = None if force else cached(cache_dir, device)
+    if limits is not None and limits.read_gbps and all(d in limits.matmul_tflops for d in dtypes):
+        return limits
+    limits = measure(device, dtypes, seconds, rounds)
+    if cache_dir:
+        save(cache_dir, limits)
     return limits
 
 
-def measure(device: torch.device | str = "cpu", dtypes=("fp32",), seconds: float = 1.5) -> MachineLimits:
-    """Probe now: about `seconds` in all, split between the copy and each dtype's matmul."""
+def aggregate(rates: list[float]) -> dict:
+    """One figure from its rounds' rates (higher is better): the best is the limit, since a busy
+    moment only slows a round down; the median, worst and spread = (best − worst) / best say how
+    steady the machine was while it was measured."""
+    rates = [r for r in rates if r is not None and r > 0]
+    if not rates:
+        return {"best": None, "median": None, "worst": None, "spread": None, "rounds_n": 0, "rounds": []}
+    best, worst = max(rates), min(rates)
+    return {"best": best, "median": statistics.median(rates), "worst": worst,
+            "spread": round((best - worst) / best, 4), "rounds_n": len(rates), "rounds": [round(r, 4) for r in rates]}
+
+
+def measure(device: torch.device | str = "cpu", dtypes=("fp32",), seconds: float = 3.0,
+            rounds: int = ROUNDS) -> MachineLimits:
+    """Probe now: about `seconds` in all, in `rounds` interleaved rounds of every figure."""
     device = torch.device(device)
     t0 = time.perf_counter()
-    share = seconds / (1 + len(dtypes))
-    details = {}
+    probes = {"read": ReadProbe(device), "copy": CopyProbe(device)}
+    errors = {}
+    for name in dtypes:
+        try:
+            probes[f"matmul_{name}"] = MatmulProbe(device, DTYPES[name])
+        except (RuntimeError, KeyError) as exc:  # a dtype this device cannot multiply
+            log.warning("matmul probe for %s failed: %s", name, exc)
+            errors[f"matmul_{name}"] = {"error": str(exc)[:200]}
+    share = seconds / max(1, rounds * len(probes))
+    rates: dict[str, list] = {name: [] for name in probes}
     with torch.inference_mode():
-        copy, details["copy"] = copy_gbps(device, share)
-        flops = {}
-        for name in dtypes:
-            try:
-                flops[name], details[f"matmul_{name}"] = matmul_tflops(device, DTYPES[name], share)
-            except (RuntimeError, KeyError) as exc:  # a dtype this device cannot multiply
-                log.warning("matmul probe for %s failed: %s", name, exc)
-                details[f"matmul_{name}"] = {"error": str(exc)[:200]}
+        for _ in range(rounds):
+            for name, probe in probes.items():
+                rates[name].append(probe.round(share))
+    details = {name: {**probes[name].info, **aggregate(rates[name])} for name in probes} | errors
+    flops = {name.removeprefix("matmul_"): details[name]["best"] for name in probes if name.startswith("matmul_")}
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    return MachineLimits(key=machine_key(device), measured_at=now, copy_gbps=copy, matmul_tflops=flops,
+    return MachineLimits(key=machine_key(device), measured_at=now, copy_gbps=_round(details["copy"]["best"], 2),
+                         read_gbps=_round(details["read"]["best"], 2),
+                         matmul_tflops={k: _round(v, 4) for k, v in flops.items() if v},
                          probe_s=round(time.perf_counter() - t0, 3), details=details)
+
+
+def _round(v, nd):
+    return None if v is None else round(v, nd)
 
 
 def _sync(device: torch.device) -> None:
@@ -132,60 +200,115 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _best_of(fn, device: torch.device, budget_s: float, min_reps: int = 3) -> tuple[float, int]:
-    """The shortest time of `fn()` over repeats filling `budget_s` (after one warm-up)."""
+def _best_of(fn, device: torch.device, budget_s: float, min_reps: int = 2, inner: int = 1) -> tuple[float, int]:
+    """The shortest time of `fn()` over repeats filling `budget_s` (after one warm-up); each repeat
+    times `inner` calls between two synchronizations (a GPU's launch cost spread over them)."""
     fn()
     _sync(device)
     best, reps, end = float("inf"), 0, time.perf_counter() + budget_s
     while reps < min_reps or time.perf_counter() < end:
         _sync(device)
         t = time.perf_counter()
-        fn()
+        for _ in range(inner):
+            fn()
         _sync(device)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, (time.perf_counter() - t) / inner)
         reps += 1
         if reps >= 200:
             break
     return best, reps
 
 
-def copy_gbps(device: torch.device, budget_s: float = 0.4, mib: int | None = None) -> tuple[float, dict]:
-    """GB/s of `dst.copy_(src)`, read + written bytes; buffers of `mib` MiB each (default: 64 on
-    CPU, far past a last-level cache; 512 on CUDA)."""
-    mib = mib or (512 if device.type == "cuda" else 64)
-    n = mib * 2**20 // 4
-    src = torch.ones(n, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best, reps = _best_of(lambda: dst.copy_(src), device, budget_s)
-    return round(2 * n * 4 / best / 1e9, 2), {"buffer_mib": mib, "reps": reps, "best_s": best}
+def llc_bytes() -> int | None:
+    """The last-level cache's size from sysfs (the highest cache level cpu0 reports), None if unknown."""
+    best = None
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level, size = int((d / "level").read_text()), (d / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:].upper(), 1)
+        value = int(size.rstrip("KMGkmg")) * mult
+        if best is None or level > best[0]:
+            best = (level, value)
+    return best[1] if best else None
 
 
-def matmul_tflops(device: torch.device, dtype: torch.dtype, budget_s: float = 0.4,
-                  max_n: int | None = None) -> tuple[float, dict]:
-    """TFLOP/s of `torch.mm` on square matrices of `dtype` (2·N³ FLOP per product)."""
-    max_n = max_n or (8192 if device.type == "cuda" else 2048)
-    n = 256
-    while True:
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
-        torch.mm(a, b)  # warm-up: the first product of a size pays for thread start and packing
-        _sync(device)
-        t = time.perf_counter()
-        torch.mm(a, b)
-        _sync(device)
-        if time.perf_counter() - t >= 0.02 or n >= max_n:
-            break
-        n *= 2
-    best, reps = _best_of(lambda: torch.mm(a, b), device, budget_s)
-    return round(2 * n**3 / best / 1e12, 4), {"n": n, "reps": reps, "best_s": best}
+def _inner(device: torch.device) -> int:
+    """Calls per timed repeat: 10 on CUDA (a 1 GiB read takes well under a millisecond there), 1 on CPU."""
+    return 10 if device.type == "cuda" else 1
+
+
+def buffer_mib(device: torch.device | str = "cpu") -> int:
+    """The size of each bandwidth buffer, MiB: far past the last-level cache (the one definition)."""
+    if torch.device(device).type == "cuda":
+        return 1024
+    return max(256, 8 * (llc_bytes() or 0) // 2**20)
+
+
+class ReadProbe:
+    """GB/s of `torch.sum(buf)`: bytes read per second, all threads."""
+
+    def __init__(self, device: torch.device, mib: int | None = None):
+        self.device, mib = device, mib or buffer_mib(device)
+        self.buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
+        self.info = {"buffer_mib": mib, "op": "torch.sum(buf)"}
+
+    def round(self, budget_s: float) -> float:
+        best, _ = _best_of(lambda: torch.sum(self.buf), self.device, budget_s, inner=_inner(self.device))
+        return self.buf.numel() * 4 / best / 1e9
+
+
+class CopyProbe:
+    """GB/s of `dst.copy_(src)`: bytes read + written per second."""
+
+    def __init__(self, device: torch.device, mib: int | None = None):
+        self.device, mib = device, mib or buffer_mib(device)
+        self.src = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.info = {"buffer_mib": mib, "op": "dst.copy_(src)"}
+
+    def round(self, budget_s: float) -> float:
+        best, _ = _best_of(lambda: self.dst.copy_(self.src), self.device, budget_s, inner=_inner(self.device))
+        return 2 * self.src.numel() * 4 / best / 1e9
+
+
+class MatmulProbe:
+    """TFLOP/s of `torch.mm` on square matrices of `dtype` (2·N³ FLOP per product); N doubled from
+    256 until one product takes ≥ 20 ms (after a warm-up product of that size)."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, max_n: int | None = None):
+        self.device = device
+        max_n = max_n or (8192 if device.type == "cuda" else 2048)
+        n = 256
+        while True:
+            self.a = torch.randn(n, n, device=device).to(dtype)
+            self.b = torch.randn(n, n, device=device).to(dtype)
+            torch.mm(self.a, self.b)  # warm-up: the first product of a size pays for thread start and packing
+            _sync(device)
+            t = time.perf_counter()
+            torch.mm(self.a, self.b)
+            _sync(device)
+            if time.perf_counter() - t >= 0.02 or n >= max_n:
+                break
+            n *= 2
+        self.n = n
+        self.info = {"n": n, "op": f"torch.mm {n}x{n} {dtype}"}
+
+    def round(self, budget_s: float) -> float:
+        best, _ = _best_of(lambda: torch.mm(self.a, self.b), self.device, budget_s)
+        return 2 * self.n**3 / best / 1e12
 
 
 def probe_dtypes(loaded_dtype: str, device: torch.device | str = "cpu") -> tuple[str, ...]:
-    """The dtypes worth a matmul peak: the loaded one, and bf16 (the usual narrower variant)."""
-    out = [loaded_dtype] if loaded_dtype in DTYPES else []
-    if "bf16" not in out and loaded_dtype == "fp32":
+    """The dtypes worth a matmul peak: fp32, the loaded one, and bf16 where the device has it in
+    hardware (AVX512-BF16 or AMX on CPU; CUDA's bf16): emulated bf16 is no roof anyone decodes at."""
+    caps = capabilities.detect()
+    out = ["fp32"] + ([loaded_dtype] if loaded_dtype in DTYPES and loaded_dtype != "fp32" else [])
+    has_bf16 = caps.cuda_bf16 if torch.device(device).type == "cuda" else caps.native_bf16
+    if "bf16" not in out and has_bf16:
         out.append("bf16")
-    return tuple(out) or ("fp32",)
+    return tuple(out)
 
 
 def main(argv=None) -> int:
@@ -197,18 +320,24 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m engine.measure.machine_limits", description=main.__doc__)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--dtypes", default=None, help="matmul dtypes (default: fp32, and bf16 where the device has it)")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--seconds", type=float, default=1.5)
+    p.add_argument("--seconds", type=float, default=3.0, help="the probe's budget, all rounds together")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds of each figure (the best counts)")
     p.add_argument("--force", action="store_true", help="measure again even if cached")
     p.add_argument("--no-cache", action="store_true", help="measure, and write nothing")
+    p.add_argument("--json", action="store_true", help="end with one JSON line (the limits), as the benches do")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     root = None if args.no_cache else cache_root(LoadConfig())
-    limits = load_or_measure(root, args.device, tuple(args.dtypes.split(",")), force=args.force, seconds=args.seconds)
-    print(json.dumps(limits.to_dict(), indent=1))
+    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else probe_dtypes("fp32", args.device)
+    limits = load_or_measure(root, args.device, dtypes, force=args.force, seconds=args.seconds, rounds=args.rounds)
+    if not args.json:
+        print(json.dumps(limits.to_dict(), indent=1))
     print(limits.summary(), f"· probe {limits.probe_s:.2f} s")
+    if args.json:
+        print(json.dumps(limits.to_dict()))
     return 0
 
 

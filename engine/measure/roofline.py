@@ -1,4 +1,4 @@
-"""The roofline of one reply: how close prefill came to the matmul peak, and decode to the copy bandwidth.
+"""The roofline of one reply: how close prefill came to the matmul peak, and decode to the read bandwidth.
 
 Prefill does the work of a few big matmuls, so its measure is FLOP/s:
     prefill FLOP = 2 × layer matmul parameters × prefill tokens      (every projection, every new token)
@@ -126,5 +126,6 @@ def annotate(timeline: Timeline, model, weight_bytes: int | None, limits=None, d
                                              timeline.prompt_tokens or 0, timeline.output_tokens)
     if limits is not None:
         timeline.peak_tflops = limits.peak_tflops(dtype)
+        timeline.read_gbps = limits.read_gbps  # decode's roof: decode_bandwidth_fraction divides by it
         timeline.copy_gbps = limits.copy_gbps
         timeline.limits_date = limits.date

@@ -46,7 +46,7 @@ class Engine:
         cache = PrefixCache(config.kv_cache_mb, shared=config.shared_prefix_cache)
         budget = int(config.variants_budget_mb * 1e6) if config.variants_budget_mb else None
         loaded = load(config)
-        limits = load_or_measure(cache_root(config), loaded.device, probe_dtypes(loaded.dtype_name))
+        limits = load_or_measure(cache_root(config), loaded.device, probe_dtypes(loaded.dtype_name, loaded.device))
         return cls(loaded, max_queue=max_queue, prefix_cache=cache, variants=config.variants,
                    variants_budget_bytes=budget, machine_limits=limits, cache_dir=cache_root(config),
                    max_batch=config.max_batch)
@@ -55,10 +55,11 @@ class Engine:
     def machine_limits(self) -> MachineLimits | None:
         return self.worker.machine_limits
 
-    def remeasure_limits(self, seconds: float = 1.5) -> MachineLimits:
+    def remeasure_limits(self, seconds: float = 3.0) -> MachineLimits:
         """Probe the machine again (the page's button) and cache the result. It shares the CPU with
         a reply that is running, so run it when the engine is idle for a clean figure."""
-        limits = load_or_measure(self.cache_dir, self.loaded.device, probe_dtypes(self.loaded.dtype_name),
+        dtypes = probe_dtypes(self.loaded.dtype_name, self.loaded.device)
+        limits = load_or_measure(self.cache_dir, self.loaded.device, dtypes,
                                  force=True, seconds=seconds)
         self.worker.machine_limits = limits
         return limits

@@ -12,8 +12,8 @@ from fastapi.responses import StreamingResponse
 from engine.measure.machine_limits import MachineLimits
 from server.run import BackgroundServer
 
-LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", copy_gbps=20.0,
-                       matmul_tflops={"fp32": 0.2, "bf16": 0.01})
+LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", copy_gbps=15.0,
+                       matmul_tflops={"fp32": 0.2, "bf16": 0.01}, read_gbps=20.0)
 LAST = "#lab-log-chat .lab-msg.assistant:last-child"
 DONE = LAST + " .lab-stats span"
 HOSTILE = ("**Steps** and `code`:\n\n- one\n- *two*\n\n```py\n<script>window.__pwned = 1</script>\n```\n\n"
@@ -44,6 +44,7 @@ def test_a_reply_shows_its_prefill_rate_context_and_roofline_bars(page_server, m
     page = browser_page
     open_page(page, page_server)
     assert "machine limits" in page.inner_text("#lab-limits")
+    assert page.locator("#lab-report-link").get_attribute("href") == "/lab/report"  # the newest latency-lab report
     send(page, "Name three colors.")
     row = page.evaluate("() => window.lab.panes.chat.runs.at(-1).row")
     assert row["prefill_tps"] > 0 and row["context_tokens"] == row["prompt_tokens"] + row["output_tokens"]
@@ -59,7 +60,7 @@ def test_a_reply_shows_its_prefill_rate_context_and_roofline_bars(page_server, m
         bar = page.locator(f"#lab-ov-chat .lab-roof-row[data-stage={stage}] .lab-roof-bar")
         assert bar.count() == 1 and float(bar.evaluate("e => parseFloat(e.style.width)")) > 0
     text = roof.inner_text()
-    assert "of 0.200 TFLOP/s fp32 matmul" in text and "of 20.0 GB/s copy" in text
+    assert "of 0.200 TFLOP/s fp32 matmul" in text and "of 20.0 GB/s read" in text
     page.screenshot(path=str(artifacts / "page-roofline.png"), full_page=True)
 
 
@@ -130,7 +131,7 @@ def test_a_remote_reply_shows_a_dash_where_the_server_reported_nothing(browser_p
         send(page, "Hello?")
         stats = page.inner_text(LAST + " .lab-stats")
         assert "prefill rate —" in stats and "/ — tok" in stats  # no prefill time, no context window
-        assert "prefill % of matmul peak —" in stats and "decode % of copy bandwidth —" in stats
+        assert "prefill % of matmul peak —" in stats and "decode % of read bandwidth —" in stats
         titles = page.locator(LAST + " .lab-stats .lab-unknown").evaluate_all("els => els.map(e => e.title)")
         # every dash says why: prompt tokens too, now that the remote engine leaves them null (never 0)
         assert titles and all("unknown:" in t or "did not report" in t for t in titles)

@@ -1,0 +1,148 @@
+"""`latency-lab report` (engine/bench/report.py): the suite with --quick on a tiny model (each bench in its own
+process, one dated folder), its rendering from a report.json (table, README markers, plots) and the entry point."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from engine.bench import report, report_render
+
+REPORT = {
+    "started": "2026-12-03T17:00:00Z", "quick": False, "note": "Shared with other jobs.", "seconds": 512.3,
+    "machine": {"cpu": "AMD EPYC (family 25 model 17) · AVX-512 BF16", "cores": 2, "threads": 2, "gpu": None,
+                "os": "Linux", "versions": {"python": "3.11", "torch": "2.13.0", "transformers": "5.24.0",
+                                            "commit": "abc1234"}},
+    "load_avg_start": [3.1, 2.0, 1.5], "load_avg_end": [4.0, 3.0, 2.0],
+    "steps": [
+        {"name": "limits", "what": "the machine's limits", "command": "python -m engine.measure.machine_limits "
+         "--force --json", "rc": 0, "seconds": 9.0, "log": "logs/limits.log", "error": None,
+         "result": {"key": {}, "measured_at": "2026-12-03T17:00:05Z", "read_gbps": 30.0, "copy_gbps": 20.0,
+                    "matmul_tflops": {"fp32": 0.2}, "details": {"read": {"best": 30.0, "median": 28.0, "worst": 20.0,
+                                                                          "spread": 0.33, "rounds_n": 8}}}},
+        {"name": "bandwidth", "what": "decode per weights variant", "command": "python -m engine.bench bandwidth "
+         "--json", "rc": 0, "seconds": 90.0, "log": "logs/bandwidth.log", "error": None,
+         "result": {"read_gbps": 30.0, "context": 256, "refused": {},
+                    "variants": {"fp32": {"tok_s": 40.0, "fraction_of_read": 0.61},
+                                 "int8wo": {"tok_s": 70.0, "fraction_of_read": 0.45}}}},
+        {"name": "kv", "what": "KV reuse", "command": "python -m engine.bench kv --json", "rc": 1, "seconds": 3.0,
+         "log": "logs/kv.log", "result": None, "error": "Traceback...\nRuntimeError: out of memory"},
+    ],
+}
+
+
+def test_the_table_names_each_step_its_figures_and_its_command_and_a_failure_says_why():
+    table = report_render.table(REPORT)
+    lines = table.splitlines()
+    assert len(lines) == 2 + 3
+    assert "read 30.0 GB/s · copy 20.0 GB/s" in lines[2] and "`python -m engine.measure.machine_limits --force`" in lines[2]
+    assert "fp32 40.0 tok/s (61%), int8wo 70.0 tok/s (45%)" in lines[3] and "30.0 GB/s read" in lines[3]
+    assert "failed (exit 1): RuntimeError: out of memory" in lines[4]
+    head = report_render.header(REPORT)
+    assert "2026-12-03 17:00:00 UTC" in head and "AMD EPYC (family 25 model 17)" in head and "2 threads" in head
+    assert "load average 3.1" in head and "torch 2.13.0" in head and "Shared with other jobs." in head
+
+
+def test_readme_table_is_rewritten_between_its_markers_only(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nbefore\n{report.README_BEGIN}\nold table\n{report.README_END}\nafter\n")
+    report_render.rewrite_readme(readme, REPORT, report.README_BEGIN, report.README_END)
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("# Title\n\nbefore\n") and text.endswith("after\n")
+    assert report_render.table(REPORT) in text and report_render.header(REPORT) in text
+    report_render.rewrite_readme(readme, REPORT, report.README_BEGIN, report.README_END)
+    assert readme.read_text() == text  # idempotent
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        report_render.rewrite_readme(readme, REPORT, report.README_BEGIN, report.README_END)
+
+
+def test_plots_are_svg_and_the_newest_report_is_found(tmp_path):
+    for stamp in ("2026-12-01_100000Z", "2026-12-03_170000Z"):
+        folder = tmp_path / f"report-{stamp}"
+        folder.mkdir()
+        report_render.write(folder, REPORT)
+    assert report.latest(tmp_path).name == "report-2026-12-03_170000Z"
+    assert report.latest(tmp_path / "none") is None
+    plots = sorted(p.name for p in (tmp_path / "report-2026-12-03_170000Z" / "plots").iterdir())
+    assert plots == ["bandwidth.svg", "limits.svg"]
+    svg = ET.parse(tmp_path / "report-2026-12-03_170000Z" / "plots" / "bandwidth.svg").getroot()
+    assert svg.tag.endswith("svg") and "61% of read bandwidth" in ET.tostring(svg, encoding="unicode")
+    md = (tmp_path / "report-2026-12-03_170000Z" / "report.md").read_text()
+    assert "![bandwidth.svg](plots/bandwidth.svg)" in md and "logs/kv.log" in md
+
+
+def test_latency_lab_report_goes_to_the_bench_and_latency_lab_alone_still_serves(monkeypatch):
+    import app
+    import engine.bench
+
+    seen = []
+    monkeypatch.setattr(engine.bench, "main", lambda argv: seen.append(argv) or 0)
+    assert app.main(["report", "--quick"]) == 0 and seen == [["report", "--quick"]]
+    assert app.build_parser().parse_args([]).port  # no subcommand: the page's flags, as before
+
+
+def test_report_quick_runs_the_suite_and_writes_one_dated_folder(tmp_path, tokenizer, monkeypatch):
+    """Every step on a tiny model (a 4,096-token window: the KV bench's chat is ~500 tokens), each in its own
+    process; the bandwidth bench divides by the read bandwidth the limits step just cached (the one probe)."""
+    from conftest import build_tiny_model_dir
+
+    from engine.bench import main
+
+    model = build_tiny_model_dir(tmp_path / "tiny", tokenizer, max_position_embeddings=4096)
+    monkeypatch.setenv("LATENCY_LAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLAMA_CPP_PYTHON", raising=False)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{report.README_BEGIN}\n{report.README_END}\n")
+    code = main(["report", "--quick", "--model", str(model), "--dtype", "fp32", "--out", str(tmp_path / "r"),
+                 "--readme", str(readme), "--note", "a test"])
+    folder = report.latest(tmp_path / "r")
+    data = json.loads((folder / "report.json").read_text())
+    failed = {s["name"]: s["error"] for s in data["steps"] if s["rc"] != 0}
+    assert code == 0 and not failed, failed
+    assert [s["name"] for s in data["steps"]] == ["limits", "bandwidth", "kv", "lookup", "batching"]
+    steps = {s["name"]: s for s in data["steps"]}
+    assert all(s["command"].startswith("python -m ") and (folder / s["log"]).is_file() for s in data["steps"])
+    assert steps["bandwidth"]["result"]["read_gbps"] == steps["limits"]["result"]["read_gbps"]
+    assert steps["kv"]["result"]["identical"] and steps["batching"]["result"]["ok"]
+    assert folder.name.startswith(f"report-{data['started'][:10]}")
+    assert (folder / "plots" / "batching.svg").is_file() and (folder / "report.md").is_file()
+    assert report_render.table(data) in readme.read_text() and "`--quick`" in readme.read_text()
+
+
+def test_the_page_serves_the_newest_report_and_says_how_to_make_one(tmp_path, monkeypatch):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from ui.chat import ChatStore
+    from ui.paced import PacedSource
+    from ui.presets import load_prompt_sets, teaching_presets
+    from ui.stream_api import lab_router
+
+    monkeypatch.setenv("LATENCY_LAB_CACHE", str(tmp_path))
+    source = PacedSource(tokens_per_s=1000, prefill_ms=1)
+    app = FastAPI()
+    app.include_router(lab_router(ChatStore(source), teaching_presets(load_prompt_sets())))
+    try:
+        with TestClient(app) as c:
+            none = c.get("/lab/report")
+            assert none.status_code == 404 and "latency-lab report" in none.text
+            folder = tmp_path / "reports" / "report-2026-12-03_170000Z"
+            folder.mkdir(parents=True)
+            report_render.write(folder, REPORT)
+            got = c.get("/lab/report")
+            assert got.status_code == 200 and report_render.table(REPORT) in got.text
+    finally:
+        source.close()
+
+
+def test_the_suite_passes_the_model_flags_on_and_adds_the_gpu_and_peer_steps_where_they_exist():
+    """No GPU here: the CUDA steps are checked as commands (they run where torch sees a GPU)."""
+    steps = {s.name: s for s in report.suite("/opt/llama/bin/python", cuda=True)}
+    assert list(steps) == ["limits", "bandwidth", "kv", "lookup", "batching", "peer", "limits_cuda", "bandwidth_cuda"]
+    forward = ["--model", "m", "--device", "cpu"]
+    assert steps["limits"].command(False, forward)[-1] == "--json" and "--model" not in steps["limits"].command(False, forward)
+    gpu = steps["bandwidth_cuda"].command(True, forward)
+    assert gpu[:4] == ["engine.bench", "bandwidth", "--device", "cuda"] and gpu.count("--device") == 1 and "m" in gpu
+    assert "--peer-python" in steps["peer"].command(False, forward)
+    assert [s.name for s in report.suite(None, cuda=False)] == ["limits", "bandwidth", "kv", "lookup", "batching"]
