@@ -61,8 +61,8 @@ def fit(tl: dict, shape: ModelShape) -> Fit | None:
         read, read_from = tl.get("plain_step_ms"), "the calibrated plain step"
     else:
         read, read_from = tl.get("tpot_ms"), "this reply's TPOT"
-    if not read and weights and roof.get("copy_gbps"):
-        read, read_from = weights / (roof["copy_gbps"] * 1e6), "weight bytes / copy bandwidth"
+    if not read and weights and roof.get("read_gbps"):  # decode's roof (engine/measure/machine_limits.py)
+        read, read_from = weights / (roof["read_gbps"] * 1e6), "weight bytes / read bandwidth"
     if not read:
         return None
     extra = prefill_flops(shape, n, cached) - prefill_flops(shape, 1, cached + n - 1)
