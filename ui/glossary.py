@@ -139,7 +139,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "stages, and network (browser TTFT − server TTFT)", "both"),
     _M("whatif_ttft_ms", "what-if TTFT", "ms", "request received", "first token sampled, predicted for another "
        "prompt length, weights variant or batch size: a pass = one read of the weights (this reply's TPOT, or weight "
-       "bytes / the measured copy bandwidth) + the extra rows' FLOPs at the rate this reply's prefill reached (or "
+       "bytes / the measured read bandwidth) + the extra rows' FLOPs at the rate this reply's prefill reached (or "
        "the measured matmul peak); queue, setup and gaps as measured (engine/measure/whatif.py)", "estimated"),
     _M("whatif_error", "what-if error", "%", "", "predicted / measured − 1, the prediction made from the first "
        "reply at the prompt length that really ran", better=""),

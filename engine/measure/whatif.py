@@ -30,7 +30,7 @@ from engine.measure.roofline import ModelShape, prefill_flops
 class Fit:
     t_read_ms: float  # a one-token pass
     flops_per_ms: float  # R
-    read_from: str  # "this reply's TPOT" | "the calibrated plain step" | "weight bytes / copy bandwidth"
+    read_from: str  # "this reply's TPOT" | "the calibrated plain step" | "weight bytes / read bandwidth"
     rate_from: str  # "this reply's prefill" | "the machine's matmul peak"
     cached_tokens: int
     weight_bytes: float | None
