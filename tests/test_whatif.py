@@ -10,7 +10,7 @@ from engine.measure.roofline import ModelShape, prefill_flops
 
 SHAPE = ModelShape(layers=4, heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=256, vocab=1000)
 REPLY = {"prefill_tokens": 50, "cached_tokens": 10, "prefill_ms": 140.0, "ttft_ms": 150.0, "tpot_ms": 40.0,
-         "roofline": {"weight_bytes": 4e8, "copy_gbps": 10.0, "peak_tflops": 0.5}}
+         "roofline": {"weight_bytes": 4e8, "read_gbps": 10.0, "peak_tflops": 0.5}}
 
 
 def extra(n, c):
@@ -45,7 +45,7 @@ def test_half_the_weight_bytes_halves_tpot_and_a_batch_adds_rows_of_compute():
 def test_without_a_tpot_or_a_visible_prefill_it_falls_back_on_the_machine_limits():
     short = {**REPLY, "tpot_ms": None, "prefill_ms": 41.0}  # one pass: 4e8 B / 10 GB/s = 40 ms
     f = whatif.fit(short, SHAPE)
-    assert f.t_read_ms == pytest.approx(40.0) and f.read_from == "weight bytes / copy bandwidth"
+    assert f.t_read_ms == pytest.approx(40.0) and f.read_from == "weight bytes / read bandwidth"
     assert f.flops_per_ms == pytest.approx(0.5e9) and f.rate_from == "the machine's matmul peak"
     assert whatif.fit({**REPLY, "prefill_ms": None}, SHAPE) is None
 
