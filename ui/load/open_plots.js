@@ -11,7 +11,7 @@
     ["decode_ms", "decode", "#0ea5e9"]];
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
   const num = (v) => (typeof v === "number" && isFinite(v) ? v : null);
-  const fmt = (v) => (v == null ? "—" : Math.abs(v) >= 100 ? Math.round(v).toLocaleString("en-US") : (+v).toPrecision(3));
+  const fmt = (v) => (v == null ? "—" : Number.isInteger(v) ? v.toLocaleString("en-US") : Math.abs(v) >= 100 ? Math.round(v).toLocaleString("en-US") : (+v).toPrecision(3));
 
   function frame(xMax, yMax, xLabel, yLabel, xFmt, yFmt) {
     const x = (v) => LEFT + (v / xMax) * (W - LEFT - RIGHT);
