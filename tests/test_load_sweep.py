@@ -107,3 +107,22 @@ def test_the_bench_takes_vllm_flags_and_writes_vllm_field_names(tiny_model_dir, 
                  "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_itl_ms", "mean_e2el_ms"):
         assert level[name] is not None, name
     assert result["sweeps"]["2"]["probes"][0]["outcome"] == "exact" and result["ok"]
+
+
+def test_the_same_sweep_runs_against_a_remote_server_from_the_client_side(served, capsys):
+    """--base-url: another OpenAI-compatible server (here ours, on loopback, as a stranger would be reached):
+    references through it one at a time, then open-loop levels; its batching is its own (max batch unknown)."""
+    from server.bench import main
+
+    engine, url, _, _ = served
+    rc = main(["load", "--request-rate", "2,4", "--num-prompts", "3", "--max-new-tokens", "4", "--conversations", "2",
+               "--base-url", url + "/v1", "--remote-model", engine.info().name, "--goodput", "e2el:60000", "--json"])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    sweep = result["sweeps"]["remote"]
+    assert sweep["max_batch"] is None and sweep["base_url"] == url + "/v1"
+    assert [r["request_rate"] for r in sweep["levels"]] == [2.0, 4.0]
+    for row in sweep["levels"]:
+        assert row["completed"] == 3 and row["lost"] == row["crossed"] == row["mismatched"] == 0
+        assert row["request_goodput"] == row["request_throughput"] and row["mean_e2el_ms"] is not None
+    assert all(p["outcome"] in ("exact", "differs") for p in sweep["probes"]) and result["ok"]

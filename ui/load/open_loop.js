@@ -26,7 +26,7 @@
     const plots = q("#lab-openloop-plots");
     if (plots) plots.innerHTML = P.all(s, CFG.glossary);
     const table = q("#lab-openloop-table");
-    if (table) table.innerHTML = P.table(s);
+    if (table) table.innerHTML = P.table(s, CFG.glossary);
     const sentence = q("#lab-openloop-sentence");
     if (sentence) sentence.textContent = s.sentence || "";
     const text = { references: s.message, running: s.message, done: `done in ${s.elapsed_s} s`, stopped: "stopped",

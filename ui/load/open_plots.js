@@ -111,7 +111,7 @@
       const knee = s.knee_request_rate != null ? `knee ${fmt(s.knee_request_rate)} req/s` : "knee —";
       const live = s.running_rate != null ? ` · level at ${fmt(s.running_rate)} req/s: ${s.points.length} replies so far` : "";
       return `<div class="lab-ol-sweep" data-sweep="${i}"><span class="lab-swatch" style="background:${COLORS[i % COLORS.length]}"></span>` +
-        `<b>${esc(s.label)}</b>: ${s.levels.length} levels · <span data-knee>${esc(knee)}</span> · best goodput ${esc(fmt(s.max_request_goodput))} req/s · ${bad}${esc(live)}</div>`;
+        `<b>${esc(s.label)}</b>: ${s.levels.length} levels · <span data-knee title="${esc((root.LAB_CONFIG && root.LAB_CONFIG.glossary.knee || {}).hover || "")}">${esc(knee)}</span> · best goodput ${esc(fmt(s.max_request_goodput))} req/s · ${bad}${esc(live)}</div>`;
     }).join("") + `</div>`;
   }
 
@@ -129,12 +129,14 @@
   }
 
   // A table of every level (vLLM's names in the hover).
-  function table(snapshot) {
+  function table(snapshot, G) {
+    G = G || {};
+    const hover = (k) => (G[k] && G[k].hover) || k;
     const cols = [["request_rate", "offered req/s"], ["request_throughput", "req/s"], ["request_goodput", "goodput req/s"],
       ["output_throughput", "output tok/s"], ["output_throughput_per_user", "tok/s per user"], ["median_ttft_ms", "TTFT p50"],
       ["p90_ttft_ms", "TTFT p90"], ["p90_tpot_ms", "TPOT p90"], ["p90_itl_ms", "ITL p90"], ["p90_e2el_ms", "E2E p90"],
       ["p90_queue_ms", "queue p90"], ["completed", "done"], ["lost", "lost"], ["crossed", "crossed"], ["mismatched", "mismatched"], ["stuck", "stuck"]];
-    const head = `<tr><th>max batch</th>${cols.map(([k, l]) => `<th title="${esc(k)}">${esc(l)}</th>`).join("")}</tr>`;
+    const head = `<tr><th>max batch</th>${cols.map(([k, l]) => `<th title="${esc(hover(k))}">${esc(l)}</th>`).join("")}</tr>`;
     const body = snapshot.sweeps.flatMap((s) => s.levels.map((r, j) =>
       `<tr data-sweep-level="${j}"${s.knee_index === j ? ' class="lab-ol-knee-row"' : ""}><td>${esc(s.max_batch == null ? "—" : s.max_batch)}${s.knee_index === j ? " (knee)" : ""}</td>` +
       cols.map(([k]) => `<td>${esc(fmt(num(r[k])))}</td>`).join("") + `</tr>`)).join("");
