@@ -161,3 +161,10 @@ def test_the_pareto_frontier_and_sentence_state_the_measured_trade_off():
                             8: sweep([(0.5, 8.0, 8.0, 0.5), (2.0, 27.0, 6.0, 1.6)], 1.6)})
     assert text.startswith("Max batch 8 reached 27.0 output tok/s in total at 6.0 tok/s per user, against 9.0")
     assert "3.0× the total for 0.67× the speed each user reads" in text and "1.60 req/s against 0.50 (3.2×)" in text
+
+
+def test_the_default_tpot_objective_is_the_pages_reading_pace():
+    from server.load.serve_figures import DEFAULT_OBJECTIVES
+    from ui.records import READING_PACE_TPS
+
+    assert DEFAULT_OBJECTIVES["tpot"] == round(1000 / READING_PACE_TPS)

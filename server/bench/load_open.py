@@ -17,7 +17,7 @@ import math
 import os
 
 from server.load.open_scenario import PROBE_PROMPT, run_local, run_remote
-from server.load.serve_figures import DEFAULT_PERCENTILES, PERCENTILE_METRICS, parse_goodput
+from server.load.serve_figures import DEFAULT_OBJECTIVES, DEFAULT_PERCENTILES, PERCENTILE_METRICS, parse_goodput
 from server.load.sweep import SweepSettings
 
 
@@ -32,8 +32,9 @@ def add_args(p) -> None:
                    help="constant: requests exactly 1/rate apart")
     g.add_argument("--num-prompts", type=int, default=16, help="requests per level (open loop)")
     g.add_argument("--seed", type=int, default=0, help="the arrival schedule's seed")
-    g.add_argument("--goodput", nargs="+", default=["ttft:2000", "tpot:150"], metavar="NAME:MS",
-                   help="objectives: ttft, tpot, e2el in ms; goodput = requests/s meeting all of them")
+    g.add_argument("--goodput", nargs="+", default=[f"{k}:{v:g}" for k, v in DEFAULT_OBJECTIVES.items()],
+                   metavar="NAME:MS", help="objectives: ttft, tpot, e2el in ms; goodput = requests/s meeting all of "
+                                           "them (default: TTFT 2 s, TPOT at the page's reading pace)")
     g.add_argument("--percentile-metrics", default=",".join(PERCENTILE_METRICS))
     g.add_argument("--metric-percentiles", default=",".join(map(str, DEFAULT_PERCENTILES)))
     g.add_argument("--sweep-start", type=float, default=None,

@@ -22,9 +22,16 @@ from .clients import drive_open_elsewhere
 from .figures import BAD
 from .open_loop import PROBE
 from .pool import Result, Turn
-from .serve_figures import DEFAULT_PERCENTILES, PERCENTILE_METRICS, knee, level_summary, saturated
+from .serve_figures import (
+    DEFAULT_OBJECTIVES,
+    DEFAULT_PERCENTILES,
+    PERCENTILE_METRICS,
+    knee,
+    level_summary,
+    saturated,
+)
 
-DEFAULT_TTFT_OBJECTIVE_MS = 2000.0  # the stop rule's objective when --goodput names no ttft
+DEFAULT_TTFT_OBJECTIVE_MS = DEFAULT_OBJECTIVES["ttft"]  # the stop rule's objective when --goodput names no ttft
 FALLEN_SHARE = 0.5  # stop once goodput falls below this share of the sweep's best
 
 

@@ -21,6 +21,7 @@ from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.toggles import Toggle
 from server.load import pareto
 from server.load.open_scenario import PROBE_PROMPT, probe_turn
+from server.load.serve_figures import DEFAULT_OBJECTIVES
 from server.load.sweep import Sweep, SweepSettings
 
 from .run import REQUEST_DEADLINE_S, LoadBusy, scope_limit
@@ -43,10 +44,11 @@ OPEN_SETTINGS = (
            lo=1.05, hi=8.0, backends=("page",)),
     Toggle("max_levels", "int", 6, "Most levels", "the sweep stops here if it has not saturated",
            lo=1, hi=12, backends=("page",)),
-    Toggle("ttft_ms", "float", 2000.0, "Objective: TTFT (ms)",
+    Toggle("ttft_ms", "float", DEFAULT_OBJECTIVES["ttft"], "Objective: TTFT (ms)",
            "a request counts toward goodput only within it; the sweep stops when p90 TTFT passes it tenfold",
            lo=1.0, hi=600000.0, backends=("page",)),
-    Toggle("tpot_ms", "float", 150.0, "Objective: TPOT (ms)", "0: none", lo=0.0, hi=600000.0, backends=("page",)),
+    Toggle("tpot_ms", "float", DEFAULT_OBJECTIVES["tpot"], "Objective: TPOT (ms)",
+           "0: none; default: the reading pace (a reply streams as fast as it is read)", lo=0.0, hi=600000.0, backends=("page",)),
     Toggle("e2el_ms", "float", 0.0, "Objective: E2E (ms)", "0: none", lo=0.0, hi=600000.0, backends=("page",)),
     Toggle("seed", "int", 0, "Seed", "the arrival schedule's seed: the same seed, the same gaps", lo=0,
            hi=2**31 - 1, backends=("page",)),

@@ -20,7 +20,7 @@ EXPLAIN = (
     "rate whose goodput is within 5% of the sweep's best. The **probe** (your own prompt) is sent once in the "
     "middle of each level: its bars show what one user waits as load grows. Every reply is judged as in closed "
     "loop. Same sweep from the command line: `python -m server.bench load --request-rate sweep "
-    "--compare-max-batch 1,4,8 --goodput ttft:2000 tpot:150`.")
+    "--compare-max-batch 1,4,8 --goodput ttft:2000 tpot:189`.")
 
 
 def build(engines: dict, info: EngineInfo) -> None:
