@@ -39,6 +39,13 @@ def test_gamma_gaps_keep_the_rate_and_take_the_burstiness_as_shape(burstiness):
     assert shape == pytest.approx(burstiness, rel=0.06)
 
 
+def test_the_probe_goes_between_the_middle_two_arrivals():
+    from server.load.open_loop import probe_time
+
+    assert probe_time([1.0, 2.0, 4.0, 8.0]) == 3.0
+    assert probe_time([0.5]) == 0.5 and probe_time([]) == 0.0
+
+
 def test_constant_arrivals_are_evenly_spaced():
     t = arrival_times(Arrivals(rate=5.0, process="constant", num_prompts=6))
     assert t == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.2])
@@ -140,11 +147,13 @@ def test_the_sweep_rises_until_a_stop_rule(monkeypatch):
     out = sweep_mod.Sweep(s, "http://x", [], out=lambda line: None).run()
     assert [r["request_rate"] for r in out["levels"]] == [1.0, 2.0, 4.0, 8.0]
     assert out["knee_index"] == 2 and out["knee_request_rate"] == 4.0 and out["max_request_goodput"] == 2.5
-    assert "past the knee" in out["stopped_because"] and out["ok"]
+    assert "past the knee" in out["stopped_because"] and out["knee_reached"] and out["ok"]
     capped = sweep_mod.Sweep(sweep_mod.SweepSettings(start_rate=1.0, factor=2.0, max_levels=2, num_prompts=2),
                              "http://x", [], out=lambda line: None)
     goods = iter([1.0, 2.0])
-    assert len(capped.run()["levels"]) == 2 and "cap" in capped.stopped_because
+    result = capped.run()
+    assert len(result["levels"]) == 2 and "cap" in capped.stopped_because
+    assert not result["knee_reached"] and result["knee_request_rate"] == 2.0  # still rising: a lower bound
 
 
 # --- the Pareto view -----------------------------------------------------------------------------

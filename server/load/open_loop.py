@@ -19,6 +19,15 @@ from .pool import Result, Turn, judge, one_request
 PROBE = "probe"  # the probe's key: its result is the probe's, not one of the level's
 
 
+def probe_time(times: list[float]) -> float:
+    """Halfway between the middle two arrivals: the level's traffic is under way, and the probe does
+    not arrive together with one of its requests by construction."""
+    if len(times) < 2:
+        return times[0] if times else 0.0
+    i = len(times) // 2
+    return (times[i - 1] + times[i]) / 2
+
+
 async def drive_open(url: str, turns: list[Turn], times: list[float], deadline: float, api_key: str | None = None,
                      headers: dict | None = None, on_result=None, probe: Turn | None = None,
                      probe_at: float | None = None) -> tuple[list[Result], float]:
@@ -50,6 +59,6 @@ async def drive_open(url: str, turns: list[Turn], times: list[float], deadline: 
 
         tasks = [send(turns[i % len(turns)], t) for i, t in enumerate(times)]
         if probe is not None:
-            tasks.append(send(probe, probe_at if probe_at is not None else (times[len(times) // 2] if times else 0)))
+            tasks.append(send(probe, probe_at if probe_at is not None else probe_time(times)))
         await asyncio.gather(*tasks)
         return results, time.perf_counter() - t0

@@ -104,8 +104,10 @@ def run_remote(s: SweepSettings, base_url: str, model: str, api_key: str | None,
 
 def summary_line(r: dict) -> str:
     knee = r["knee_request_rate"]
+    where = "" if r["knee_reached"] else " or above (no level saturated: a lower bound)"
     return (f"{'max batch ' + str(r['max_batch']) if r['max_batch'] else 'remote'}: knee at "
-            f"{knee if knee is not None else 'unknown'} req/s offered, best goodput {r['max_request_goodput']} req/s; "
+            f"{knee if knee is not None else 'unknown'} req/s offered{where}, best goodput "
+            f"{r['max_request_goodput']} req/s; "
             f"{len(r['levels'])} levels in {r['sweep_s']} s (stopped: {r['stopped_because']})")
 
 

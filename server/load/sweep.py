@@ -40,7 +40,7 @@ class SweepSettings:
     rates: tuple[float, ...] = ()  # fixed levels; empty: automatic
     start_rate: float | None = None  # automatic: the first rate (None: half of one-at-a-time's)
     factor: float = 1.5
-    max_levels: int = 8
+    max_levels: int = 10
     max_rate: float | None = None
     num_prompts: int | None = 16  # per level ...
     duration: float | None = None  # ... or the seconds each level keeps sending
@@ -103,6 +103,7 @@ class Sweep:
         self.rate: float | None = None  # the level running
         self.stuck_workers = 0
         self.stopped_because: str | None = None
+        self.saturated_at: float | None = None  # the rate at which a stop rule saw saturation
 
     def rates(self):
         s = self.s
@@ -116,6 +117,7 @@ class Sweep:
                 return
             yield rate
             if self.done_rising():
+                self.saturated_at = rate
                 return
             rate = round(rate * s.factor, 4)
         self.stopped_because = f"{s.max_levels} levels (the cap)"
@@ -167,6 +169,8 @@ class Sweep:
         return {"max_batch": self.max_batch, "levels": self.rows, "probes": self.probes,
                 "knee_index": k, "knee_request_rate": self.rows[k]["request_rate"] if k is not None else None,
                 "max_request_goodput": max(goods) if goods else None, "stopped_because": self.stopped_because,
+                # the knee is only found once a level past it saturated; at the cap it is a lower bound
+                "knee_reached": self.saturated_at is not None,
                 "goodput_objectives": dict(self.s.objectives), "totals": totals, "stuck_workers": self.stuck_workers,
                 "ok": sum(totals[b] for b in BAD) + totals["4xx"] + totals["429"] + probe_bad
                       + self.stuck_workers == 0}
