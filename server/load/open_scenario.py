@@ -104,7 +104,7 @@ def run_remote(s: SweepSettings, base_url: str, model: str, api_key: str | None,
 
 def summary_line(r: dict) -> str:
     knee = r["knee_request_rate"]
-    where = "" if r["knee_reached"] else " or above (no level saturated: a lower bound)"
+    where = "" if r["knee_reached"] is not False else " or above (no level saturated: a lower bound)"
     return (f"{'max batch ' + str(r['max_batch']) if r['max_batch'] else 'remote'}: knee at "
             f"{knee if knee is not None else 'unknown'} req/s offered{where}, best goodput "
             f"{r['max_request_goodput']} req/s; "

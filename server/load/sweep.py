@@ -170,7 +170,7 @@ class Sweep:
                 "knee_index": k, "knee_request_rate": self.rows[k]["request_rate"] if k is not None else None,
                 "max_request_goodput": max(goods) if goods else None, "stopped_because": self.stopped_because,
                 # the knee is only found once a level past it saturated; at the cap it is a lower bound
-                "knee_reached": self.saturated_at is not None,
+                "knee_reached": self.saturated_at is not None if not self.s.rates else None,  # None: fixed levels
                 "goodput_objectives": dict(self.s.objectives), "totals": totals, "stuck_workers": self.stuck_workers,
                 "ok": sum(totals[b] for b in BAD) + totals["4xx"] + totals["429"] + probe_bad
                       + self.stuck_workers == 0}

@@ -108,7 +108,7 @@
   function legend(snapshot) {
     return `<div class="lab-load-legend">` + snapshot.sweeps.map((s, i) => {
       const bad = ["lost", "crossed", "mismatched", "stuck"].map((k) => `<span data-count="${k}">${k} ${s.totals[k]}</span>`).join(" · ");
-      const knee = s.knee_request_rate == null ? "knee —" : `knee ${s.knee_reached ? "" : "≥ "}${fmt(s.knee_request_rate)} req/s${s.knee_reached ? "" : " (no level saturated)"}`;
+      const knee = s.knee_request_rate == null ? "knee —" : `knee ${s.knee_reached === false ? "≥ " : ""}${fmt(s.knee_request_rate)} req/s${s.knee_reached === false ? " (no level saturated)" : ""}`;
       const live = s.running_rate != null ? ` · level at ${fmt(s.running_rate)} req/s: ${s.points.length} replies so far` : "";
       return `<div class="lab-ol-sweep" data-sweep="${i}"><span class="lab-swatch" style="background:${COLORS[i % COLORS.length]}"></span>` +
         `<b>${esc(s.label)}</b>: ${s.levels.length} levels · <span data-knee title="${esc((root.LAB_CONFIG && root.LAB_CONFIG.glossary.knee || {}).hover || "")}">${esc(knee)}</span> · best goodput ${esc(fmt(s.max_request_goodput))} req/s · ${bad}${esc(live)}</div>`;
