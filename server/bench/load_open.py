@@ -39,7 +39,7 @@ def add_args(p) -> None:
     g.add_argument("--metric-percentiles", default=",".join(map(str, DEFAULT_PERCENTILES)))
     g.add_argument("--sweep-start", type=float, default=None,
                    help="the sweep's first rate (default: half of what one request at a time serves)")
-    g.add_argument("--sweep-factor", type=float, default=1.5, help="each level's rate is the last one's times this")
+    g.add_argument("--sweep-factor", type=float, default=SweepSettings.factor, help="each level's rate is the last one's times this")
     g.add_argument("--sweep-levels", type=int, default=SweepSettings.max_levels, help="at most this many levels")
     g.add_argument("--sweep-max-rate", type=float, default=None, help="no level above this rate")
     g.add_argument("--probe", default=PROBE_PROMPT,

@@ -39,7 +39,7 @@ FALLEN_SHARE = 0.5  # stop once goodput falls below this share of the sweep's be
 class SweepSettings:
     rates: tuple[float, ...] = ()  # fixed levels; empty: automatic
     start_rate: float | None = None  # automatic: the first rate (None: half of one-at-a-time's)
-    factor: float = 1.5
+    factor: float = 2.0
     max_levels: int = 10
     max_rate: float | None = None
     num_prompts: int | None = 16  # per level ...

@@ -40,7 +40,7 @@ OPEN_SETTINGS = (
     Toggle("start_rate", "float", 0.0, "First rate (req/s)",
            "0: half of what one request at a time serves (measured: each request alone, first)", lo=0.0,
            hi=1000.0, backends=("page",)),
-    Toggle("factor", "float", 1.5, "Rate step (×)", "each level offers this many times the last one's rate",
+    Toggle("factor", "float", SweepSettings.factor, "Rate step (×)", "each level offers this many times the last one's rate",
            lo=1.05, hi=8.0, backends=("page",)),
     Toggle("max_levels", "int", 6, "Most levels", "the sweep stops here if it has not saturated",
            lo=1, hi=12, backends=("page",)),
