@@ -177,3 +177,12 @@ def test_the_default_tpot_objective_is_the_pages_reading_pace():
     from ui.records import READING_PACE_TPS
 
     assert DEFAULT_OBJECTIVES["tpot"] == round(1000 / READING_PACE_TPS)
+
+
+def test_the_bench_refuses_a_rate_it_cannot_send(capsys):
+    from server.bench import main
+
+    assert main(["load", "--request-rate", "0"]) != 0
+    assert "--request-rate takes" in capsys.readouterr().err
+    assert main(["load", "--request-rate", "sweep", "--goodput", "itl:5"]) != 0
+    assert "goodput objectives are NAME:MS" in capsys.readouterr().err

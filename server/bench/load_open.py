@@ -57,14 +57,21 @@ def settings(args) -> SweepSettings:
     except ValueError as exc:
         raise InvalidRequest(str(exc), "goodput") from exc
     rate = args.request_rate.strip().lower()
-    rates = () if rate == "sweep" else tuple(math.inf if x.strip() == "inf" else float(x)
-                                             for x in rate.split(",") if x.strip())
+    try:
+        rates = () if rate == "sweep" else tuple(math.inf if x.strip() == "inf" else float(x)
+                                                 for x in rate.split(",") if x.strip())
+    except ValueError:
+        rates = (0.0,)
+    if any(not r > 0 for r in rates) or not args.burstiness > 0:
+        raise InvalidRequest("--request-rate takes 'sweep', inf, or rates > 0 (a comma list); --burstiness > 0",
+                             "request_rate")
     metrics = tuple(m.strip() for m in args.percentile_metrics.split(",") if m.strip())
     if set(metrics) - set(PERCENTILE_METRICS):
         raise InvalidRequest(f"--percentile-metrics: one or more of {', '.join(PERCENTILE_METRICS)}",
                              "percentile_metrics")
     return SweepSettings(rates=rates, start_rate=args.sweep_start, factor=args.sweep_factor,
-                         max_levels=args.sweep_levels, max_rate=args.sweep_max_rate, num_prompts=args.num_prompts,
+                         max_levels=args.sweep_levels, max_rate=args.sweep_max_rate,
+                         num_prompts=None if args.duration is not None else args.num_prompts,
                          duration=args.duration, burstiness=args.burstiness, process=args.arrivals,
                          seed=args.seed, objectives=objectives, deadline=args.deadline, percentile_metrics=metrics,
                          percentiles=tuple(float(x) for x in args.metric_percentiles.split(",") if x.strip()))
