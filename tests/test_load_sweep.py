@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-
 from engine.serving.service import Engine
 from server.api import create_api
 from server.load.clients import drive_open_elsewhere
@@ -31,7 +30,7 @@ def served(tiny):
 
 
 def test_open_loop_sends_at_the_arrival_times_and_judges_every_reply(served):
-    engine, url, turns, probe = served
+    _, url, turns, probe = served
     times = [0.0, 0.0, 0.0, 0.5, 0.5]  # three at once: the clients must not wait for each other
     results, wall = drive_open_elsewhere(url, turns, times, 120, probe=probe, probe_at=0.25)
     assert len(results) == 6 and sum(r.key == PROBE for r in results) == 1

@@ -17,7 +17,12 @@ import math
 import os
 
 from server.load.open_scenario import PROBE_PROMPT, run_local, run_remote
-from server.load.serve_figures import DEFAULT_OBJECTIVES, DEFAULT_PERCENTILES, PERCENTILE_METRICS, parse_goodput
+from server.load.serve_figures import (
+    DEFAULT_OBJECTIVES,
+    DEFAULT_PERCENTILES,
+    PERCENTILE_METRICS,
+    parse_goodput,
+)
 from server.load.sweep import SweepSettings
 
 

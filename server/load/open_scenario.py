@@ -67,7 +67,7 @@ def run_local(loaded, s: SweepSettings, batches, *, conversations: int, max_new_
             probe = probe_turn(probe_prompt, max_new_tokens) if probe_prompt else None
             turns = references(engine, pool, probe, out, f"max batch {mb}")
             t0 = time.perf_counter()
-            sweep = Sweep(s, url, turns, probe=probe, max_batch=mb, after_level=lambda _: wait_idle(engine),
+            sweep = Sweep(s, url, turns, probe=probe, max_batch=mb, after_level=lambda _, e=engine: wait_idle(e),
                           out=lambda line: out(f"  {line}"))
             result = sweep.run()
             result["sweep_s"] = round(time.perf_counter() - t0, 1)
@@ -92,8 +92,7 @@ def run_remote(s: SweepSettings, base_url: str, model: str, api_key: str | None,
         turns = references(remote, pool, probe, out, f"{model} at {base_url}")
     finally:
         remote.close()
-    root = base_url.rstrip("/")
-    root = root[: -len("/v1")] if root.endswith("/v1") else root  # the clients add /v1/chat/completions
+    root = base_url.rstrip("/").removesuffix("/v1")  # the clients add /v1/chat/completions
     t0 = time.perf_counter()
     result = Sweep(s, root, turns, probe=probe, api_key=api_key, out=lambda line: out(f"  {line}")).run()
     result["sweep_s"] = round(time.perf_counter() - t0, 1)

@@ -6,6 +6,7 @@ server does not promise exact replies, differs, lost, stuck). clients.py drives 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -192,7 +193,7 @@ async def one_request(http, url: str, turn: Turn, session: str | None, cancel: s
         r.outcome, r.error = "lost", f"{type(exc).__name__}: {exc}"
     r.text = "".join(parts)
     r.client_e2e_ms = (time.perf_counter() - t0) * 1e3
-    r.client_itl_ms = [round((b - a) * 1e3, 3) for a, b in zip(chunk_at, chunk_at[1:])]
+    r.client_itl_ms = [round((b - a) * 1e3, 3) for a, b in itertools.pairwise(chunk_at)]
     if r.output_tokens is None and r.timings:
         r.output_tokens = r.timings.get("output_tokens")
     return r

@@ -11,6 +11,8 @@ from ..controls import toggle_control
 from .open_run import OPEN_FIELDS, OPEN_SETTINGS, PROBE_DEFAULT, batch_choices
 from .run import scope_limit
 
+QUICK = {"queue": False, "show_progress": "hidden"}  # browser-side handlers: no round trip of Gradio's
+
 EXPLAIN = (
     "Requests **arrive at a rate** (open loop, as `vllm bench serve --request-rate` sends them), whether or not "
     "the earlier ones have finished, so a server slower than the traffic grows a queue. The rate rises level by "
@@ -51,6 +53,5 @@ def build(engines: dict, info: EngineInfo) -> None:
         stop = gr.Button("Stop", variant="stop", elem_id="lab-openloop-stop")
     gr.HTML('<div id="lab-openloop-status" class="lab-muted"></div><div id="lab-openloop-plots"></div>'
             '<p id="lab-openloop-sentence" class="lab-load-sentence"></p><div id="lab-openloop-table"></div>')
-    quick = dict(queue=False, show_progress="hidden")
-    run.click(None, inputs, js="(...a) => { window.lab.openLoop.start(a); }", **quick)
-    stop.click(None, js="() => { window.lab.openLoop.stop(); }", **quick)
+    run.click(None, inputs, js="(...a) => { window.lab.openLoop.start(a); }", **QUICK)
+    stop.click(None, js="() => { window.lab.openLoop.stop(); }", **QUICK)

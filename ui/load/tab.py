@@ -37,7 +37,7 @@ NO_API = "This server has no API mounted (/v1): start the page with `python app.
 
 MODES = [("Closed loop: N clients, two runs side by side", "closed"),
          ("Open loop: requests arrive at a rate, swept up to saturation", "open")]
-QUICK = dict(queue=False, show_progress="hidden")
+QUICK = {"queue": False, "show_progress": "hidden"}
 
 
 def build(engines: dict, info: EngineInfo, prompt_sets: dict, load_ready: bool) -> None:
