@@ -185,6 +185,24 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "that chunk read by the browser (the trace's 'network out'; the simulated link's delay is in it)", "estimated"),
     _M("clock_bound_ms", "clock offset bound", "ms", "",
        "half the round trip of the clock ping the offset came from: every cross-clock time is within ± this"),
+    # the Load tab's open loop (server/load/serve_figures.py; vLLM's `bench serve` names), the load clients' clock
+    _M("request_rate", "offered rate", "req/s", "",
+       "requests per second the open-loop clients send (Poisson, gamma with the burstiness as shape, or constant "
+       "gaps), whether or not the earlier ones have finished", "", better=""),
+    _M("request_throughput", "request throughput", "req/s", "",
+       "completed requests ÷ the level's duration (first send to last reply)", "", better="higher"),
+    _M("output_throughput", "output throughput", "tok/s", "",
+       "output tokens of the completed requests ÷ the level's duration", "", better="higher"),
+    _M("request_goodput", "goodput", "req/s", "",
+       "completed requests whose every objective holds (--goodput ttft, tpot, e2el in ms; a one-token reply "
+       "meets TPOT) ÷ the level's duration, as vLLM's request_goodput", "", better="higher"),
+    _M("output_throughput_per_user", "tok/s per user", "tok/s", "",
+       "median over completed requests of 1000 ÷ TPOT (load client's clock): how fast one reply reads once it "
+       "has started; the Pareto plot's y against output throughput", "", better="higher"),
+    _M("knee", "knee", "req/s", "",
+       "the lowest offered rate whose goodput is within 5% of the sweep's best: past it, more traffic buys no "
+       "more requests served within the objectives, only longer queues", "", better=""),
+    _M("e2el_ms", "E2E latency (load client)", "ms", "the load client sends the request", "its stream ended", ""),
 ]}
 
 

@@ -24,6 +24,7 @@ from . import engine_info, glossary, sweep
 from .chat import ChatStore
 from .controls import settings_controls
 from .load import tab as load_tab
+from .load.open_run import OPEN_FIELDS
 from .load.run import LOAD_FIELDS
 from .presets import custom_prompt_set
 from .records import READING_PACE_TPS
@@ -69,6 +70,7 @@ def head(presets: dict, info: EngineInfo) -> str:
     config = {
         "fields": FIELDS,
         "loadFields": LOAD_FIELDS,
+        "openLoopFields": OPEN_FIELDS,
         "loadOutcomes": {"complete": list(COMPLETE), "bad": [k for k in BAD if k != "5xx"]},  # the judge's verdicts
         "glossary": glossary.as_json(),
         "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, info) is None}
@@ -81,8 +83,8 @@ def head(presets: dict, info: EngineInfo) -> str:
     scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
         (HERE / name).read_text() for name in ("overlays.js", "roofline.js", "markdown.js", "client_timing.js",
                                               "smooth.js", "page.js", "trace.js", "gradio_transport.js", "ab.js",
-                                              "replay.js", "whatif.js",
-                                              "load/load_plots.js", "load/load.js")]
+                                              "replay.js", "whatif.js", "load/load_plots.js", "load/load.js",
+                                              "load/open_plots.js", "load/open_loop.js")]
     return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
 
 
@@ -274,12 +276,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                 sweep_files = gr.File(label="Export (CSV, JSON)", file_count="multiple")
 
             with gr.Tab("Load", id="load"):
-                load_inputs = load_tab.build(store.engines, info, prompt_sets, load_ready)
-                with gr.Row():
-                    load_run = gr.Button("Run both (run 1, then run 2)", variant="primary", elem_id="lab-load-run")
-                    load_stop = gr.Button("Stop", variant="stop", elem_id="lab-load-stop")
-                gr.HTML('<div id="lab-load-status" class="lab-muted"></div><div id="lab-load-plots"></div>'
-                        '<p id="lab-load-sentence" class="lab-load-sentence"></p><div id="lab-load-delta"></div>')
+                load_tab.build(store.engines, info, prompt_sets, load_ready)  # its controls and events
 
             with gr.Tab("Glossary", id="glossary"):
                 gr.Markdown("Every number on the page, with the events it starts and ends at. Hover a number "
@@ -322,8 +319,6 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                       api_name="chat", concurrency_limit=None, show_progress="hidden")
         gr_stream.change(None, [gr_stream], js="(v) => { window.lab.onGradioUpdate(v); }", **quick)
 
-        load_run.click(None, load_inputs, js="(...a) => { window.lab.load.start(a); }", **quick)
-        load_stop.click(None, js="() => { window.lab.load.stop(); }", **quick)
 
         sweep_event = sweep_run.click(run_sweep_event, [set_choice, custom, max_items, *both],
                                       [sweep_summary, sweep_plot, sweep_files], api_visibility="private")

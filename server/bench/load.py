@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from engine.bench import load_model
+from server.bench import load_open
 from server.load.figures import (
     compare_rows,
     compare_table,
@@ -39,12 +40,15 @@ from server.load.figures import (
 from server.load.scenario import LoadSettings, run_one, run_side_by_side
 
 LEVELS = (1, 2, 4, 8, 16)
+CLOSED_DURATION_S = 20.0
 
 
 def add_args(p):
     p.set_defaults(dtype="fp32")  # exactness is checked: see the module docstring
     p.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels (clients)")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds each level keeps sending")
+    p.add_argument("--duration", type=float, default=None,
+                   help=f"seconds each level keeps sending (closed loop: default {CLOSED_DURATION_S:g}; open loop: "
+                        "instead of --num-prompts)")
     p.add_argument("--max-requests", type=int, default=200, help="at most this many requests per level")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--conversations", type=int, default=8, help="two-turn conversations in the pool")
@@ -60,12 +64,18 @@ def add_args(p):
     p.add_argument("--compare-max-batch", default=None, metavar="N,M",
                    help="run the whole load once per --max-batch value, side by side in this process "
                         "(e.g. 1,8), and print the throughput/latency trade-off between them")
+    load_open.add_args(p)
 
 
 # --- the scenario ------------------------------------------------------------------------------------
 def run(args, out):
     """The load at `--max-batch`, or at every value of `--compare-max-batch` side by side: one
-    loaded model, one engine and API per value, the levels alternating between the engines."""
+    loaded model, one engine and API per value, the levels alternating between the engines.
+    With --request-rate: open loop instead (load_open.py)."""
+    if args.request_rate:
+        return load_open.run(args, out)
+    if args.duration is None:
+        args.duration = CLOSED_DURATION_S
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     settings = LoadSettings(**{f.name: getattr(args, f.name) for f in fields(LoadSettings)})
     if not args.compare_max_batch:

@@ -1,4 +1,5 @@
-"""The load generator: N concurrent streaming clients through an OpenAI-compatible API, each reply
+"""The load generator: N concurrent streaming clients (closed loop) or requests arriving at a rate
+(open loop) through an OpenAI-compatible API, each reply
 judged against the same request alone. `python -m server.bench load` runs it from the command line
 (server/bench/load.py: the flags and the printout); the page's Load tab runs it too (ui/load/).
 
@@ -13,6 +14,14 @@ Module map, in the order a load runs:
                  side (`run_side_by_side`), each behind our API on loopback
     figures.py   a row per level (`level_row`: counts, throughput, percentiles of the server's
                  `timings`; unknown values None), tables, repeats merged, two max batches compared
+
+Open loop (requests arriving at a rate, `--request-rate`; docs/load.md):
+    arrivals.py       the schedule: gamma gaps as vLLM's bench serve draws them, or constant, seeded
+    open_loop.py      `drive_open`: each request sent at its time, judged; the probe among them
+    serve_figures.py  a level's figures under vLLM's names, goodput, the knee, the stop rule
+    sweep.py          `Sweep`: levels of rate up to saturation, the probe's stages per level
+    pareto.py         tok/s per user against total, and the sentence
+    open_scenario.py  the sweeps per max batch against our engines, or against a remote server
 
 The bench imports this package, never the other way round; the page imports it, never server.bench.
 """

@@ -8,7 +8,8 @@ still share the machine's cores with the server, as a browser on the same laptop
 
 The parent sends the pool (each turn with its reference reply) and the run's settings as one JSON
 object on stdin; the child runs `drive` and writes one JSON line per judged request,
-then one with the wall time. `python -m server.load.clients` is that child.
+then one with the wall time. `python -m server.load.clients` is that child; it runs closed-loop
+clients (`drive`) or open-loop arrivals (open_loop.py `drive_open`), as the spec's "mode" says.
 """
 
 from __future__ import annotations
@@ -76,9 +77,25 @@ def drive_elsewhere(url: str, pool: list[ScriptedConversation], clients: int, du
                     on_result=None, stop: threading.Event | None = None) -> tuple[list[Result], float]:
     """`drive` with the same arguments, run by a child process. `stop`: set it to end the
     run early (the child is killed; its open streams close, so the server cancels their generations)."""
-    spec = {"url": url, "pool": [asdict(c) for c in pool], "clients": clients, "duration": duration,
-            "max_requests": max_requests, "cancel_every": cancel_every, "deadline": deadline,
+    spec = {"mode": "closed", "url": url, "pool": [asdict(c) for c in pool], "clients": clients,
+            "duration": duration, "max_requests": max_requests, "cancel_every": cancel_every, "deadline": deadline,
             "api_key": api_key, "headers": headers or {}}
+    return run_child(spec, on_result, stop)
+
+
+def drive_open_elsewhere(url: str, turns: list[Turn], times: list[float], deadline: float,
+                         api_key: str | None = None, headers: dict | None = None, on_result=None,
+                         stop: threading.Event | None = None, probe: Turn | None = None,
+                         probe_at: float | None = None) -> tuple[list[Result], float]:
+    """open_loop.drive_open with the same arguments, run by a child process (as `drive_elsewhere`)."""
+    spec = {"mode": "open", "url": url, "turns": [asdict(t) for t in turns], "times": list(times),
+            "deadline": deadline, "api_key": api_key, "headers": headers or {},
+            "probe": asdict(probe) if probe is not None else None, "probe_at": probe_at}
+    return run_child(spec, on_result, stop)
+
+
+def run_child(spec: dict, on_result=None, stop: threading.Event | None = None) -> tuple[list[Result], float]:
+    """Run the clients `spec` describes in `python -m server.load.clients`; results as they come."""
     child = subprocess.Popen([sys.executable, "-m", CHILD], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watcher = None
@@ -122,9 +139,17 @@ def main() -> None:
     def on_result(result: Result) -> None:
         print(json.dumps({"result": asdict(result)}), flush=True)
 
-    _, wall = asyncio.run(drive(spec["url"], _pool(spec["pool"]), spec["clients"], spec["duration"],
-                                spec["max_requests"], spec["cancel_every"], spec["deadline"], spec["api_key"],
-                                spec["headers"], on_result=on_result))
+    if spec.get("mode") == "open":
+        from .open_loop import drive_open
+
+        probe = Turn(**spec["probe"]) if spec.get("probe") else None
+        run = drive_open(spec["url"], [Turn(**t) for t in spec["turns"]], spec["times"], spec["deadline"],
+                         spec["api_key"], spec["headers"], on_result=on_result, probe=probe,
+                         probe_at=spec.get("probe_at"))
+    else:
+        run = drive(spec["url"], _pool(spec["pool"]), spec["clients"], spec["duration"], spec["max_requests"],
+                    spec["cancel_every"], spec["deadline"], spec["api_key"], spec["headers"], on_result=on_result)
+    _, wall = asyncio.run(run)
     print(json.dumps({"wall": wall}), flush=True)
 
 

@@ -6,6 +6,7 @@ server does not promise exact replies, differs, lost, stuck). clients.py drives 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class Turn:
     ref_text: str = ""
     ref_prompt_tokens: int = 0
     exact: bool = True  # the server promises this reply token for token (EngineInfo.exact_replies)
+    ref_e2e_ms: float | None = None  # the reference's own total time, alone (an open-loop sweep's first rate)
 
 
 @dataclass
@@ -103,6 +105,7 @@ def compute_references(engine, pool: list[ScriptedConversation], progress=None) 
             config = parse_chat_request(turn.body).config  # the very config the API will build
             done = engine.complete(turn.body["messages"], config)
             turn.ref_text, turn.ref_prompt_tokens = done.text, done.timeline.prompt_tokens
+            turn.ref_e2e_ms = done.timeline.e2e_ms
             turn.exact = info.exact_replies(config.quantization)
             history = turn.body["messages"] + [{"role": "assistant", "content": done.text}]
             done_turns += 1
@@ -121,6 +124,11 @@ class Result:
     timings: dict | None = None
     client_ttft_ms: float | None = None
     error: str | None = None
+    client_e2e_ms: float | None = None  # request sent -> stream ended (this client's clock)
+    client_itl_ms: list | None = None  # gaps between text chunks (this client's clock)
+    output_tokens: int | None = None  # usage.completion_tokens, else the server's timings
+    prompt_tokens: int | None = None  # usage.prompt_tokens
+    sent_s: float | None = None  # open loop: when it was sent, seconds after the level started
 
 
 async def one_request(http, url: str, turn: Turn, session: str | None, cancel: str | None, deadline: float,
@@ -134,6 +142,7 @@ async def one_request(http, url: str, turn: Turn, session: str | None, cancel: s
         body["session"] = session
     r = Result(turn.key, clients)
     parts: list[str] = []
+    chunk_at: list[float] = []
     t0 = time.perf_counter()
 
     async def stream():
@@ -149,6 +158,9 @@ async def one_request(http, url: str, turn: Turn, session: str | None, cancel: s
                     r.outcome = r.outcome or "lost"  # [DONE] without a finish chunk
                     return
                 chunk = json.loads(sse.data)
+                if chunk.get("usage"):
+                    r.output_tokens = chunk["usage"].get("completion_tokens")
+                    r.prompt_tokens = chunk["usage"].get("prompt_tokens")
                 if "error" in chunk:
                     r.error = chunk["error"].get("message")
                     r.outcome = "5xx" if chunk["error"].get("type") == "server_error" else "4xx"
@@ -156,7 +168,8 @@ async def one_request(http, url: str, turn: Turn, session: str | None, cancel: s
                 for choice in chunk.get("choices") or []:
                     text = (choice.get("delta") or {}).get("content")
                     if text:
-                        r.client_ttft_ms = r.client_ttft_ms or (time.perf_counter() - t0) * 1e3
+                        chunk_at.append(time.perf_counter())
+                        r.client_ttft_ms = r.client_ttft_ms or (chunk_at[-1] - t0) * 1e3
                         parts.append(text)
                     if choice.get("finish_reason"):
                         r.timings = chunk.get("timings")
@@ -179,6 +192,10 @@ async def one_request(http, url: str, turn: Turn, session: str | None, cancel: s
     except Exception as exc:  # a connection that broke, a body that is not JSON: the reply is lost
         r.outcome, r.error = "lost", f"{type(exc).__name__}: {exc}"
     r.text = "".join(parts)
+    r.client_e2e_ms = (time.perf_counter() - t0) * 1e3
+    r.client_itl_ms = [round((b - a) * 1e3, 3) for a, b in itertools.pairwise(chunk_at)]
+    if r.output_tokens is None and r.timings:
+        r.output_tokens = r.timings.get("output_tokens")
     return r
 
 
@@ -189,7 +206,7 @@ def judge(r: Result, turn: Turn, references: dict[str, str]) -> str:
     if r.outcome not in ("done", "cancelled"):
         return r.outcome
     own = r.text == turn.ref_text if r.outcome == "done" else turn.ref_text.startswith(r.text)
-    if r.outcome == "done" and (r.timings or {}).get("prompt_tokens") != turn.ref_prompt_tokens:
+    if r.outcome == "done" and (r.timings or {}).get("prompt_tokens", r.prompt_tokens) != turn.ref_prompt_tokens:
         own = False  # the right text for another prompt would be no better
     if own:
         return "exact" if r.outcome == "done" else "cancelled"

@@ -29,7 +29,11 @@ def loopback_url(request: Request) -> str:
 
 
 def load_router(runner: LoadRunner, has_api: bool) -> APIRouter:
+    """The closed-loop pairs' endpoints, and the open-loop sweeps' (/lab/load/open, same runner's engines)."""
+    from .open_run import OpenLoopRunner
+
     router = APIRouter(prefix="/lab/load")
+    router.include_router(open_loop_router(OpenLoopRunner(runner), has_api), prefix="")
 
     def refuse(status: int, exc: Exception):
         return HTTPException(status, {"message": str(exc), "param": getattr(exc, "param", None)})
@@ -63,6 +67,45 @@ def load_router(runner: LoadRunner, has_api: bool) -> APIRouter:
     async def stop(pair_id: str):
         try:
             runner.get(pair_id).stop.set()
+        except LatencyLabError as exc:
+            raise refuse(404, exc) from exc
+        return {"stopping": True}
+
+    return router
+
+
+def open_loop_router(runner, has_api: bool) -> APIRouter:
+    """/lab/load/open: the open-loop sweeps (open_run.py), started, polled and stopped as pairs are."""
+    router = APIRouter(prefix="/open")
+
+    def refuse(status: int, exc: Exception):
+        return HTTPException(status, {"message": str(exc), "param": getattr(exc, "param", None)})
+
+    @router.post("/start")
+    async def start(body: LoadIn, request: Request):
+        if not has_api:
+            raise HTTPException(400, {"message": "the Load tab needs the API on this server (/v1/chat/completions): "
+                                                 "start the page with app.py, which mounts it"})
+        headers = {k: v for k, v in request.headers.items() if k in FORWARDED}
+        try:
+            run = runner.start(body.settings, loopback_url(request), headers)
+        except LoadBusy as exc:
+            raise refuse(409, exc) from exc
+        except LatencyLabError as exc:
+            raise refuse(400, exc) from exc
+        return {"id": run.id}
+
+    @router.get("/{run_id}")
+    async def poll(run_id: str):
+        try:
+            return runner.get(run_id).to_dict()
+        except LatencyLabError as exc:
+            raise refuse(404, exc) from exc
+
+    @router.post("/{run_id}/stop")
+    async def stop(run_id: str):
+        try:
+            runner.get(run_id).stop.set()
         except LatencyLabError as exc:
             raise refuse(404, exc) from exc
         return {"stopping": True}

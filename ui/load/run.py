@@ -182,11 +182,15 @@ class LoadRunner:
         self.keep = keep
         self._references: dict[tuple, list] = {}  # (backend, prompt set, tokens, conversations) -> pool
         self._lock = threading.Lock()
+        self.others: list = []  # the open-loop sweeps' runner (open_run.py): one load at a time on this app
+
+    def busy(self) -> bool:
+        return any(p.status in ("references", "running") for p in self.pairs.values())
 
     def start(self, values: dict, url: str, headers: dict | None = None) -> LoadPair:
         spec = parse_spec(values, self.prompt_sets, self.engines)
         with self._lock:
-            if any(p.status in ("references", "running") for p in self.pairs.values()):
+            if self.busy() or any(o.busy() for o in self.others):
                 raise LoadBusy("a load run is already going on this server (maybe from another tab): "
                                "wait for it to finish, or stop it there")
             label = "max batch {}" if spec.max_batches[0] is not None else "run {}"

@@ -1,5 +1,7 @@
-"""The Load tab's layout: its controls derive from the declarations in run.py (LOAD_SETTINGS);
-the plots, the delta table and the sentence are drawn by load.js and load_plots.js."""
+"""The Load tab's layout and events: the mode (closed loop: N clients, two runs; open loop: a rate
+sweep), each mode's controls derived from its declarations (run.py LOAD_SETTINGS, open_run.py
+OPEN_SETTINGS), its buttons and the containers its scripts draw into (closed: load.js and
+load_plots.js; open: open_loop.js and open_plots.js)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import gradio as gr
 from engine.core.info import EngineInfo
 
 from ..controls import toggle_control
+from . import open_tab
 from .run import (
     LOAD_FIELDS,
     LOAD_POOL,
@@ -32,10 +35,37 @@ EXPLAIN = (
 NO_API = "This server has no API mounted (/v1): start the page with `python app.py` to run loads."
 
 
-def build(engines: dict, info: EngineInfo, prompt_sets: dict, load_ready: bool) -> list:
-    """The tab's controls, in the order of run.LOAD_FIELDS (load.js zips them with those names)."""
+MODES = [("Closed loop: N clients, two runs side by side", "closed"),
+         ("Open loop: requests arrive at a rate, swept up to saturation", "open")]
+QUICK = {"queue": False, "show_progress": "hidden"}
+
+
+def build(engines: dict, info: EngineInfo, prompt_sets: dict, load_ready: bool) -> None:
+    """The whole tab: the mode, then each mode's controls, buttons and output, its events wired."""
+    if not load_ready:
+        gr.Markdown(NO_API)
+    mode = gr.Radio(MODES, value="closed", label="Mode", elem_id="lab-load-mode",
+                    info="closed loop: each client waits for its reply before it sends again, so the load eases as "
+                         "the server slows; open loop: requests arrive on their own, as real traffic does")
+    with gr.Column(visible=True) as closed:
+        inputs = build_closed(engines, info, prompt_sets)
+        with gr.Row():
+            run = gr.Button("Run both (run 1, then run 2)", variant="primary", elem_id="lab-load-run")
+            stop = gr.Button("Stop", variant="stop", elem_id="lab-load-stop")
+        gr.HTML('<div id="lab-load-status" class="lab-muted"></div><div id="lab-load-plots"></div>'
+                '<p id="lab-load-sentence" class="lab-load-sentence"></p><div id="lab-load-delta"></div>')
+    with gr.Column(visible=False) as open_:
+        open_tab.build(engines, info)
+    run.click(None, inputs, js="(...a) => { window.lab.load.start(a); }", **QUICK)
+    stop.click(None, js="() => { window.lab.load.stop(); }", **QUICK)
+    mode.change(lambda m: (gr.update(visible=m == "closed"), gr.update(visible=m == "open")), [mode],
+                [closed, open_], **QUICK)
+
+
+def build_closed(engines: dict, info: EngineInfo, prompt_sets: dict) -> list:
+    """The closed-loop controls, in the order of run.LOAD_FIELDS (load.js zips them with those names)."""
     limit = scope_limit(next(iter(engines.values()))) or 1
-    gr.Markdown(EXPLAIN.format(limit=limit) if load_ready else NO_API)
+    gr.Markdown(EXPLAIN.format(limit=limit))
     if limit == 1:
         gr.Markdown(f"**This engine runs one request at a time** (started with `--max-batch 1`): both runs can only "
                     f"use max batch 1. Restart with `--max-batch {PAGE_MAX_BATCH}` to compare.")

@@ -1,0 +1,222 @@
+"""The Load tab's open-loop sweep: requests arrive at a rate (Poisson, bursty or constant) whether or
+not the earlier ones have finished, the rate rising level by level up to saturation, once per max
+batch; the figures per level, the knee, the Pareto trade-off and the probe's stages per level.
+
+The sweep itself is server/load/sweep.py (`python -m server.bench load --request-rate sweep` runs
+the same one); this module declares the tab's settings once (OPEN_SETTINGS), runs the sweeps on a
+thread against this server's own API on loopback, each max batch under a batch scope of its own
+(as run.py's closed-loop runs), and keeps a snapshot the page polls. A remote backend batches as
+its server does: one sweep, max batch unknown (None).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+from engine.core.errors import InvalidRequest, LatencyLabError
+from engine.core.toggles import Toggle
+from server.load import pareto
+from server.load.open_scenario import PROBE_PROMPT, probe_turn
+from server.load.serve_figures import DEFAULT_OBJECTIVES
+from server.load.sweep import Sweep, SweepSettings
+
+from .run import REQUEST_DEADLINE_S, LoadBusy, scope_limit
+
+MAX_PROMPT_CHARS = 2000
+OPEN_SETTINGS = (
+    Toggle("arrivals", "choice", "poisson", "Arrivals",
+           "poisson: random gaps (gamma with the burstiness as its shape, as vLLM's bench serve); constant: "
+           "exactly 1/rate apart", choices=("poisson", "constant"), backends=("page",)),
+    Toggle("burstiness", "float", 1.0, "Burstiness", "1: Poisson; below 1 burstier, above 1 more regular",
+           lo=0.1, hi=10.0, backends=("page",)),
+    Toggle("num_prompts", "int", 8, "Requests per level", "requests sent at each rate", lo=2, hi=200,
+           backends=("page",)),
+    Toggle("max_new_tokens", "int", 16, "Max tokens", "output tokens per request, at most (greedy)",
+           lo=1, hi=256, backends=("page",)),
+    Toggle("start_rate", "float", 0.0, "First rate (req/s)",
+           "0: half of what one request at a time serves (measured: each request alone, first)", lo=0.0,
+           hi=1000.0, backends=("page",)),
+    Toggle("factor", "float", SweepSettings.factor, "Rate step (×)", "each level offers this many times the last one's rate",
+           lo=1.05, hi=8.0, backends=("page",)),
+    Toggle("max_levels", "int", 6, "Most levels", "the sweep stops here if it has not saturated",
+           lo=1, hi=12, backends=("page",)),
+    Toggle("ttft_ms", "float", DEFAULT_OBJECTIVES["ttft"], "Objective: TTFT (ms)",
+           "a request counts toward goodput only within it; the sweep stops when p90 TTFT passes it tenfold",
+           lo=1.0, hi=600000.0, backends=("page",)),
+    Toggle("tpot_ms", "float", DEFAULT_OBJECTIVES["tpot"], "Objective: TPOT (ms)",
+           "0: none; default: the reading pace (a reply streams as fast as it is read)", lo=0.0, hi=600000.0, backends=("page",)),
+    Toggle("e2el_ms", "float", 0.0, "Objective: E2E (ms)", "0: none", lo=0.0, hi=600000.0, backends=("page",)),
+    Toggle("seed", "int", 0, "Seed", "the arrival schedule's seed: the same seed, the same gaps", lo=0,
+           hi=2**31 - 1, backends=("page",)),
+)
+OPEN_FIELDS = [*(t.name for t in OPEN_SETTINGS), "max_batches", "probe", "backend"]
+
+
+@dataclass(frozen=True)
+class OpenSpec:
+    sweep: SweepSettings
+    max_new_tokens: int
+    max_batches: tuple  # (None,): the backend's own batching (a remote server)
+    probe: str
+    backend: str
+
+
+def batch_choices(limit: int | None) -> list[int]:
+    """The max batches the tab offers: 1, 2, 4, ... up to the engine's limit (and the limit itself)."""
+    if limit is None:
+        return []
+    out, b = [], 1
+    while b < limit:
+        out.append(b)
+        b *= 2
+    return out + [limit]
+
+
+def parse_open(values: dict, engines: dict) -> OpenSpec:
+    if not isinstance(values, dict):
+        raise InvalidRequest("settings must be an object of setting: value", "settings")
+    unknown = set(values) - set(OPEN_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(map(str, unknown)))}", "settings")
+    got = {t.name: t.read(values) for t in OPEN_SETTINGS}
+    backend = values.get("backend") or next(iter(engines))
+    if backend not in engines:
+        raise InvalidRequest(f"backend must be one of {', '.join(engines)}", "backend")
+    limit = scope_limit(engines[backend])
+    if limit is None:
+        batches = (None,)
+    else:
+        raw = values.get("max_batches") or [1]
+        try:
+            batches = tuple(sorted({int(b) for b in raw}))
+        except (TypeError, ValueError):
+            raise InvalidRequest("max_batches must be a list of whole numbers", "max_batches") from None
+        if any(b < 1 or b > limit for b in batches):
+            raise InvalidRequest(f"max batch must be 1 to {limit} on this engine: it was started with --max-batch "
+                                 f"{limit}", "max_batches")
+    probe = str(values.get("probe") or "").strip()
+    if len(probe) > MAX_PROMPT_CHARS:
+        raise InvalidRequest(f"the probe prompt must be at most {MAX_PROMPT_CHARS} characters", "probe")
+    objectives = {k: got[f"{k}_ms"] for k in ("ttft", "tpot", "e2el") if got[f"{k}_ms"]}
+    s = SweepSettings(start_rate=got["start_rate"] or None, factor=got["factor"], max_levels=got["max_levels"],
+                      num_prompts=got["num_prompts"], burstiness=got["burstiness"], process=got["arrivals"],
+                      seed=got["seed"], objectives=objectives, deadline=REQUEST_DEADLINE_S)
+    return OpenSpec(s, got["max_new_tokens"], batches, probe, backend)
+
+
+@dataclass
+class OpenRun:
+    id: str
+    spec: OpenSpec
+    status: str = "references"  # references | running | done | stopped | error
+    message: str = ""
+    sweeps: list = field(default_factory=list)  # Sweep objects, one per max batch as they start
+    results: dict = field(default_factory=dict)  # max batch -> Sweep.result()
+    started: float = field(default_factory=time.perf_counter)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def to_dict(self) -> dict:
+        s = self.spec.sweep
+        out = {"id": self.id, "status": self.status, "message": self.message,
+               "elapsed_s": round(time.perf_counter() - self.started, 1),
+               "spec": {"max_batches": list(self.spec.max_batches), "objectives": dict(s.objectives),
+                        "num_prompts": s.num_prompts, "arrivals": s.process, "burstiness": s.burstiness,
+                        "max_new_tokens": self.spec.max_new_tokens, "probe": self.spec.probe,
+                        "backend": self.spec.backend},
+               "sweeps": [self._sweep_dict(sw) for sw in self.sweeps]}
+        done = self.status in ("done", "stopped")
+        out["sentence"] = pareto.sentence({k: v for k, v in self.results.items() if k is not None}) if done else None
+        return out
+
+    def _sweep_dict(self, sw: Sweep) -> dict:
+        r = sw.result()
+        return {**r, "running_rate": sw.rate, "points": list(sw.points),
+                "pareto": pareto.points(r), "label": f"max batch {sw.max_batch}" if sw.max_batch else "the server's"}
+
+
+class OpenLoopRunner:
+    """Open-loop sweeps, one at a time on this app, and never beside a closed-loop pair (`closed`):
+    they would measure each other."""
+
+    def __init__(self, closed, keep: int = 4):
+        self.closed = closed
+        self.engines = closed.engines
+        self.runs: OrderedDict[str, OpenRun] = OrderedDict()
+        self.keep = keep
+        self._references: dict[tuple, tuple] = {}  # (backend, tokens, probe) -> (turns, probe turn)
+        closed.others.append(self)
+
+    def busy(self) -> bool:
+        return any(r.status in ("references", "running") for r in self.runs.values())
+
+    def start(self, values: dict, url: str, headers: dict | None = None) -> OpenRun:
+        spec = parse_open(values, self.engines)
+        with self.closed._lock:
+            if self.busy() or self.closed.busy():
+                raise LoadBusy("a load run is already going on this server (maybe from another tab): "
+                               "wait for it to finish, or stop it there")
+            run = OpenRun(secrets.token_urlsafe(12), spec)
+            self.runs[run.id] = run
+            while len(self.runs) > self.keep:
+                self.runs.popitem(last=False)
+        threading.Thread(target=self._run, args=(run, url, headers or {}), name="load-sweep", daemon=True).start()
+        return run
+
+    def get(self, run_id: str) -> OpenRun:
+        run = self.runs.get(run_id)
+        if run is None:
+            raise InvalidRequest("no such sweep (the server keeps the latest few)", "id")
+        return run
+
+    def _turns(self, run: OpenRun):
+        from server.load.open_scenario import references
+        from server.load.pool import build_pool
+
+        spec = run.spec
+        key = (spec.backend, spec.max_new_tokens, spec.probe, spec.sweep.num_prompts)
+        if key not in self._references:
+            pool = build_pool(min(6, max(1, spec.sweep.num_prompts // 2)), spec.max_new_tokens,
+                              {"speculative": None, "quantization": None})
+            probe = probe_turn(spec.probe, spec.max_new_tokens) if spec.probe else None
+            run.message = "references: each request alone first, for the judge and the first rate"
+            turns = references(self.engines[spec.backend], pool, probe, lambda line: None, spec.backend)
+            self._references[key] = (turns, probe)
+        return self._references[key]
+
+    def _run(self, run: OpenRun, url: str, headers: dict) -> None:
+        from server.load.drive import wait_idle
+
+        try:
+            turns, probe = self._turns(run)
+            run.status = "running"
+            engine = self.engines[run.spec.backend]
+            for mb in run.spec.max_batches:
+                if run.stop.is_set():
+                    break
+                scope = engine.open_batch_scope(mb) if mb is not None else None
+                extra = {"model": run.spec.backend, **({"batch_scope": scope} if scope is not None else {})}
+                scoped = [replace(t, body={**t.body, **extra}) for t in turns]
+                sprobe = replace(probe, body={**probe.body, **extra}) if probe is not None else None
+                sw = Sweep(run.spec.sweep, url, scoped, probe=sprobe, max_batch=mb, headers=headers,
+                           after_level=lambda _: wait_idle(engine), stop=run.stop,
+                           out=lambda line, mb=mb: setattr(run, "message", line))
+                run.sweeps.append(sw)
+                run.message = f"max batch {mb}: first level…" if mb else "first level…"
+                try:
+                    run.results[mb] = sw.run()
+                finally:
+                    if scope is not None:
+                        engine.close_batch_scope(scope)
+            run.status = "stopped" if run.stop.is_set() else "done"
+            run.message = "stopped" if run.stop.is_set() else ""
+        except LatencyLabError as exc:
+            run.status, run.message = "error", str(exc)
+        except Exception as exc:  # a bug or a backend down: said on the tab, never a traceback there
+            run.status, run.message = "error", f"the sweep failed: {type(exc).__name__}: {exc}"
+
+
+PROBE_DEFAULT = PROBE_PROMPT
