@@ -59,7 +59,8 @@ def suite(peer_python: str | None, cuda: bool) -> list[Step]:
              ["--force", "--seconds", "8", "--rounds", "8"], ["--force", "--seconds", "0.5", "--rounds", "2"],
              load_flags=False),
         Step("bandwidth", "decode per weights variant, against the read bandwidth", "engine.bench",
-             ["bandwidth", "--rounds", "4", "--steps", "4", "--variants", "fp32,int8wo,int8wo+head,int4wo,int4wo+head"],
+             ["bandwidth", "--dtype", "fp32", "--rounds", "4", "--steps", "4",  # fp32 loaded: every
+              "--variants", "bf16,int8wo,int8wo+head,int4wo,int4wo+head"],          # variant is a downcast
              ["bandwidth", "--rounds", "1", "--steps", "1",
                                                                 "--variants", "int8wo"]),
         Step("kv", "KV reuse: a 6-turn chat's last-turn TTFT", "engine.bench", ["kv", "--runs", "3"],
@@ -76,7 +77,7 @@ def suite(peer_python: str | None, cuda: bool) -> list[Step]:
     ]
     if peer_python:
         steps.append(Step("peer", "ours vs llama.cpp, same GGUF and token ids", "engine.bench",
-                          ["peer", "--peer-python", peer_python, "--rounds", "2"],
+                          ["peer", "--peer-python", peer_python, "--rounds", "2", "--compare-variants", "int4wo+head"],
                           ["peer", "--peer-python", peer_python, "--rounds", "1", "--max-tokens", "8",
                            "--warm-tokens", "2"]))
     if cuda:
