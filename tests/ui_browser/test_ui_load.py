@@ -3,6 +3,8 @@ the API mounted): a small load of two runs (max batch 1, then 2) through the API
 the live plots get points, the delta table holds both runs' figures, and the judge finds nothing
 lost, crossed or mismatched. Bad input gets a message, not a traceback."""
 
+import json
+
 import pytest
 
 from engine.serving.service import Engine
@@ -66,6 +68,19 @@ def test_two_small_runs_plot_live_and_fill_the_delta_table(load_server, browser_
     sentence = page.inner_text("#lab-load-sentence")
     assert sentence.startswith("Max batch 2 gave") and "at 2 clients" in sentence and "p50 TTFT went from" in sentence
     page.screenshot(path=str(artifacts / "page-load.png"), full_page=True)
+
+    # the run's trace: every request of both runs on one timeline, a server track each
+    link = page.locator("#lab-load-trace a")
+    assert link.inner_text() == "Trace (8 requests)"
+    with page.expect_download() as download:
+        link.click()
+    path = artifacts / "trace-load.json"
+    download.value.save_as(path)
+    trace = json.loads(path.read_text())
+    ids = [p["request_id"] for run in snap["runs"] for p in run["points"]]
+    assert [r["request_id"] for r in trace["otherData"]["replies"]] == ids
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert {f"max batch {b} · {i} · server" for b, i in zip([1] * 4 + [2] * 4, ids)} <= tracks, tracks
 
     # out of range: a message on the tab, no run
     set_number(page, "lab-load-clients", 32)

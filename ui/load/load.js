@@ -32,6 +32,35 @@
     const text = { references: s.message, running: s.message, done: "done: both runs finished", stopped: "stopped",
       error: s.message }[s.status];
     status(text || s.status);
+    traceLink(s);
+  }
+
+  // When both runs are over: every request of both on one timeline, a track each (ui/trace.js).
+  function traceLink(s) {
+    const holder = q("#lab-load-trace");
+    if (!holder) return;
+    const requests = (s.runs || []).flatMap((run) => (run.points || []).filter((p) => p.request_id)
+      .map((p) => ({ id: p.request_id, label: `${run.label} · ${p.request_id}` })));
+    if (!(s.status === "done" || s.status === "stopped") || !requests.length || !window.LabTrace) {
+      holder.innerHTML = "";
+      return;
+    }
+    if (holder.dataset.pair === s.id) return;
+    holder.dataset.pair = s.id;
+    holder.innerHTML = "";
+    const a = document.createElement("a");
+    a.href = "#";
+    a.textContent = `Trace (${requests.length} requests)`;
+    a.title = "Download every request of both runs on one timeline, one track each; open it in ui.perfetto.dev.";
+    a.addEventListener("click", async (e) => {
+      e.preventDefault();
+      try {
+        await window.LabTrace.download(requests.map((r) => r.id), requests.map((r) => r.label), `latency-lab-load-${s.id}.json`);
+      } catch (err) {
+        a.textContent = `Trace: ${err.message || err}`;
+      }
+    });
+    holder.appendChild(a);
   }
 
   async function poll() {

@@ -24,13 +24,14 @@ class LoadPoint:
     tpot_ms: float | None
     queue_ms: float | None
     e2e_ms: float | None
+    request_id: str | None = None  # the server's id (its trace: POST /lab/trace, ui/trace.js)
 
     @classmethod
     def of(cls, result, t_s: float) -> LoadPoint:
         """From the load's Result (server/load/pool.py): the server's `timings` of the request."""
         t = result.timings or {}
         return cls(round(t_s, 3), result.outcome, t.get("output_tokens"), t.get("ttft_ms"), t.get("tpot_ms"),
-                   t.get("queue_ms"), t.get("e2e_ms"))
+                   t.get("queue_ms"), t.get("e2e_ms"), t.get("request_id") or None)
 
     def to_dict(self) -> dict:
         return asdict(self)
