@@ -124,5 +124,7 @@ def test_the_compiled_step_checkbox_runs_pane_b_through_the_graph(page_server, b
                           "return [r.error, r.record && r.record.timeline.decode_step || null, r.row.config]; })")
     assert steps[0][:2] == [None, None] and steps[1][:2] == [None, "compiled"], steps
     assert "compiled step" not in steps[0][2] and "compiled step" in steps[1][2]
-    assert last_run(page, "A")["reply"] == last_run(page, "B")["reply"]
+    rows = [last_run(page, s)["row"] for s in "AB"]
+    assert last_run(page, "A")["reply"] == last_run(page, "B")["reply"], [
+        {k: r.get(k) for k in ("output_tokens", "finish_reason", "cached_tokens", "config", "dtype")} for r in rows]
     assert "The two replies are identical." in page.inner_text("#lab-delta")
