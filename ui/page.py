@@ -82,9 +82,10 @@ def head(presets: dict, info: EngineInfo) -> str:
     }
     scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [
         (HERE / name).read_text() for name in ("overlays.js", "roofline.js", "markdown.js", "client_timing.js",
-                                              "smooth.js", "page.js", "trace.js", "gradio_transport.js", "ab.js",
-                                              "replay.js", "whatif.js", "load/load_plots.js", "load/load.js",
-                                              "load/open_plots.js", "load/open_loop.js")]
+                                              "smooth.js", "page.js", "sse_transport.js", "trace.js",
+                                              "gradio_transport.js", "ab.js", "replay.js", "whatif.js",
+                                              "load/load_plots.js", "load/load.js", "load/open_plots.js",
+                                              "load/open_loop.js")]
     return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
 
 
