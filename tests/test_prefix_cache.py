@@ -9,54 +9,19 @@ import threading
 
 import numpy as np
 import pytest
+from kv_support import GREEDY, filled_kv, held_ids, plain, run
 
 from engine.core.config import GenerationConfig, LoadConfig
-from engine.core.errors import InvalidRequest
-from engine.core.request import Request
-from engine.core.timeline import Timeline
-from engine.model.kv_cache import KVCache
 from engine.model.loader import load
 from engine.serving.decoding import Decoding
-from engine.serving.generate import build_prompt_ids, generate
+from engine.serving.generate import build_prompt_ids
 from engine.serving.prefix_cache import PrefixCache, common_prefix_length
 from engine.serving.sessions import Conversation
-
-GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=10)
-
-
-def run(lm, cache, *, messages=None, prompt_ids=None, session="s", config=GREEDY, should_stop=lambda: False,
-        decoding_factory=Decoding):
-    tl = Timeline()
-    tl.enqueued_ns = tl.started_ns = tl.received_ns
-    events = generate(lm.model, lm.tokenizer, lm.eos_token_ids,
-                      Request(messages=messages, prompt_ids=prompt_ids, config=config, session=session), tl,
-                      should_stop=should_stop, decoding_factory=decoding_factory, prefix_cache=cache)
-    for event in events:
-        pass
-    return event
-
-
-def plain(lm, cache=None, **kw):
-    """The same request with KV reuse off: the reference every reuse result must equal."""
-    return run(lm, cache, config=kw.pop("config", GREEDY).replace(kv_reuse=False), **kw)
 
 
 def budget_mb(positions: int, per_position: int) -> float:
     """A budget in MiB that holds exactly `positions` positions (a byte of margin for rounding)."""
     return (positions * per_position + 1) / 2**20
-
-
-def filled_kv(n, layers=2, kv_heads=2, head_dim=8):
-    """A synthetic cache with n valid positions and no spare room."""
-    import torch
-
-    kv = KVCache(layers, kv_heads, head_dim, n, torch.float32, torch.device("cpu"))
-    kv.length = n
-    return kv
-
-
-def held_ids(cache: PrefixCache) -> list[list[int]]:
-    return [e.ids.tolist() for e in cache.entries()]
 
 
 def longest_held_prefix(cache, prompt_ids) -> int:
@@ -363,81 +328,3 @@ def test_the_generic_forward_reuses_exactly_too(tiny_model_dir):
         assert (done.timeline.cached_tokens > 0) == (turn > 0)
         history = history + done.token_ids + [300 + turn, 301, 302]
     assert cache.stats()["bytes"] == sum(e.kv.nbytes() for e in cache.entries())
-
-
-# --- sessions ---------------------------------------------------------------------------------------
-
-def test_conversation_state_transitions():
-    conv = Conversation("s", system="sys")
-    with pytest.raises(InvalidRequest):
-        conv.regenerate()
-    msgs = conv.send("hi")
-    assert msgs == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
-    with pytest.raises(InvalidRequest, match="no reply yet"):
-        conv.send("again")
-
-    class Done:
-        text, token_ids, detail, timeline = "\nHello!", [1, 2, 3], {"finish_reason": "stop"}, None
-
-    reply = conv.add_reply(Done)
-    assert reply.content == "\nHello!" and reply.token_ids == [1, 2, 3]  # exactly as generated
-    assert conv.regenerate() == msgs and not any(m.role == "assistant" for m in conv.messages)
-    conv.add_reply(Done)
-    conv.send("next")
-    assert conv.edit(2, "changed")[-1] == {"role": "user", "content": "changed"}
-    assert conv.edit(1, "typed reply") is None and conv.messages[-1].token_ids is None
-    with pytest.raises(InvalidRequest):
-        conv.edit(5, "x")
-    conv.send("q")
-    conv.drop_unanswered()
-    assert conv.messages[-1].role == "assistant"
-    conv.clear()
-    assert conv.request_messages() == [{"role": "system", "content": "sys"}]
-
-
-def test_a_taken_entry_goes_back_whole_after_an_error(bundled):
-    cache = PrefixCache()
-    conv = Conversation("s")
-    conv.add_reply(run(bundled, cache, messages=conv.send("Tell me about owls.")))
-    (entry,) = cache.entries()
-    before = held_ids(cache)
-    messages = conv.send("And about bats?")
-    prompt = build_prompt_ids(bundled.tokenizer, messages)
-    assert common_prefix_length(entry.ids, np.asarray(prompt)) == entry.length  # the prompt extends all of it
-
-    class Exploding(Decoding):
-        def step(self):
-            raise RuntimeError("forced failure")
-
-    with pytest.raises(RuntimeError, match="forced failure"):
-        run(bundled, cache, messages=messages, decoding_factory=Exploding)
-    assert cache.stats()["handovers"] == 1
-    assert held_ids(cache) == before and cache.stats()["pinned"] == 0
-    done = run(bundled, cache, messages=messages)  # served from the entry that came back
-    assert done.timeline.cached_tokens == entry.length and done.timeline.counters["kv_handover"] == "taken"
-    assert done.token_ids == plain(bundled, messages=messages).token_ids
-
-
-def test_a_shared_scope_copies_and_keeps_its_entry():
-    cache = PrefixCache(shared=True)
-    kv = filled_kv(6)
-    cache.insert("m", cache.scope_for(None), list(range(6)), kv)
-    with cache.lookup("m", cache.scope_for(None), list(range(9))) as lease:
-        assert lease.cached_tokens == 6 and lease.take(12) is None  # other users may want it meanwhile
-        copy = lease.copy(12)
-    assert copy is not kv and copy.length == 6 and held_ids(cache) == [list(range(6))]
-
-
-def test_a_pinned_or_partly_matched_entry_is_copied():
-    cache = PrefixCache()
-    scope = cache.scope_for("s")
-    cache.insert("m", scope, list(range(6)), filled_kv(6))
-    with cache.lookup("m", scope, [0, 1, 2, 3, 9]) as partial:  # diverges at position 4
-        assert partial.cached_tokens == 4 and partial.take(8) is None
-    first, second = cache.lookup("m", scope, list(range(8))), cache.lookup("m", scope, list(range(8)))
-    assert first.take(8) is None  # two requests hold it: neither may take it
-    second.release()
-    taken = first.take(8)
-    assert taken is not None and taken.length == 6 and taken.capacity >= 8 and cache.entries() == []
-    first.release()
-    assert cache.stats()["pinned"] == 0 and cache.stats()["bytes"] == 0
