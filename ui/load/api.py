@@ -32,54 +32,32 @@ def load_router(runner: LoadRunner, has_api: bool) -> APIRouter:
     """The closed-loop pairs' endpoints, and the open-loop sweeps' (/lab/load/open, same runner's engines)."""
     from .open_run import OpenLoopRunner
 
-    router = APIRouter(prefix="/lab/load")
-    router.include_router(open_loop_router(OpenLoopRunner(runner), has_api), prefix="")
-
-    def refuse(status: int, exc: Exception):
-        return HTTPException(status, {"message": str(exc), "param": getattr(exc, "param", None)})
-
-    @router.post("/start")
-    async def start(body: LoadIn, request: Request):
-        if not has_api:
-            raise HTTPException(400, {"message": "the Load tab needs the API on this server (/v1/chat/completions): "
-                                                 "start the page with app.py, which mounts it"})
-        headers = {k: v for k, v in request.headers.items() if k in FORWARDED}
-        try:
-            pair = runner.start(body.settings, loopback_url(request), headers)
-        except LoadBusy as exc:
-            raise refuse(409, exc) from exc
-        except LatencyLabError as exc:
-            raise refuse(400, exc) from exc
-        return {"id": pair.id}
-
-    @router.get("/{pair_id}")
-    async def poll(pair_id: str):
-        try:
-            pair = runner.get(pair_id)
-        except LatencyLabError as exc:
-            raise refuse(404, exc) from exc
+    def pair_snapshot(pair) -> dict:
         out = pair.to_dict()
         if out["sentence"]:
             out["delta_html"] = delta_html(*pair.runs)
         return out
 
-    @router.post("/{pair_id}/stop")
-    async def stop(pair_id: str):
-        try:
-            runner.get(pair_id).stop.set()
-        except LatencyLabError as exc:
-            raise refuse(404, exc) from exc
-        return {"stopping": True}
-
+    router = APIRouter(prefix="/lab/load")
+    router.include_router(_runs_router(OpenLoopRunner(runner), has_api, "/open", lambda run: run.to_dict()))
+    router.include_router(_runs_router(runner, has_api, "", pair_snapshot))
     return router
 
 
-def open_loop_router(runner, has_api: bool) -> APIRouter:
-    """/lab/load/open: the open-loop sweeps (open_run.py), started, polled and stopped as pairs are."""
-    router = APIRouter(prefix="/open")
+def _runs_router(runner, has_api: bool, prefix: str, snapshot) -> APIRouter:
+    """Start, poll and stop for a runner of load runs (closed-loop pairs, open-loop sweeps): its
+    `start(settings, url, headers)`, `get(id)` (LatencyLabError: unknown) and each run's `stop`
+    event; `snapshot(run)` is what a poll returns."""
+    router = APIRouter(prefix=prefix)
 
     def refuse(status: int, exc: Exception):
         return HTTPException(status, {"message": str(exc), "param": getattr(exc, "param", None)})
+
+    def get(run_id: str):
+        try:
+            return runner.get(run_id)
+        except LatencyLabError as exc:
+            raise refuse(404, exc) from exc
 
     @router.post("/start")
     async def start(body: LoadIn, request: Request):
@@ -97,17 +75,11 @@ def open_loop_router(runner, has_api: bool) -> APIRouter:
 
     @router.get("/{run_id}")
     async def poll(run_id: str):
-        try:
-            return runner.get(run_id).to_dict()
-        except LatencyLabError as exc:
-            raise refuse(404, exc) from exc
+        return snapshot(get(run_id))
 
     @router.post("/{run_id}/stop")
     async def stop(run_id: str):
-        try:
-            runner.get(run_id).stop.set()
-        except LatencyLabError as exc:
-            raise refuse(404, exc) from exc
+        get(run_id).stop.set()
         return {"stopping": True}
 
     return router

@@ -11,15 +11,7 @@
 
   function status(text) { const el = q("#lab-openloop-status"); if (el) el.textContent = text || ""; }
 
-  async function errorText(resp) {
-    try {
-      const body = await resp.json();
-      const d = body.detail;
-      return (d && d.message) || (body.error && body.error.message) || JSON.stringify(body);
-    } catch (e) {
-      return `${resp.status} ${resp.statusText}`;
-    }
-  }
+  const { errorText } = window.lab.internal; // the page's one reading of an error body (page.js)
 
   function draw(s) {
     ol.snapshot = s;
