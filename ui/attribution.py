@@ -17,7 +17,7 @@ import html
 
 from .glossary import hover
 
-SETUP_PARTS = (("kv_copy_ms", "KV copy"), ("compile_ms", "compile"), ("variant_build_ms", "weights variant built"))
+SETUP_PARTS = (("kv_copy_ms", "KV copy"), ("compile_ms", "compile"), ("capture_ms", "graph capture"), ("variant_build_ms", "weights variant built"))
 
 
 def _get(tl: dict, name: str):

@@ -102,6 +102,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        better="lower"),
     _M("compile_ms", "compile", "ms", "the request's setup asks for the compiled step (compiled_decode)",
        "its graph built and checked against the eager step (first request per weights variant; part of setup_ms)"),
+    _M("capture_ms", "graph capture", "ms", "the request's setup asks for the compiled step on a GPU",
+       "its decode step's CUDA graphs captured for the request's KV bucket (first request per bucket and weights "
+       "variant; part of setup_ms), checked against the uncaptured step the first time"),
     _M("batch_size", "batch size", "", "",
        "sequences in the forward that produced token i (continuous batching, --max-batch; 1: alone)", better=""),
     _M("batch_prompt_tokens", "prompt tokens in the forward", "tok", "",

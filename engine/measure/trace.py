@@ -57,7 +57,8 @@ def server_spans(tl: dict) -> list[Span]:
     remote = tl.get("measured_at") == "client"
     interval("queue", ev.get("enqueued"), ev.get("started"), queue_position=tl.get("queue_position"))
     interval("setup", ev.get("started"), ev.get("setup_done"), prompt_tokens=tl.get("prompt_tokens"),
-             cached_tokens=tl.get("cached_tokens"), compile_ms=tl.get("compile_ms"))
+             cached_tokens=tl.get("cached_tokens"), compile_ms=tl.get("compile_ms"),
+             capture_ms=tl.get("capture_ms"))
     interval("prefill", ev.get("prefill_start"), first, prefill_tokens=tl.get("prefill_tokens"),
              kernels=kernels.get("prefill"))
     if remote:  # a remote engine: its queue, setup and prefill are on its own machine, not here

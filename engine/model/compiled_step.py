@@ -51,8 +51,9 @@ from engine.core.errors import InvalidRequest
 from engine.kernels import choose, cpu_attention
 from engine.kernels.choose import Kernel
 from engine.kernels.cpu_gemm import ours, plain_fp32_cpu
-from engine.measure import capabilities
-from engine.model import forward
+from engine.measure import capabilities, clock
+from engine.model import cuda_graph, forward
+from engine.model.blocks import blocks
 from engine.model.fast_llama import FastLlama
 from engine.model.loaded import first_line
 from engine.quant.quality import quality_inputs
@@ -93,7 +94,7 @@ def _decode_attend(q, k, v, step_t, layer: int, pos_t, scale: float):
 for _key in ("CPU", "CUDA"):
     _LIB.impl("decode_attend", _decode_attend, _key)
 _LIB.impl("decode_attend", lambda q, k, v, step_t, layer, pos, scale: q.new_empty(q.shape[2], q.shape[1], q.shape[3]),
-          "Meta")  # [1 row, heads, head_dim], as forward.blocks' `attend` returns
+          "Meta")  # [1 row, heads, head_dim], as blocks' `attend` returns
 
 
 def cache_per_cpu() -> str | None:
@@ -125,13 +126,9 @@ def machine_reason(model) -> str | None:
     """Why no variant of `model` can take a compiled step on this machine (the toggle is off for all)."""
     if not isinstance(model, FastLlama):
         return "the compiled step needs our Llama-family forward; this model runs the generic transformers one"
-    caps = capabilities.detect()
-    if model.device.type == "cpu":
-        if not caps.cpp_compiler:
-            return "torch.compile needs a C++ compiler on CPU (g++, or $CXX); none was found"
-    elif not caps.triton:
-        return "torch.compile needs Triton on CUDA; it does not import here"
-    return None
+    if model.device.type == "cpu" and not capabilities.detect().cpp_compiler:
+        return "torch.compile needs a C++ compiler on CPU (g++, or $CXX); none was found"
+    return None  # on a GPU the step is captured as CUDA graphs (engine/model/cuda_graph.py): nothing to build
 
 
 def weights_reason(model) -> str | None:
@@ -197,7 +194,7 @@ class CompiledDecode:
         def attend(i, blk, q, k, v):  # the position on the host: reading it does not wait for a GPU
             return torch.ops.latency_lab.decode_attend(q, k, v, slot_t, i, pos_host, blk.scaling)
 
-        x = forward.blocks(m, m.embed(ids[None]), cos, sin, self._linear, attend)
+        x = blocks(m, m.embed(ids[None]), cos, sin, self._linear, attend)
         return self._linear(m.lm_head, m.norm(x))[0].float()
 
     def _run(self, graph, ids, cache) -> torch.Tensor:
@@ -229,16 +226,27 @@ class CompiledDecode:
     def new_cache(self, capacity: int):
         return self.model.new_cache(capacity)
 
+    @property
+    def setup_stage(self) -> str:
+        """The setup span `prepare` fills: Inductor compiles on CPU, CUDA graphs are captured on a GPU."""
+        return "capture" if self.model.device.type == "cuda" else "compile"
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache, all_logits: bool = False) -> torch.Tensor:
         """FastLlama.forward; one token without all_logits goes through the graph (once prepared)."""
         if ids.shape[0] != 1 or all_logits or self._graph is None:
             return self.model.forward(ids, cache, all_logits)
+        if self._graph == "cuda":  # the static step, replayed from its CUDA graph
+            return forward.forward(self.model, [ids], [cache], graph=True)
         return self._run(self._graph, ids, cache)
 
-    def prepare(self, tokenizer) -> float:
+    def prepare(self, tokenizer, capacity: int | None = None) -> float:
         """Compile (first call only) and check the graph against the eager step; returns the seconds
-        it took (0.0 when already compiled). Raises InvalidRequest when it cannot be built here."""
+        it took (0.0 when already compiled). On a GPU: capture the CUDA graphs of the bucket a cache
+        of `capacity` positions steps in, checked once against the uncaptured step. Raises
+        InvalidRequest when it cannot be built here."""
+        if self.model.device.type == "cuda":
+            return self._prepare_graphs(tokenizer, capacity)
         with self._lock:
             if self._graph is not None:
                 return 0.0
@@ -254,7 +262,7 @@ class CompiledDecode:
             own_step = types.FunctionType(CompiledDecode._step.__code__.replace(), globals(), "_step")
             graph = torch.compile(types.MethodType(own_step, self), dynamic=False)
             try:
-                self.info = self._check(graph, tokenizer)
+                self.info = self._check(lambda tok, cache: self._run(graph, tok, cache), tokenizer)
             except Exception as exc:  # a compiler or lowering failure: the eager step keeps serving
                 self._failed = (f"compiled decode could not be built here ({type(exc).__name__}: "
                                 f"{first_line(exc)[:300]}). Turn Compiled step off.")
@@ -263,7 +271,32 @@ class CompiledDecode:
             self._graph = graph
             return self.info["compile_s"]
 
-    def _check(self, graph, tokenizer, steps: int = 32) -> dict:
+    def _prepare_graphs(self, tokenizer, capacity: int | None) -> float:
+        """prepare() on a GPU: capture the static step's graphs for this request's bucket (each bucket
+        once), and the first time check them against the uncaptured step."""
+        with self._lock:
+            reason = unavailable_reason(self.model)
+            if reason:
+                raise refusal(reason)
+            static = cuda_graph.for_model(self.model)
+            t0, first, before = time.perf_counter(), self._graph is None, len(static.captures)
+            if first:
+                eager = lambda tok, cache: forward.forward(self.model, [tok], [cache])  # noqa: E731
+                graph = lambda tok, cache: forward.forward(self.model, [tok], [cache], graph=True)  # noqa: E731
+                self.info = self._check(graph, tokenizer, eager=eager)
+                if static.failed:
+                    raise InvalidRequest(f"compiled decode: {static.failed}. Turn Compiled step off.", "compiled_decode")
+                self._graph = "cuda"
+            wanted = cuda_graph.bucket((capacity or 0) + 2, self.model.max_context) or cuda_graph.MIN_BUCKET
+            static.capture(wanted)
+            if static.failed:
+                raise InvalidRequest(f"compiled decode: {static.failed}. Turn Compiled step off.", "compiled_decode")
+            spent = time.perf_counter() - t0
+            if first:
+                self.info["capture_s"] = round(spent, 2)
+            return spent if first or len(static.captures) > before else 0.0
+
+    def _check(self, step, tokenizer, steps: int = 32, eager=None) -> dict:
         """Teacher-force one quality text (engine/quant/quality.py) through the eager and the compiled step
         from the same prefix: how often they rank the same token first, the largest logit
         difference, and both steps' times (medians, alternating). Fused kernels round in their own
@@ -274,15 +307,16 @@ class CompiledDecode:
         eager_cache, graph_cache = m.new_cache(len(ids) + 1), m.new_cache(len(ids) + 1)
         for cache in (eager_cache, graph_cache):
             m.forward(torch.tensor(ids[:prefix], device=m.device), cache)
+        eager = eager or m.forward
         diff, same, times = 0.0, 0, {"eager": [], "compiled": []}
         with torch.inference_mode():
             for s, tok in enumerate(ids[prefix:]):
-                tok = torch.tensor([tok], device=m.device)
-                t0 = time.perf_counter()
-                want = m.forward(tok, eager_cache)
-                t1 = time.perf_counter()
-                got = self._run(graph, tok, graph_cache)
-                t2 = time.perf_counter()
+                tok = torch.tensor([tok])
+                t0 = clock.done_s(m.device)
+                want = eager(tok, eager_cache)
+                t1 = clock.done_s(m.device)
+                got = step(tok, graph_cache)
+                t2 = clock.done_s(m.device)
                 if s:  # the first compiled call is the compile itself
                     times["eager"].append(t1 - t0)
                     times["compiled"].append(t2 - t1)

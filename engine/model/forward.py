@@ -13,27 +13,36 @@ forward's total, so a sequence's kernels — and bits — do not depend on who s
 kernel that is not row-invariant runs once per sequence (choose.per_sequence). So greedy fp32 output
 is the same alone, batched, and through either worker.
 
-Layer loop: `blocks` in Python is the reference; where every projection's rows go to our fp32
-kernel and its switch is on, engine/kernels/cpu_layers.cpp runs the same loop in one C++ call
-(tested bit-equal). The compiled decode step (engine/model/compiled_step.py) traces `blocks` too.
+Layer loop: `blocks` (engine/model/blocks.py) in Python is the reference; where every projection's
+rows go to our fp32 kernel and its switch is on, engine/kernels/cpu_layers.cpp runs the same loop in
+one C++ call (tested bit-equal). The compiled decode step (engine/model/compiled_step.py) traces
+`blocks` too, and on a GPU one-token steps run it over static buffers (engine/model/cuda_graph.py).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from engine.kernels import choose, cpu_attention, cpu_layers
 from engine.kernels.choose import Kernel
+from engine.model import cuda_graph
+from engine.model.blocks import Projections, blocks
 
 
 @torch.inference_mode()
-def forward(model, rows, caches, all_logits: bool = False) -> torch.Tensor:
+def forward(model, rows, caches, all_logits: bool = False, graph: bool = False) -> torch.Tensor:
     """Feed sequence b its tokens `rows[b]` (a list of ids or a 1-D tensor) at positions
     [caches[b].length, + len(rows[b])) and append their KV, for every b, in one forward. Returns
     float32 logits: [B, vocab], each sequence's last token; with all_logits every row's, [R, vocab]
-    (one sequence: [T, vocab])."""
+    (one sequence: [T, vocab]). On a GPU, one token for each of a few sequences takes the static step
+    (engine/model/cuda_graph.py), replayed from a CUDA graph where `graph` (the compiled_decode toggle)."""
     lengths = [len(r) for r in rows]
+    if cuda_graph.serves(model, lengths, all_logits):
+        logits = cuda_graph.for_model(model).step([r[0] for r in rows], caches, replay=graph)
+        if logits is not None:
+            return logits
     starts = [c.length for c in caches]
     for c, s, n in zip(caches, starts, lengths):
         if s + n > model.max_context:
@@ -50,7 +59,7 @@ def forward(model, rows, caches, all_logits: bool = False) -> torch.Tensor:
         pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(device)
         cos, sin = model.cos[pos], model.sin[pos]  # [R, D]: each row at its own sequence's position
     x = model.embed(ids[None])  # [1, R, hidden]
-    masks = [None if n == 1 or s == 0 else torch.ones(n, s + n, dtype=torch.bool, device=device).tril(diagonal=s)
+    masks = [None if n == 1 or s == 0 else _prefix_causal(s, n, device)
              for s, n in zip(starts, lengths)]  # new tokens see the cached prefix, and causally each other
     plan = choose.plan_of(model)
     offsets = [sum(lengths[:b]) for b in range(B)]  # sequence b's first row
@@ -73,24 +82,19 @@ def forward(model, rows, caches, all_logits: bool = False) -> torch.Tensor:
     return Projections(head_lengths, plan).linear(model.lm_head, model.norm(x))[0].float()
 
 
+def _prefix_causal(start: int, n: int, device: torch.device):
+    """The mask of n new tokens after `start` cached ones: each sees the prefix and the new tokens up to
+    itself. On a GPU a lower-right causal bias, which SDPA's flash and memory-efficient kernels take (a
+    boolean mask rules flash out); on CPU the boolean mask, whose bits the exactness tests pin."""
+    if device.type == "cuda":
+        return causal_lower_right(n, start + n)
+    return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
+
+
 def _all_ours(model, lengths, plan) -> bool:
     """Whether every projection row of this forward goes to our fp32 kernel (the C++ loop's condition;
     cpu_layers.layer_weights checks the projections and the switch)."""
     return choose.choose(model.blocks[0].qkv, max(lengths), plan) is Kernel.OURS_FP32
-
-
-def blocks(model, x, cos, sin, linear, attend) -> torch.Tensor:
-    """The decoder blocks over hidden states x ([1, R, hidden]): `linear(module, x)` runs a projection,
-    `attend(layer, block, q, k, v)` stores k, v and returns attention as [R, heads, head_dim]. The one
-    loop of the eager forward and the compiled decode step, so they cannot drift."""
-    R = x.shape[1]
-    H, KV, D = model.n_heads, model.n_kv_heads, model.head_dim
-    for i, blk in enumerate(model.blocks):
-        q, k, v = roped_heads(blk, linear(blk.qkv, blk.attn_norm(x)), H, KV, D, cos, sin)  # [1, heads, R, D]
-        x = x + linear(blk.o, attend(i, blk, q, k, v).reshape(1, R, H * D))
-        gate, up = linear(blk.gate_up, blk.mlp_norm(x)).chunk(2, dim=-1)
-        x = x + linear(blk.down, F.silu(gate) * up)
-    return x
 
 
 def _attention(model, caches, starts, lengths, offsets, decode, others, masks):
@@ -119,44 +123,3 @@ def _attention(model, caches, starts, lengths, offsets, decode, others, masks):
     return attend
 
 
-class Projections:
-    """Runs a projection over a forward's rows, each sequence's part on the kernel `choose` names for
-    ITS row count: one call for all rows where they share a kernel, one per group of sequences
-    sharing one otherwise, one per sequence where the kernel is not row-invariant (choose.per_sequence)."""
-
-    def __init__(self, lengths: list[int], plan: choose.Plan):
-        self.lengths, self.plan = lengths, plan
-        self.offsets = [sum(lengths[:b]) for b in range(len(lengths))]
-        self.uniform = len(set(lengths)) == 1
-
-    def linear(self, linear, x: torch.Tensor) -> torch.Tensor:
-        lengths = self.lengths
-        if self.uniform:  # every sequence the same row count: one kernel (the common case, decode rows)
-            kernel = choose.choose(linear, lengths[0], self.plan)
-            if len(lengths) == 1 or not choose.per_sequence(kernel, linear):
-                return choose.run(kernel, linear, x)
-        groups: dict[Kernel, list[int]] = {}
-        for b, n in enumerate(lengths):
-            groups.setdefault(choose.choose(linear, n, self.plan), []).append(b)
-        y = x.new_empty(*x.shape[:-1], linear.out_features)
-        for kernel, seqs in groups.items():
-            parts = [seqs] if not choose.per_sequence(kernel, linear) else [[b] for b in seqs]
-            for part in parts:
-                idx = torch.tensor([self.offsets[b] + j for b in part for j in range(lengths[b])],
-                                   dtype=torch.long, device=x.device)
-                y[0, idx] = choose.run(kernel, linear, x[0, idx][None])[0]
-        return y
-
-
-def roped_heads(blk, qkv: torch.Tensor, H: int, KV: int, D: int, cos, sin):
-    """q, k, v as [1, heads, T, D] from the fused q/k/v projection's output ([1, T, ...]), with
-    rotary positions applied to q and k in one pass (they sit side by side in that output)."""
-    T = qkv.shape[1]
-    qk = _rope(qkv[..., : blk.q_size + blk.kv_size].view(1, T, H + KV, D).transpose(1, 2), cos, sin)
-    return qk[:, :H], qk[:, H:], qkv[..., blk.q_size + blk.kv_size :].view(1, T, KV, D).transpose(1, 2)
-
-
-def _rope(x, cos, sin):
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin

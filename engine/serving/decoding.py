@@ -111,7 +111,7 @@ class Decoding:
     def step(self) -> list[int]:
         """One decode step: feed the last token, return the next (speculation returns several)."""
         forward = compiled_step.for_model(self.model).forward if self.config.compiled_decode else self.model.forward
-        logits = forward(self._tensor(self.ids[-1:]), self.cache)
+        logits = forward(torch.tensor(self.ids[-1:]), self.cache)  # on the host: a GPU's static step reads it there
         self.forward_passes += 1
         return self._accept([self.sampler.sample(logits)])
 

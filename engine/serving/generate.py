@@ -85,11 +85,11 @@ def generate(
 
 def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop, decoding_factory):
     """generate's body once the prompt is known and the cache looked up: prefill, decode, stop."""
-    if cfg.compiled_decode:  # compiled on the first request that asks, in its setup (InvalidRequest: cannot here)
-        t0 = now_ns()
-        if compiled_step.for_model(model).prepare(tokenizer):
-            end = timeline.add_span("compile", t0)
-            timeline.counters["compile_ms"] = round((end - t0) / 1e6, 1)
+    if cfg.compiled_decode:  # compiled (CPU) or captured (GPU) in the setup of a request that asks (InvalidRequest: cannot here)
+        t0, step = now_ns(), compiled_step.for_model(model)
+        if step.prepare(tokenizer, cache_capacity(len(prompt_ids), cfg)):
+            end = timeline.add_span(step.setup_stage, t0)
+            timeline.counters[f"{step.setup_stage}_ms"] = round((end - t0) / 1e6, 1)
         timeline.counters["decode_step"] = "compiled"
     dec = decoding_factory(model, prompt_ids, cfg, cache=reuse.kv, cached_tokens=reuse.cached_tokens)
     timeline.prompt_tokens = len(prompt_ids)

@@ -14,8 +14,9 @@ lease; what batching changes is who runs its forwards. The worker's loop, betwee
    freeing its slot and its KV (or handing the KV to the prefix cache) on its own.
 
 Unbatched (`why_unbatched`): speculative requests (their step is a draft + verify of several
-tokens), requests with the compiled step (its graph steps one sequence) and models without our
-Llama forward run beside the batch, one step of theirs per loop; their Timeline says
+tokens), requests with the compiled step on CPU (Inductor's graph steps one sequence; on a GPU its CUDA
+graphs step a batch of its own kind, engine/model/cuda_graph.py) and models without our Llama forward
+run beside the batch, one step of theirs per loop; their Timeline says
 `batching: unbatched (...)`. With `max_batch` 1 there is nothing to batch with: every request
 steps its own Decoding, one at a time, and no batching figures are stamped.
 """
@@ -91,8 +92,8 @@ def why_unbatched(config, model) -> str | None:
     """Why a request steps alone beside the batch (None: it can join the batched forward)."""
     if config.speculative != "off":
         return "speculative"
-    if config.compiled_decode:
-        return "compiled step"  # its graph is a one-sequence step
+    if config.compiled_decode and getattr(model, "device", None) is not None and model.device.type != "cuda":
+        return "compiled step"  # Inductor's graph steps one sequence; on a GPU CUDA graphs step a batch
     if not isinstance(model, FastLlama):  # the batched forward is our Llama forward's
         return "model without the batched forward"
     return None
@@ -140,10 +141,11 @@ class Stats:
 
 def waiting_groups(active: list[Sequence], max_batch: int) -> list[list[Sequence]]:
     """The sequences parked at a Step, one group per model variant, at most `max_batch` a group."""
-    by_model: dict[int, list[Sequence]] = {}
-    for seq in active:
+    by_model: dict[tuple, list[Sequence]] = {}
+    for seq in active:  # a group shares one forward: the same weights, and graphs replayed or not
         if seq.waiting is not None and not seq.done:
-            by_model.setdefault(id(seq.waiting.model), []).append(seq)
+            key = (id(seq.waiting.model), bool(seq.waiting.config.compiled_decode))
+            by_model.setdefault(key, []).append(seq)
     return [seqs[i : i + max_batch] for seqs in by_model.values() for i in range(0, len(seqs), max_batch)]
 
 
@@ -152,7 +154,7 @@ def forward(seqs: list[Sequence], stats: Stats) -> None:
     (`BatchedDecoding.ran`). Raises (before handing anything over) when the forward fails."""
     decs = [s.waiting for s in seqs]
     rows = [d.next_rows() for d in decs]
-    logits = one_forward(decs[0].model, rows, [d.cache for d in decs])
+    logits = one_forward(decs[0].model, rows, [d.cache for d in decs], graph=bool(decs[0].config.compiled_decode))
     if decs[0].device.type == "cuda":
         import torch
 
