@@ -140,7 +140,6 @@ def run(args, out):
     if args.python_loop:
         models[f"{lm.dtype_name} python loop"] = PythonLoop(lm.model)
     limits = machine_limits_for(args, lm.device, lm.dtype_name)
-    machine = limits.read_gbps
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
     out(f"weight-only kernels: {cpu_gemm.kernel_name('int4wo')}")
