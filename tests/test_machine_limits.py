@@ -51,8 +51,8 @@ def test_decode_fraction_divides_by_read_bandwidth_and_unknown_stays_none():
 
 def test_device_dispatch_sizes_and_dtypes(monkeypatch):
     """The CUDA path is what can be checked without a GPU: which buffer, how many calls per timed repeat,
-    which dtypes; the probe itself synchronizes before every timestamp (machine_limits._sync)."""
-    from engine.measure import capabilities
+    which dtypes; the probe itself synchronizes before every timestamp (the one clock's done-stamps)."""
+    from engine.measure import capabilities, clock
 
     monkeypatch.setattr(machine_limits, "llc_bytes", lambda: 32 * 2**20)
     assert machine_limits.buffer_mib("cpu") == 256
@@ -67,9 +67,12 @@ def test_device_dispatch_sizes_and_dtypes(monkeypatch):
         assert machine_limits.probe_dtypes("bf16", "cpu") == ("fp32", "bf16")
     synced = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(d))
-    machine_limits._sync(torch.device("cuda"))
-    machine_limits._sync(torch.device("cpu"))
+    clock.sync(torch.device("cuda"))
+    clock.sync(torch.device("cpu"))
     assert len(synced) == 1
+    before = clock.syncs  # every repeat of a probe is timed between two done-stamps on the probed device
+    _, reps = machine_limits._best_of(lambda: None, torch.device("cpu"), budget_s=0.0)
+    assert reps >= 2 and clock.syncs - before >= 2 * reps
 
 
 def test_the_api_the_page_and_bench_bandwidth_divide_by_the_one_cached_limit(tiny, tiny_model_dir, tmp_path,

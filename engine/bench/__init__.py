@@ -15,7 +15,6 @@ import importlib
 import json
 import statistics
 import sys
-import time
 
 SCENARIOS = {
     "baseline": "our decode loop vs transformers generate (decode tok/s, identical tokens)",
@@ -77,14 +76,16 @@ def main(argv: list[str] | None = None, scenarios: dict | None = None, package: 
 
     from engine.core.errors import EXIT_FAILURE, EXIT_OK, LatencyLabError, exit_code
 
-    t0 = time.perf_counter()
+    from engine.measure import clock
+
+    t0 = clock.now_ns()
     try:
         result = module.run(args, out)
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code(exc)
     result.setdefault("scenario", args.scenario)
-    result["bench_s"] = round(time.perf_counter() - t0, 1)
+    result["bench_s"] = round((clock.now_ns() - t0) / 1e9, 1)
     if args.json:
         print(json.dumps(result))
     else:

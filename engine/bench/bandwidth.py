@@ -3,8 +3,10 @@
 A decode step reads every weight it uses once, so bytes read per step ÷ step time is the bandwidth
 it achieves: the roofline's memory side. Bytes read per step: the variant's weights, less the
 embedding when lm_head has its own copy (a step then reads one row of it), plus the KV cache at the
-measured context. The machine's figure is its read bandwidth from the one limits probe
-(engine/measure/machine_limits.py: cached per machine with its date, the figure the page and the
+measured context; step times lie between two done-stamps of the one clock (engine/measure/clock.py:
+the GPU's work, not its launches). The machine's figure is the read bandwidth of the device the model
+is on (a GPU's HBM for a model on CUDA, never the host's), from the one limits probe
+(engine/measure/machine_limits.py: cached per machine and device with its date, the figure the page and the
 API's `timings` divide by; `--remeasure` probes again first), so `fraction_of_read` here and a
 reply's `decode_bandwidth_fraction` are the same division. Variants take turns
 (quant_steps.step_times), so the ratios between them are measured side by side; one that cannot run
@@ -75,13 +77,25 @@ class PythonLoop(_StepsOf):
 
 
 def machine_limits_for(args, device, dtype_name: str):
-    """The one limits probe for the model the flags load: the cached one, or measured now (and cached)."""
+    """The one limits probe of the device the model is on (a GPU's HBM, not the host's memory, for a
+    model on CUDA): the cached one, or measured now (and cached)."""
     from engine.cli import load_config_from_args
+    from engine.core.errors import LatencyLabError
     from engine.measure.machine_limits import load_or_measure, probe_dtypes
     from engine.model.loader import cache_root
 
-    return load_or_measure(cache_root(load_config_from_args(args, progress=False)), device,
-                           probe_dtypes(dtype_name, device), force=args.remeasure)
+    limits = load_or_measure(cache_root(load_config_from_args(args, progress=False)), device,
+                             probe_dtypes(dtype_name, device), force=args.remeasure)
+    if limits.key.get("device") != torch.device(device).type:  # the cache is keyed by device: a broken key shows here
+        raise LatencyLabError(f"the machine limits at hand are the {limits.key.get('device')}'s, not the {device}'s "
+                              "the model is on: re-measure (--remeasure)")
+    return limits
+
+
+def limits_device(limits) -> str:
+    """Which device's limits these are: 'cpu', or 'cuda (NVIDIA H200)'."""
+    name = limits.key.get("cuda_device")
+    return f"{limits.key.get('device')} ({name})" if name else str(limits.key.get("device"))
 
 
 def bytes_read_per_step(model, context: int) -> int:
@@ -126,12 +140,11 @@ def run(args, out):
     if args.python_loop:
         models[f"{lm.dtype_name} python loop"] = PythonLoop(lm.model)
     limits = machine_limits_for(args, lm.device, lm.dtype_name)
-    machine = limits.read_gbps
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
     out(f"weight-only kernels: {cpu_gemm.kernel_name('int4wo')}")
     out(f"layer loop: {cpu_layers.describe(lm.model)}")
-    out(f"machine limits (the page's and the API's): {limits.summary()}")
+    out(f"machine limits of the {limits_device(limits)} (the page's and the API's): {limits.summary()}")
     plan = getattr(lm.model, "kernel_plan", None)  # which fp32 one-row kernel the steps use (engine/kernels/plan.py)
     one_row = {"path": plan.one_row, "source": plan.source, **(plan.measured or {})} if plan else None
     if plan is not None and plan.source != "default":
@@ -153,6 +166,7 @@ def run(args, out):
         out(f"{name:>13}: not measured: {why}")
     default = rows[lm.dtype_name]
     return {"read_gbps": limits.read_gbps, "copy_gbps": limits.copy_gbps, "limits_date": limits.date,
+            "limits_device": limits_device(limits), "device": str(lm.device),
             "limits": limits.to_dict(), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
             "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_read"],
             "capabilities": capabilities.detect().summary(), "one_row_path": one_row,

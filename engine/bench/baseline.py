@@ -7,11 +7,10 @@ from a streamer. `identical` says whether every prompt gave the same token ids.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
+from engine.measure import clock
 
 
 def add_args(p):
@@ -21,7 +20,8 @@ def add_args(p):
 
 
 class _TokenTimes:
-    """A transformers streamer that stamps each generated token (the first put is the prompt)."""
+    """A transformers streamer that stamps each generated token (the first put is the prompt), once
+    the token is on the device it was computed on (the clock's done-stamp), as our Timeline does."""
 
     def __init__(self):
         self.times: list[int] = []
@@ -29,7 +29,7 @@ class _TokenTimes:
 
     def put(self, value):
         if self._prompt_seen:
-            self.times.append(time.perf_counter_ns())
+            self.times.append(clock.done_ns(value))
         self._prompt_seen = True
 
     def end(self):

@@ -8,11 +8,10 @@ tokens). docs/batching.md, "The ceiling on this mix"."""
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from engine.bench import load_model, median
+from engine.measure import clock
 
 
 def add_args(p):
@@ -68,10 +67,11 @@ def run(args, out):
         for name, (rows, caches) in shapes.items():
             for c in caches:
                 c.crop(args.cached_tokens if c is prompt_cache else args.context)
-            t0 = time.perf_counter()
+            t0 = clock.done_ns(lm.device)
             forward_batch(model, rows, caches)
+            t1 = clock.done_ns(lm.device)
             if r:  # round 0 warms up: first-call allocations, caches
-                times[name].append((time.perf_counter() - t0) * 1e3)
+                times[name].append((t1 - t0) / 1e6)
     ms = {name: round(median(v), 2) for name, v in times.items()}
     d1, dB = ms["decode_1"], ms[f"decode_{B}"]
     added = round(ms["prompt_beside"] - ms[f"decode_{B - 1}"], 2)  # what the prompt's rows add to a shared forward

@@ -6,11 +6,10 @@ of the next-token distributions over 64 positions (teacher forcing).
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
+from engine.measure import clock
 
 TEXT = ("The printing press changed how knowledge spread across Europe. Before it, books were copied by hand, "
         "slowly and at great cost, and few people could read. ") * 40
@@ -34,9 +33,9 @@ def run(args, out):
         prefill = []
         for _ in range(args.runs):
             cache = model.new_cache(len(ids))
-            t = time.perf_counter()
+            t = clock.done_s(lm.device)
             model.forward(ids, cache)
-            prefill.append(time.perf_counter() - t)
+            prefill.append(clock.done_s(lm.device) - t)
         logits = model.forward(ids[:64], model.new_cache(64), all_logits=True)
         if ref_logits is None:
             ref_logits = logits

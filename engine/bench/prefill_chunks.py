@@ -16,6 +16,7 @@ import time
 import torch
 
 from engine.bench import load_model, median
+from engine.measure import clock
 
 # A long, ordinary chat turn: about 1,500 tokens with the chat template.
 PARAGRAPH = ("The city council met on Tuesday to discuss the new public library. The architect presented three "
@@ -49,13 +50,13 @@ def time_prefill(lm, ids: list[int], chunk: int | None) -> tuple[float, float, f
     from engine.serving.decoding import Decoding
 
     dec = Decoding(lm.model, ids, GenerationConfig(max_new_tokens=1, temperature=0.0))
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0 = clock.done_s(lm.device), time.process_time()
     first_chunk = None
     if chunk:
-        for _ in dec.prefill_chunks(chunk):
-            first_chunk = first_chunk or time.perf_counter()
+        for _ in dec.prefill_chunks(chunk):  # each chunk's progress follows the device (Decoding waits)
+            first_chunk = first_chunk or clock.done_s(lm.device)
     token = dec.prefill()[0]
-    t1, c1 = time.perf_counter(), time.process_time()
+    t1, c1 = clock.done_s(lm.device), time.process_time()
     return (t1 - t0) * 1e3, (c1 - c0) * 1e3, ((first_chunk or t1) - t0) * 1e3, token
 
 

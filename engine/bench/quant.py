@@ -3,10 +3,14 @@
 Every variant is built from the loaded model (engine/quant/quantize.py) and measured in this process:
   weight_bytes    real storage of its tensors (quantized data, scales and absmax included)
   build_s         building it from the loaded model
-  peak_rss_bytes  peak resident memory of a fresh process that loads the model and builds only
-                  this variant (run apart, since a process's peak never goes down); loading
-                  dominates it, so build_rss_bytes says what the build added to resident memory
-  prefill_tps     a --prefill-tokens prompt, one forward: prompt tokens / prefill time
+  memory          where the two figures below were read: "gpu" (the model's CUDA device:
+                  torch.cuda's allocator) or "host" (the process's resident memory, RSS)
+  peak_memory_bytes  peak memory of a fresh process that loads the model and builds only this
+                  variant (run apart, since a process's peak never goes down; on a GPU the peak is
+                  reset after the load, so it is the build's peak with the loaded model resident);
+                  build_memory_bytes says what the build added
+  prefill_tps     a --prefill-tokens prompt, one forward: prompt tokens / prefill time (between
+                  two done-stamps of the one clock, engine/measure/clock.py)
   decode_tps      greedy chat replies: (tokens - 1) / (last - first token time), median
   top1_agreement, mean_kl   against the loaded (unquantized) model, engine/quant/quality.py
   decode_vs_default, prefill_vs_default   those speeds over the loaded (default) variant's
@@ -20,12 +24,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import torch
 
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
 from engine.bench.dtypes import TEXT
+from engine.measure import clock
 
 
 def add_args(p):
@@ -63,11 +67,12 @@ def run(args, out):
     inputs = quality_inputs(lm.tokenizer)
     reference = next_token_logits(lm.model, inputs)
     for name in [h.strip() for h in args.head_rows.split(",") if h.strip() and f"{h.strip()}+head" not in rows]:
-        t0 = time.perf_counter()
+        t0 = clock.now_ns()
         loaded = build_variant(lm, name, quantize_lm_head=True)
+        build_s = (clock.done_ns(lm.device) - t0) / 1e9
         q = compare(reference, next_token_logits(loaded.model, inputs))
         rows[f"{name}+head"] = {"method": f"{QUANTIZED[name]}; lm_head quantized too (untied)", "adhoc": True,
-                                "weight_bytes": loaded.weight_bytes(), "build_s": round(time.perf_counter() - t0, 2),
+                                "weight_bytes": loaded.weight_bytes(), "build_s": round(build_s, 2),
                                 "top1_agreement": q["top1_agreement"], "mean_kl": q["mean_kl"]}
         models[f"{name}+head"] = loaded
 
@@ -81,9 +86,9 @@ def run(args, out):
                 decode[name].append(done.timeline.decode_tps)
         for name, loaded in models.items():
             cache = loaded.model.new_cache(len(ids))
-            t = time.perf_counter()
+            t = clock.done_s(lm.device)
             loaded.model.forward(ids, cache)
-            prefill[name].append(len(ids) / (time.perf_counter() - t))
+            prefill[name].append(len(ids) / (clock.done_s(lm.device) - t))
         out(f"  run {r + 1}/{args.runs}: decode tok/s " + ", ".join(f"{n} {median(decode[n]):.1f}" for n in models))
 
     bf16_bytes = rows["bf16"]["weight_bytes"] if "bf16" in rows else None
@@ -95,10 +100,11 @@ def run(args, out):
         row["decode_vs_default"] = round(median(decode[name]) / median(decode[default]), 2)
         row["prefill_vs_default"] = round(median(prefill[name]) / median(prefill[default]), 2)
         probe = {} if args.no_memory or row.get("adhoc") else _peak_memory(args, name)
-        row["peak_rss_bytes"], row["build_rss_bytes"] = probe.get("peak_rss_bytes"), probe.get("build_rss_bytes")
-        rss = f"{row['peak_rss_bytes'] / 1e6:6.0f}" if row["peak_rss_bytes"] else "     -"
+        row["memory"] = probe.get("memory")
+        row["peak_memory_bytes"], row["build_memory_bytes"] = probe.get("peak_bytes"), probe.get("build_bytes")
+        peak = f"{row['peak_memory_bytes'] / 1e6:6.0f}" if row["peak_memory_bytes"] else "     -"
         out(f"{name:>12}: {row['weight_bytes'] / 1e6:6.1f} MB ({row['bytes_vs_bf16']} of bf16)  build "
-            f"{row['build_s']:5.2f} s  peak RSS {rss} MB  prefill {row['prefill_tps']:6.1f} tok/s  decode "
+            f"{row['build_s']:5.2f} s  peak {row['memory'] or 'memory'} {peak} MB  prefill {row['prefill_tps']:6.1f} tok/s  decode "
             f"{row['decode_tps']:5.1f} tok/s ({row['decode_vs_default']:.2f}x {default})  top-1 "
             f"{row['top1_agreement']:.1%}  KL {row['mean_kl']:.4f}")
     out("weight-only kernels' one-time activation check (min µs of one 576 -> 1536 matmul): "
@@ -110,8 +116,9 @@ def run(args, out):
             "prompts": args.prompts, "prefill_tokens": len(ids), "quality_positions": sum(len(r) for r in reference)}
 
 
-def _peak_memory(args, name: str) -> int | None:
-    """Peak RSS of a fresh process that loads the model as flagged and builds only `name`."""
+def _peak_memory(args, name: str) -> dict:
+    """`memory_probe`'s figures from a fresh process that loads the model as flagged and builds only
+    `name` ({} where it failed)."""
     load = {"model": args.model, "dtype": args.dtype, "device": args.device, "threads": args.threads,
             "fast_path": not args.no_fast_path, "progress": False}
     code = f"from engine.bench.quant import memory_probe; memory_probe({load!r}, {name!r})"
@@ -121,14 +128,50 @@ def _peak_memory(args, name: str) -> int | None:
 
 
 def memory_probe(load_kwargs: dict, name: str) -> None:
-    import psutil
-
+    """Print one JSON line: where memory was read ("gpu" or "host"), the peak while building `name`
+    and what the build added."""
     from engine.core.config import LoadConfig
     from engine.model.loader import load
-    from engine.quant.variants import VariantSet, peak_rss_bytes
+    from engine.quant.variants import VariantSet
 
-    variants = VariantSet(load(LoadConfig(**load_kwargs)), budget_bytes=10**13, quality_texts=0)
-    loaded_rss = psutil.Process().memory_info().rss
-    variants.get(name)
-    print(json.dumps({"peak_rss_bytes": peak_rss_bytes(),
-                      "build_rss_bytes": psutil.Process().memory_info().rss - loaded_rss}))
+    lm = load(LoadConfig(**load_kwargs))
+    variants = VariantSet(lm, budget_bytes=10**13, quality_texts=0)
+    print(json.dumps(measure_build(lm.device, lambda: variants.get(name))))
+
+
+class Memory:
+    """The memory a variant takes, read where the model is: on CUDA torch.cuda's allocator (its peak
+    can be reset), elsewhere the process's resident memory (whose peak, VmHWM, cannot)."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.kind = "gpu" if self.device.type == "cuda" else "host"
+
+    def reset_peak(self) -> None:
+        if self.kind == "gpu":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def current(self) -> int:
+        if self.kind == "gpu":
+            return torch.cuda.memory_allocated(self.device)
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    def peak(self) -> int:
+        if self.kind == "gpu":
+            return torch.cuda.max_memory_allocated(self.device)
+        from engine.quant.variants import peak_rss_bytes
+
+        return peak_rss_bytes()
+
+
+def measure_build(device, build) -> dict:
+    """Run `build()` and return {"memory": "gpu" | "host", "peak_bytes", "build_bytes"} on `device`'s memory."""
+    meter = Memory(device)
+    clock.sync(device)  # what was launched before is not the build's
+    meter.reset_peak()
+    before = meter.current()
+    build()
+    clock.sync(device)
+    return {"memory": meter.kind, "peak_bytes": meter.peak(), "build_bytes": meter.current() - before}

@@ -3,11 +3,10 @@ ratio of each variant over the loaded model without whole replies (quick where `
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from engine.bench import load_model, median
+from engine.measure import clock
 
 DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,nf4"  # --variants (a load flag) overrides
 
@@ -41,7 +40,8 @@ def run(args, out):
 def step_times(models: dict, context: int, rounds: int, steps: int, device) -> dict[str, list[float]]:
     """Seconds of single decode steps at `context` cached tokens, per model, the models taking
     turns round after round so that each sees the same machine state (the cache is cropped back
-    after each step, so every step has the same context)."""
+    after each step, so every step has the same context). Each step lies between two done-stamps
+    on `device` (engine/measure/clock.py): the work, not its launch."""
     ids = torch.arange(100, 100 + context, device=device)
     caches = {}
     for name, m in models.items():
@@ -51,8 +51,8 @@ def step_times(models: dict, context: int, rounds: int, steps: int, device) -> d
     for _ in range(rounds):
         for name, m in models.items():
             for _ in range(steps):
-                t0 = time.perf_counter()
+                t0 = clock.done_s(device)
                 m.forward(ids[:1], caches[name])
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(clock.done_s(device) - t0)
                 caches[name].crop(context)
     return times

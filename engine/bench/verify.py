@@ -4,11 +4,10 @@ GEMV for one row): the price of a speculative verify pass (T = k + 1) and of sho
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from engine.bench import load_model, median
+from engine.measure import clock
 
 
 def add_args(p):
@@ -26,7 +25,7 @@ def run(args, out):
     names = kernel_plan.candidates(model) or [choose.plan_of(model).one_row]
     gen = torch.Generator().manual_seed(0)
     cache = model.new_cache(args.context + max(sizes) + 1)
-    model.forward(torch.randint(100, 20000, (args.context,), generator=gen), cache)
+    model.forward(torch.randint(100, 20000, (args.context,), generator=gen).to(model.device), cache)
     times = {(name, t): [] for name in names for t in sizes}
     chosen = choose.plan_of(model)
     try:
@@ -35,10 +34,10 @@ def run(args, out):
                 kernel_plan.inject(model, name)
                 for t in sizes:
                     cache.crop(args.context)
-                    ids = torch.randint(100, 20000, (t,), generator=gen)
-                    t0 = time.perf_counter()
+                    ids = torch.randint(100, 20000, (t,), generator=gen).to(model.device)  # the ids go where the model is
+                    t0 = clock.done_s(model.device)
                     model.forward(ids, cache, all_logits=True)
-                    times[(name, t)].append(time.perf_counter() - t0)
+                    times[(name, t)].append(clock.done_s(model.device) - t0)
     finally:
         model.kernel_plan = chosen
         choose.prepare(model)  # the copies the chosen plan reads (injecting `ours` freed the packed ones)

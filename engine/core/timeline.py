@@ -1,6 +1,7 @@
 """The Timeline: every timestamp of one request, and the metrics derived from them.
 
-Raw events are `time.perf_counter_ns()` readings of the server process. Derived metrics use
+Raw events are readings of the one clock (engine/measure/clock.py: `perf_counter_ns` of the server
+process; the decode loop waits for the device before a stamp that claims work is done). Derived metrics use
 the names of the metric glossary (ui/glossary.py, the page's Glossary tab) and are computed, never stored, so they cannot
 drift from the events. Later features add fields (cached tokens, speculation counts, browser
 timestamps) in `counters` and `client` without reshaping the record.
@@ -9,10 +10,9 @@ timestamps) in `counters` and `client` without reshaping the record.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
-now_ns = time.perf_counter_ns
+from engine.measure.clock import now_ns  # the one clock (re-exported: the engine's modules stamp through it)
 
 
 def _ms(start_ns: int | None, end_ns: int | None) -> float | None:

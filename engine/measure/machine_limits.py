@@ -16,7 +16,8 @@ it (`load_or_measure`). The page can run it again (a button; `Engine.remeasure_l
 - matmul peak (`matmul_tflops[dtype]`, prefill's roof): `torch.mm` of square matrices in each dtype,
   2·N³ FLOP per product, N grown until one product takes ≥ 20 ms.
 Buffers: `buffer_mib(device)`, one definition for every caller (8× the last-level cache, at least
-256 MiB, on CPU; 1 GiB on CUDA). On CUDA every timestamp follows `torch.cuda.synchronize()`.
+256 MiB, on CPU; 1 GiB on CUDA). Every timestamp is the one clock's done-stamp (engine/measure/clock.py:
+on CUDA it follows `torch.cuda.synchronize()`).
 
 **Robust to a busy moment** (the machine is shared): each figure is measured in `rounds` rounds,
 interleaved (read, copy, matmul per dtype, then again), so one figure's rounds lie spread over the
@@ -34,13 +35,12 @@ import hashlib
 import json
 import logging
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from engine.measure import capabilities
+from engine.measure import capabilities, clock
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -167,7 +167,7 @@ def measure(device: torch.device | str = "cpu", dtypes=("fp32",), seconds: float
             rounds: int = ROUNDS) -> MachineLimits:
     """Probe now: about `seconds` in all, in `rounds` interleaved rounds of every figure."""
     device = torch.device(device)
-    t0 = time.perf_counter()
+    t0 = clock.now_ns()
     probes = {"read": ReadProbe(device), "copy": CopyProbe(device)}
     errors = {}
     for name in dtypes:
@@ -188,31 +188,24 @@ def measure(device: torch.device | str = "cpu", dtypes=("fp32",), seconds: float
     return MachineLimits(key=machine_key(device), measured_at=now, copy_gbps=_round(details["copy"]["best"], 2),
                          read_gbps=_round(details["read"]["best"], 2),
                          matmul_tflops={k: _round(v, 4) for k, v in flops.items() if v},
-                         probe_s=round(time.perf_counter() - t0, 3), details=details)
+                         probe_s=round((clock.done_ns(device) - t0) / 1e9, 3), details=details)
 
 
 def _round(v, nd):
     return None if v is None else round(v, nd)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _best_of(fn, device: torch.device, budget_s: float, min_reps: int = 2, inner: int = 1) -> tuple[float, int]:
     """The shortest time of `fn()` over repeats filling `budget_s` (after one warm-up); each repeat
     times `inner` calls between two synchronizations (a GPU's launch cost spread over them)."""
     fn()
-    _sync(device)
-    best, reps, end = float("inf"), 0, time.perf_counter() + budget_s
-    while reps < min_reps or time.perf_counter() < end:
-        _sync(device)
-        t = time.perf_counter()
+    clock.sync(device)
+    best, reps, end = float("inf"), 0, clock.now_ns() + budget_s * 1e9
+    while reps < min_reps or clock.now_ns() < end:
+        t = clock.done_ns(device)
         for _ in range(inner):
             fn()
-        _sync(device)
-        best = min(best, (time.perf_counter() - t) / inner)
+        best = min(best, (clock.done_ns(device) - t) / 1e9 / inner)
         reps += 1
         if reps >= 200:
             break
@@ -285,11 +278,9 @@ class MatmulProbe:
             self.a = torch.randn(n, n, device=device).to(dtype)
             self.b = torch.randn(n, n, device=device).to(dtype)
             torch.mm(self.a, self.b)  # warm-up: the first product of a size pays for thread start and packing
-            _sync(device)
-            t = time.perf_counter()
+            t = clock.done_ns(device)
             torch.mm(self.a, self.b)
-            _sync(device)
-            if time.perf_counter() - t >= 0.02 or n >= max_n:
+            if clock.done_ns(device) - t >= 0.02e9 or n >= max_n:
                 break
             n *= 2
         self.n = n

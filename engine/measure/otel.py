@@ -8,7 +8,7 @@ one exists (`gen_ai.*`, below) and `latency_lab.*` for ours (the glossary's name
 are left out, never 0. A W3C `traceparent` on the request continues the caller's trace
 (`parent_from`, opentelemetry's own propagator).
 
-One clock: the Timeline's `perf_counter_ns` readings become epoch ns by one offset taken once per
+One clock: the Timeline's readings of the one clock (engine/measure/clock.py) become epoch ns by one offset taken once per
 process (`EPOCH_MINUS_PERF_NS`), so span times keep the Timeline's intervals exactly.
 """
 
@@ -26,9 +26,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from . import clock
 from .trace import server_spans
 
-EPOCH_MINUS_PERF_NS = time.time_ns() - time.perf_counter_ns()  # once per process: one clock
+EPOCH_MINUS_PERF_NS = time.time_ns() - clock.now_ns()  # once per process: one clock
 STAGES = ("queue", "setup", "prefill", "decode", "remote: waiting for the first token")
 PROVIDER = "latency_lab"
 MAX_PARENTS = 4096  # callers' trace contexts waiting for their request to finish

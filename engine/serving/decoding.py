@@ -15,6 +15,7 @@ import torch
 
 from engine.core.config import GenerationConfig
 from engine.core.errors import ContextOverflow, InvalidRequest
+from engine.measure import clock
 from engine.model import compiled_step
 from engine.serving.sampling import Sampler
 
@@ -93,8 +94,7 @@ class Decoding:
             self._prefill_logits = self.model.forward(self._tensor(self.ids[self.prefilled : end]), self.cache)
             self.forward_passes += 1
             self.prefilled = end
-            if self.device.type == "cuda":  # progress, like a token, must not run ahead of the GPU
-                torch.cuda.synchronize(self.device)
+            clock.sync(self.device)  # progress, like a token, must not run ahead of the device
             yield end
 
     def prefill(self) -> list[int]:
@@ -117,8 +117,7 @@ class Decoding:
 
     def _accept(self, tokens: list[int]) -> list[int]:
         self.ids.extend(tokens)
-        if self.device.type == "cuda":  # a timestamp that claims a token exists must follow the GPU
-            torch.cuda.synchronize(self.device)
+        clock.sync(self.device)  # a timestamp that claims a token exists must follow the device
         return tokens
 
     def truncate(self, length: int) -> None:

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+
+from engine.measure import clock
 
 DEFAULT_BUDGET_MB = 512  # MiB; ~22k positions of SmolLM2-135M KV in bf16 (23 KB per position)
 SHARED_SCOPE = "*shared*"
@@ -336,17 +336,15 @@ class RequestReuse:
             return  # nothing this request could be served: no reuse (and no lookup counted), as before
         # At least the last prompt token must run through the model to give the first logits.
         self.lease = cache.lookup(self.model_key, self.scope, prompt_ids, max_tokens=len(prompt_ids) - 1)
-        t0 = time.perf_counter()
+        t0 = clock.now_ns()
         self.kv = self.lease.take(capacity)
         if self.kv is not None:
             self.handover, self._taken_ids = "taken", list(prompt_ids[: self.lease.cached_tokens])
         else:
             self.kv = self.lease.copy(capacity)
             self.handover = "copied" if self.kv is not None else None
-        device = getattr(model, "device", None)
-        if device is not None and device.type == "cuda":  # the copy is asynchronous there: time all of it
-            torch.cuda.synchronize(device)
-        self.copy_ms = (time.perf_counter() - t0) * 1e3
+        # the copy is asynchronous on a GPU: time all of it
+        self.copy_ms = (clock.done_ns(getattr(model, "device", None)) - t0) / 1e6
         self.cached_tokens = self.lease.cached_tokens if self.kv is not None else 0
         self.public = self.lease.entry is not None and self.lease.entry.scope == PUBLIC_SCOPE
 

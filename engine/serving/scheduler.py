@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from engine.core.request import RequestHandle
 from engine.model.fast_llama import FastLlama
+from engine.measure import clock
 from engine.model.forward import forward as one_forward
 from engine.model.fast_llama import packed_bytes
 from engine.serving.decoding import Decoding
@@ -155,10 +156,8 @@ def forward(seqs: list[Sequence], stats: Stats) -> None:
     decs = [s.waiting for s in seqs]
     rows = [d.next_rows() for d in decs]
     logits = one_forward(decs[0].model, rows, [d.cache for d in decs], graph=bool(decs[0].config.compiled_decode))
-    if decs[0].device.type == "cuda":
-        import torch
 
-        torch.cuda.synchronize(decs[0].device)
+    clock.sync(decs[0].device)  # the tokens' stamps claim the step ran: wait for the device
     B = len(decs)
     prompt_tokens = sum(len(r) for r, d in zip(rows, decs) if d.prefilling)  # newcomers' prompt rows
     stats.steps += 1

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
+
+from engine.measure import clock
 
 # A verify pass over T = k + 1 tokens costs 1 + fixed + k * per_token plain steps. These defaults,
 # fitted to `python -m engine.bench verify` (figures: docs/speculative.md), serve only where
@@ -91,14 +92,11 @@ def _timed_forwards(runs: list[tuple[object, int]], rounds: int, should_stop=Non
             cache = caches[id(model)]
             cache.crop(CALIBRATION_CONTEXT)
             ids = torch.randint(0, getattr(model, "vocab_size", 1000), (t,), generator=gen).to(model.device)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0 = clock.done_s(model.device)
             model.forward(ids, cache, all_logits=t > 1)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
+            t1 = clock.done_s(model.device)
             if r:
-                out.append(time.perf_counter() - t0)
+                out.append(t1 - t0)
     return times
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 from engine.core.errors import InvalidRequest
+from engine.measure import clock
 from engine.serving.decoding import Decoding, cache_capacity
 from engine.speculative.costs import (
     DEFAULT_COSTS,
@@ -91,11 +91,11 @@ class SpeculativeDecoding(Decoding):
 
     def _propose(self, k: int):
         """The proposer's guesses (up to k), timed as `draft_ms`."""
-        t0 = time.perf_counter_ns()
+        t0 = clock.now_ns()
         try:
             return self.proposer.propose(self.ids, k, self.sampler)
         finally:
-            self.draft_ns += time.perf_counter_ns() - t0
+            self.draft_ns += clock.done_ns(self.device) - t0
 
     def _plain_step(self) -> list[int]:
         out = super().step()
@@ -108,11 +108,11 @@ class SpeculativeDecoding(Decoding):
 
     def _speculative_step(self, guesses: list[int], q, key=None) -> list[int]:
         k, before = len(guesses), len(self.ids)
-        t0 = time.perf_counter_ns()
+        t0 = clock.now_ns()
         logits = self.model.forward(self._tensor([self.ids[-1], *guesses]), self.cache, all_logits=True)
         self.forward_passes += 1
         new = verify_greedy(guesses, logits) if self.sampler.greedy else verify_sampling(guesses, q, logits, self.sampler)
-        spent = time.perf_counter_ns() - t0
+        spent = clock.done_ns(self.device) - t0
         self.verify_ns += spent
         accepted = len(new) - 1
         self.cache.crop(before + accepted)  # keep the last committed token and the accepted guesses
