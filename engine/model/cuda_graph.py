@@ -110,8 +110,14 @@ class Pool:
 class StaticDecode:
     """A model's static decode step: its pools, its inputs and its captured graphs."""
 
-    def __init__(self, model):
+    def __init__(self, model, fuse: bool = False):
         self.model = model
+        # fuse: torch.compile (Inductor) the step before capturing it, so the glue between matmuls
+        # (norms, rotary, adds) becomes a few fused kernels inside the graph. Off by default: each
+        # (rows, bucket) then compiles on first use (tens of seconds a shape); `python -m engine.bench
+        # gpu` measures both on the GPU at hand before it may become the default.
+        self.fuse = fuse
+        self._run_step = torch.compile(self._step, dynamic=False) if fuse else self._step
         self.pools: dict[int, Pool] = {}
         with torch.inference_mode():
             self.ids = torch.zeros(ROWS, dtype=torch.long, device=model.device)
@@ -246,14 +252,14 @@ class StaticDecode:
             stream = torch.cuda.Stream(self.model.device)
             stream.wait_stream(torch.cuda.current_stream(self.model.device))
             with torch.cuda.stream(stream):
-                for _ in range(2):  # kernels pick their algorithms and allocate outside the capture
-                    self._step(pool, size)
+                for _ in range(2):  # kernels pick their algorithms (Inductor compiles) outside the capture
+                    self._run_step(pool, size)
             torch.cuda.current_stream(self.model.device).wait_stream(stream)
             if self._mempool is None:
                 self._mempool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._mempool):
-                out = self._step(pool, size)
+                out = self._run_step(pool, size)
             torch.cuda.synchronize(self.model.device)
         except Exception as exc:  # a kernel that cannot be captured: the uncaptured step serves, once decided
             self.failed = f"CUDA graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
@@ -269,7 +275,7 @@ class StaticDecode:
     def describe(self) -> dict:
         """Engine info: the pools, the graphs captured, and why not where they could not be."""
         return {"pools": {c: {"bytes": p.nbytes(), "graphs": sorted(p.graphs)} for c, p in self.pools.items()},
-                "captures": list(self.captures), "failed": self.failed}
+                "captures": list(self.captures), "fused": self.fuse, "failed": self.failed}
 
 
 def _size(n: int) -> int:
