@@ -14,7 +14,6 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from engine.core.errors import InvalidRequest, LatencyLabError
@@ -24,7 +23,7 @@ from server.load.open_scenario import PROBE_PROMPT, probe_turn
 from server.load.serve_figures import DEFAULT_OBJECTIVES
 from server.load.sweep import Sweep, SweepSettings
 
-from .run import REQUEST_DEADLINE_S, LoadBusy, scope_limit
+from .run import REQUEST_DEADLINE_S, scope_limit
 
 MAX_PROMPT_CHARS = 2000
 OPEN_SETTINGS = (
@@ -139,35 +138,22 @@ class OpenRun:
 
 
 class OpenLoopRunner:
-    """Open-loop sweeps, one at a time on this app, and never beside a closed-loop pair (`closed`):
-    they would measure each other."""
+    """Open-loop sweeps, in the closed-loop runner's table of runs (ui/load/registry.py): one load run
+    at a time on this app, of either kind."""
 
-    def __init__(self, closed, keep: int = 4):
-        self.closed = closed
+    def __init__(self, closed):
         self.engines = closed.engines
-        self.runs: OrderedDict[str, OpenRun] = OrderedDict()
-        self.keep = keep
+        self.runs = closed.runs  # one table and one-at-a-time rule for both kinds of load run
         self._references: dict[tuple, tuple] = {}  # (backend, tokens, probe) -> (turns, probe turn)
-        closed.others.append(self)
-
-    def busy(self) -> bool:
-        return any(r.status in ("references", "running") for r in self.runs.values())
 
     def start(self, values: dict, url: str, headers: dict | None = None) -> OpenRun:
         spec = parse_open(values, self.engines)
-        with self.closed._lock:
-            if self.busy() or self.closed.busy():
-                raise LoadBusy("a load run is already going on this server (maybe from another tab): "
-                               "wait for it to finish, or stop it there")
-            run = OpenRun(secrets.token_urlsafe(12), spec)
-            self.runs[run.id] = run
-            while len(self.runs) > self.keep:
-                self.runs.popitem(last=False)
+        run = self.runs.add(lambda: OpenRun(secrets.token_urlsafe(12), spec))
         threading.Thread(target=self._run, args=(run, url, headers or {}), name="load-sweep", daemon=True).start()
         return run
 
     def get(self, run_id: str) -> OpenRun:
-        run = self.runs.get(run_id)
+        run = self.runs.get(run_id, OpenRun)
         if run is None:
             raise InvalidRequest("no such sweep (the server keeps the latest few)", "id")
         return run

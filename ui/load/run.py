@@ -22,13 +22,13 @@ import math
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.toggles import Toggle
 from server.cli import DEFAULT_MAX_BATCH
 
+from .registry import LoadBusy, Runs  # noqa: F401 - LoadBusy re-exported (api.py)
 from .report import LoadPoint, RunFigures, pair_sentence, throughput_series
 
 PAGE_MAX_BATCH = DEFAULT_MAX_BATCH  # the servers' default --max-batch: the Load tab compares 1 and this
@@ -175,36 +175,26 @@ class LoadPair:
 class LoadRunner:
     """Pairs of load runs, one at a time on this app (they would measure each other otherwise)."""
 
-    def __init__(self, engines: dict, prompt_sets: dict, keep: int = 8):
+    def __init__(self, engines: dict, prompt_sets: dict, runs: Runs | None = None):
         self.engines = engines
         self.prompt_sets = prompt_sets
-        self.pairs: OrderedDict[str, LoadPair] = OrderedDict()
-        self.keep = keep
+        self.runs = runs or Runs()  # every load run of this app, open-loop sweeps too (one at a time)
         self._references: dict[tuple, list] = {}  # (backend, prompt set, tokens, conversations) -> pool
-        self._lock = threading.Lock()
-        self.others: list = []  # the open-loop sweeps' runner (open_run.py): one load at a time on this app
-
-    def busy(self) -> bool:
-        return any(p.status in ("references", "running") for p in self.pairs.values())
 
     def start(self, values: dict, url: str, headers: dict | None = None) -> LoadPair:
         spec = parse_spec(values, self.prompt_sets, self.engines)
-        with self._lock:
-            if self.busy() or any(o.busy() for o in self.others):
-                raise LoadBusy("a load run is already going on this server (maybe from another tab): "
-                               "wait for it to finish, or stop it there")
+
+        def make():
             label = "max batch {}" if spec.max_batches[0] is not None else "run {}"
-            runs = [RunState(label.format(b if b is not None else i + 1), b)
-                    for i, b in enumerate(spec.max_batches)]
-            pair = LoadPair(secrets.token_urlsafe(12), spec, runs)
-            self.pairs[pair.id] = pair
-            while len(self.pairs) > self.keep:
-                self.pairs.popitem(last=False)
+            runs = [RunState(label.format(b if b is not None else i + 1), b) for i, b in enumerate(spec.max_batches)]
+            return LoadPair(secrets.token_urlsafe(12), spec, runs)
+
+        pair = self.runs.add(make)
         threading.Thread(target=self._run, args=(pair, url, headers or {}), name="load-run", daemon=True).start()
         return pair
 
     def get(self, pair_id: str) -> LoadPair:
-        pair = self.pairs.get(pair_id)
+        pair = self.runs.get(pair_id, LoadPair)
         if pair is None:
             raise InvalidRequest("no such load run (the server keeps the latest few)", "id")
         return pair
@@ -265,7 +255,3 @@ class LoadRunner:
                 engine.close_batch_scope(scope)
         run.figures = RunFigures.of(pair.spec.clients, results, run.wall_s)
         run.status = "stopped" if pair.stop.is_set() else "done"
-
-
-class LoadBusy(LatencyLabError):
-    """A second load run while one is going (the page answers 409)."""

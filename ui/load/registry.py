@@ -1,0 +1,42 @@
+"""The load runs of this app, closed-loop pairs and open-loop sweeps alike, in one table: one run at a
+time (two would measure each other), the latest few kept for the page to poll."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from engine.core.errors import LatencyLabError
+
+ACTIVE = ("references", "running")
+
+
+class LoadBusy(LatencyLabError):
+    """A second load run while one is going (the page answers 409)."""
+
+
+class Runs:
+    def __init__(self, keep: int = 8):
+        self.keep = keep
+        self._runs: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def busy(self) -> bool:
+        return any(r.status in ACTIVE for r in self._runs.values())
+
+    def add(self, make):
+        """Register the run `make()` builds, unless one is going (LoadBusy)."""
+        with self._lock:
+            if self.busy():
+                raise LoadBusy("a load run is already going on this server (maybe from another tab): "
+                               "wait for it to finish, or stop it there")
+            run = make()
+            self._runs[run.id] = run
+            while len(self._runs) > self.keep:
+                self._runs.popitem(last=False)
+            return run
+
+    def get(self, run_id: str, kind: type):
+        """The run `run_id` if it is a `kind` (None otherwise)."""
+        run = self._runs.get(run_id)
+        return run if isinstance(run, kind) else None
