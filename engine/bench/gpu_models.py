@@ -1,0 +1,179 @@
+"""The models and clocks of the prepared GPU check (engine/bench/gpu.py), built with nothing but the
+checkout and its packages: no model hub, no network.
+
+- The bundled architecture's config and tokenizer come from the bundled GGUF package itself
+  (engine/model/loader.py `bundled_gguf_path`); its weights are not read: the check's models carry
+  random weights (greedy output of random weights is as deterministic as any other).
+- The 8B shape (Llama-3-8B: hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336, vocab
+  128256) is built in the device's memory directly, in bf16, without transformers' CPU init.
+- Each model is wrapped the way the loader wraps a loaded one (`loaded.build_runner`, `warm_up`, the
+  kernel plan) into a `LoadedModel`, so generate() and the worker run it as they run any model.
+- `EventClock`: CUDA events on CUDA, synchronized host stamps elsewhere: the independent clock the
+  Timeline's figures are checked against.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+# The 8B shape's sizes (Llama-3-8B's config.json); the rest of its config is the bundled model's.
+LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=14336, vocab_size=128256, head_dim=128, max_position_embeddings=8192,
+                 tie_word_embeddings=False, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"})
+# --shapes tiny (CI on a CPU): the tiny test model's sizes (tests/conftest.py), a context that holds the prompt.
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, max_position_embeddings=2048)
+INIT_STD = 0.02  # the weights' randn scale (transformers' initializer_range for Llama)
+
+
+def bundled_config_and_tokenizer():
+    """The bundled model's LlamaConfig and tokenizer, read from its GGUF package (offline)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.model.loader import _quiet, bundled_gguf_path
+
+    gguf = bundled_gguf_path()
+    with _quiet():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the GGUF's Q4_1: these models are built unquantized
+    return config, tokenizer
+
+
+def shaped(config, **sizes):
+    """A copy of `config` with other sizes (the 8B shape, the tiny one)."""
+    from transformers import LlamaConfig
+
+    d = config.to_dict()
+    d.update(sizes)
+    return LlamaConfig(**{k: v for k, v in d.items() if k not in ("architectures", "_name_or_path")})
+
+
+def param_bytes(config, dtype: torch.dtype) -> int:
+    """Weight bytes a model of `config` holds in `dtype` (before building it: does it fit?)."""
+    c = config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    q, kv = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
+    layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
+    embed = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    return (c.num_hidden_layers * layer + embed + c.hidden_size) * dtype.itemsize
+
+
+@torch.no_grad()
+def random_hf(config, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A transformers Llama of `config` with random weights, made on `device` in `dtype` directly:
+    parameters allocated there without transformers' init (slow on a CPU for 8B), then filled with
+    randn × INIT_STD (norm weights 1). The rotary module's buffers are computed, not random."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    torch.manual_seed(seed)
+    with torch.device(device), no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, INIT_STD)
+    return model.eval()
+
+
+def assemble(hf_model, tokenizer, name: str, device: torch.device, cache_dir=None, eos: set[int] | None = None):
+    """A LoadedModel around `hf_model`, as engine/model/loader.py `load` makes one: our runner
+    (FastLlama where it applies), the warm-up forward, the kernel plan (measured per machine, cached).
+    `eos` empty by default: a random model stops at max_new_tokens, so every request has its length."""
+    from engine.kernels import plan as kernel_plan
+    from engine.model.loaded import LoadedModel, build_runner, warm_up
+
+    t0 = time.perf_counter()
+    model, fast, why = build_runner(hf_model, True)
+    warm_up(model)
+    notes = [f"random weights (randn × {INIT_STD})"] + ([f"generic transformers forward: {why}"] if why else [])
+    if fast:
+        one_row = kernel_plan.load_or_measure(model, cache_dir)
+        if one_row:
+            notes.append(kernel_plan.summary(one_row))
+    dtype = model.dtype
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source="random", path="", dtype=dtype,
+                       device=device, load_s=time.perf_counter() - t0, fast_path=fast, eos_token_ids=set(eos or ()),
+                       notes=notes, cache_dir=cache_dir)
+
+
+def sync(device: torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class EventClock:
+    """Named instants on the device's own clock: CUDA events (recorded on the current stream,
+    read after one synchronize) on CUDA; on a CPU, host stamps (its work is done when the call returns)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks: dict[str, object] = {}
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks[name] = event
+        else:
+            self.marks[name] = time.perf_counter_ns()
+
+    def ms(self, start: str, end: str) -> float | None:
+        a, b = self.marks.get(start), self.marks.get(end)
+        if a is None or b is None:
+            return None
+        if self.cuda:
+            b.synchronize()
+            return a.elapsed_time(b)
+        return (b - a) / 1e6
+
+
+@dataclass
+class StepTimes:
+    median_ms: float
+    steps: int
+
+
+@torch.inference_mode()
+def decode_step_ms(model, device, context: int = 64, steps: int = 16) -> StepTimes:
+    """The median time of one decode step at `context` cached tokens (the cache cropped back after
+    each, so every step sees the same context), each step timed by EventClock."""
+    ids = torch.arange(100, 100 + context, device=device)
+    cache = model.new_cache(context + 2)
+    model.forward(ids, cache)
+    model.forward(ids[:1], cache)  # a first step: one-time costs out of the figures
+    cache.crop(context)
+    times = []
+    for _ in range(steps):
+        clock = EventClock(device)
+        sync(device)
+        clock.mark("a")
+        model.forward(ids[:1], cache)
+        clock.mark("b")
+        times.append(clock.ms("a", "b"))
+        cache.crop(context)
+    times.sort()
+    return StepTimes(median_ms=round(times[len(times) // 2], 4), steps=steps)
+
+
+def device_bytes(device: torch.device) -> dict:
+    """GPU memory now: allocated by torch, free and total on the device (None on a CPU)."""
+    if torch.device(device).type != "cuda":
+        return {"allocated": None, "free": None, "total": None}
+    free, total = torch.cuda.mem_get_info(device)
+    return {"allocated": torch.cuda.memory_allocated(device), "free": free, "total": total}
+
+
+def release(device) -> None:
+    """Give freed blocks back to the device (between the 8B shape's variants)."""
+    import gc
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
