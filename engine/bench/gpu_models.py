@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import torch
 
 # The 8B shape's sizes (Llama-3-8B's config.json); the rest of its config is the bundled model's.
-LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                 intermediate_size=14336, vocab_size=128256, head_dim=128, max_position_embeddings=8192,
-                 tie_word_embeddings=False, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"})
+LLAMA3_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "intermediate_size": 14336, "vocab_size": 128256, "head_dim": 128, "max_position_embeddings": 8192,
+             "tie_word_embeddings": False, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}
 # --shapes tiny (CI on a CPU): the tiny test model's sizes (tests/conftest.py), a context that holds the prompt.
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, max_position_embeddings=2048)
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 2048}
 INIT_STD = 0.02  # the weights' randn scale (transformers' initializer_range for Llama)
 
 
@@ -163,11 +163,12 @@ def decode_step_ms(model, device, context: int = 64, steps: int = 16) -> StepTim
 
 
 def device_bytes(device: torch.device) -> dict:
-    """GPU memory now: allocated by torch, free and total on the device (None on a CPU)."""
-    if torch.device(device).type != "cuda":
-        return {"allocated": None, "free": None, "total": None}
-    free, total = torch.cuda.mem_get_info(device)
-    return {"allocated": torch.cuda.memory_allocated(device), "free": free, "total": total}
+    """GPU memory now (engine/measure/device_memory.py): allocated by torch, free and total on the device;
+    every figure None on a CPU (its memory is the host's)."""
+    from engine.measure.device_memory import device_memory
+
+    mem = device_memory(device) or {}
+    return {"allocated": mem.get("allocated_bytes"), "free": mem.get("free_bytes"), "total": mem.get("total_bytes")}
 
 
 def release(device) -> None:

@@ -76,7 +76,7 @@ def _driver() -> str | None:
         return None
     try:
         run = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
+                             capture_output=True, text=True, timeout=10, check=False)
         return run.stdout.strip().splitlines()[0] if run.returncode == 0 and run.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -272,6 +272,10 @@ def lookup(ctx: Context, runs: int = 2) -> dict:
             "speedup": _r(p_ms / s_ms, 3) if s_ms else None}
 
 
+FIRST_VARIANTS = ("int4wo", "int8wo", "int4wo+head8")  # the targets' variants first, should the budget run out
+VARIANT_S = 20  # seconds a variant of the 8B shape needs at least (build and steps)
+
+
 # --- each weights variant: built or refused, its decode step against the base's ---------------
 def variants(ctx: Context, time_left) -> dict:
     """Every variant engine/quant/quantize.py lists, on the 8B shape where it was built (else the
@@ -289,11 +293,12 @@ def variants(ctx: Context, time_left) -> dict:
     out = {"base": base.name, "base_dtype": base.dtype_name, "base_step_ms": base_step.median_ms,
            "base_step_weight_bytes": step_bytes, "hbm_ms": _r(hbm_ms), "read_gbps": read,
            "step_over_hbm": _r(base_step.median_ms / hbm_ms, 3) if hbm_ms else None, "variants": {}}
-    for name in METHODS:
+    for name in sorted(METHODS, key=lambda n: (n not in FIRST_VARIANTS, FIRST_VARIANTS.index(n)
+                                                 if n in FIRST_VARIANTS else 0)):
         if name == base.dtype_name:
             continue
-        if time_left() < 20:
-            out["variants"][name] = {"skipped": f"time budget: {time_left():.0f} s left"}
+        if time_left() < VARIANT_S:
+            out["variants"][name] = {"skipped": f"time budget: {max(time_left(), 0):.0f} s left for variants"}
             continue
         reason = precheck(base, name)
         if reason:
