@@ -131,3 +131,15 @@ def test_the_8b_stages_run_on_a_small_stand_in(monkeypatch, tokenizer, tmp_path)
     assert "bf16" not in out["variants"] and list(out["variants"])[:3] == list(st.FIRST_VARIANTS)
     assert all({"step_ms", "refused"} & set(v) for v in out["variants"].values())
     assert gm.param_bytes(gm.shaped(base, **gm.LLAMA3_8B), torch.bfloat16) == ctx.big.weight_bytes()
+
+
+def test_the_reports_gpu_row_gives_the_verdict_and_each_target():
+    from engine.bench import report_render
+
+    stages = _gpu_figures(int4=1.5)
+    stages["facts"] = {"ok": True, "figures": {"device_name": "NVIDIA H200", "limits": {"read_gbps": 4100.0}}}
+    result = {"device": "cuda", "targets": gpu.judge(stages, cuda=True), "stages": stages, "ok": False}
+    line = report_render.step_line({"name": "gpu", "result": result})
+    assert line.startswith("NVIDIA H200: verdict **FAIL**; read 4,100.0 GB/s")
+    assert "int4_at_least_1.8x_bf16 **FAIL**" in line and "fp32_parity pass" in line
+    assert "request_8b_timeline_vs_events —" in line
