@@ -80,7 +80,8 @@ def run(args, out) -> dict:
              "variants": lambda: st.variants(ctx, lambda: left() - _after("variants", tiny)), "request_8b": lambda: _request_8b(ctx),
              "compiled": lambda: st.compiled(ctx), "roofline": lambda: st.roofline(ctx)}
     stages = {}
-    log(f"device {device}, shapes {args.shapes}, budget {args.budget_s:.0f} s")
+    log(f"device {device}, shapes {args.shapes}, budget {args.budget_s:.0f} s"
+        + ("" if ctx.cuda else " (no CUDA: the 8B shape is skipped; facts say why)"))
     for name, what, need_full, need_tiny in STAGES:
         need = need_tiny if tiny else need_full
         if only and name not in only:

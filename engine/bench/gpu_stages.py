@@ -58,6 +58,11 @@ def facts(ctx: Context, seconds: float) -> dict:
     caps = capabilities.detect()
     out = {"torch": torch.__version__, "cuda_version": torch.version.cuda, "device": str(ctx.device),
            "cuda_available": torch.cuda.is_available(), "triton": caps.triton, "cpu": caps.summary()}
+    if not torch.cuda.is_available():
+        out["why_no_cuda"] = ("this torch is a CPU-only build" if torch.version.cuda is None else
+                              f"torch's CUDA {torch.version.cuda} build sees no GPU: no device, or a driver older "
+                              "than that CUDA version needs (nvidia-smi shows the driver's)")
+        out["driver"] = _driver()
     if ctx.cuda:
         props = torch.cuda.get_device_properties(ctx.device)
         out.update(device_name=props.name, compute_capability=f"{props.major}.{props.minor}",
