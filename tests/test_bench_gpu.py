@@ -143,3 +143,50 @@ def test_the_reports_gpu_row_gives_the_verdict_and_each_target():
     assert line.startswith("NVIDIA H200: verdict **FAIL**; read 4,100.0 GB/s")
     assert "int4_at_least_1.8x_bf16 **FAIL**" in line and "fp32_parity pass" in line
     assert "request_8b_timeline_vs_events —" in line
+
+
+def test_the_cuda_event_clock_records_events_and_reads_them_after_a_sync(monkeypatch):
+    """EventClock's CUDA branch (fed a fake Event): a mark records an event on the stream; ms()
+    waits on the end event, then asks the start event for the elapsed time."""
+    import torch
+
+    from engine.bench import gpu_models as gm
+
+    log = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            self.t = len(log) * 10.0
+            log.append("record")
+
+        def synchronize(self):
+            log.append("sync")
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    clock = gm.EventClock(torch.device("cuda"))
+    clock.mark("a")
+    clock.mark("b")
+    assert clock.ms("a", "b") == 10.0 and log == ["record", "record", "sync"]
+    assert clock.ms("a", "never") is None
+
+
+def test_a_refused_compiled_step_is_a_skip_with_the_reason(monkeypatch):
+    from engine.bench import gpu_stages as st
+    from engine.model import compiled_step
+
+    def refuse(model):
+        raise compiled_step.refusal("torch.compile needs Triton on CUDA; it does not import here")
+
+    monkeypatch.setattr(compiled_step, "for_model", refuse)
+    ctx = st.Context(device=__import__("torch").device("cpu"), tiny=True, cache_dir=None, prompt_tokens=8,
+                     new_tokens=2)
+    ctx.small = type("Loaded", (), {"model": None})()
+    with pytest.raises(st.Skip, match="needs Triton"):
+        st.compiled(ctx)

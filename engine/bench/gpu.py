@@ -95,10 +95,12 @@ def run(args, out) -> dict:
     targets = judge(stages, ctx.cuda)
     for name, t in targets.items():
         log(f"target {name}: {_verdict(t['pass'])} {t['figures']}{' — ' + t['why'] if t.get('why') else ''}")
-    ok = not any(t["pass"] is False for t in targets.values()) and not any("error" in s for s in stages.values())
-    log("verdict:", "PASS" if ok else "FAIL", f"({time.perf_counter() - t0:.0f} s)")
+    errors = [n for n, s in stages.items() if "error" in s or "error" in ((s.get("figures") or {}).get("big") or {})]
+    ok = not any(t["pass"] is False for t in targets.values()) and not errors
+    log("verdict:", "PASS" if ok else "FAIL", f"({time.perf_counter() - t0:.0f} s)"
+        + (f"; errors in: {', '.join(errors)}" if errors else ""))
     return {"device": str(device), "shapes": args.shapes, "budget_s": args.budget_s, "stages": stages,
-            "targets": targets, "ok": ok, "ratio": None}
+            "targets": targets, "errors": errors, "ok": ok, "ratio": None}
 
 
 def _after(stage: str, tiny: bool) -> float:

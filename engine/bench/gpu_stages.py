@@ -95,7 +95,12 @@ def models(ctx: Context) -> dict:
     ctx.small = gm.assemble(hf, ctx.tokenizer, "bundled-shape", ctx.device, ctx.cache_dir)
     out = {"small": _describe(ctx.small, ctx.config)}
     if ctx.cuda and not ctx.tiny:
-        out["big"] = build_big(ctx, config)
+        try:  # the bundled shape's figures stay, and its stages run, should the 8B shape fail (memory...)
+            out["big"] = build_big(ctx, config)
+        except Exception as exc:  # noqa: BLE001 - recorded; the run's verdict counts it as an error
+            ctx.big = None
+            gm.release(ctx.device)
+            out["big"] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
     else:
         out["big"] = {"skipped": "no CUDA" if not ctx.cuda else "--shapes tiny"}
     return out
@@ -196,14 +201,18 @@ def request(ctx: Context, which: str) -> dict:
 # --- eager step against the compiled (graph) step ------------------------------------------------
 def compiled(ctx: Context) -> dict:
     from engine.core.config import GenerationConfig
+    from engine.core.errors import InvalidRequest
     from engine.model import compiled_step
 
     loaded = need(ctx.small, "bundled-shape model")
-    step = compiled_step.for_model(loaded.model)
+    try:
+        step = compiled_step.for_model(loaded.model)
+    except InvalidRequest as exc:  # refused here (no Triton, no compiler): the reason; a failed build raises below
+        raise Skip(str(exc)) from exc
     prepare_s = step.prepare(loaded.tokenizer)
     info = dict(step.info or {})
     eager = gm.decode_step_ms(loaded.model, ctx.device)
-    graph = gm.decode_step_ms(step, ctx.device)
+    graph = gm.decode_step_ms(step, ctx.device)  # through the step's own forward, as generate() calls it
     ids = prompt_ids(loaded.tokenizer, 64)
     cfg = GenerationConfig(temperature=0.0, max_new_tokens=32, kv_reuse=False)
     plain = timed_request(loaded, ids, cfg)
