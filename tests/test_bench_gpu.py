@@ -107,7 +107,6 @@ def test_the_gpu_targets_are_judged_from_the_figures():
     assert gpu.judge(small_only, cuda=True)["int4_at_least_1.8x_bf16"]["why"] == "the 8B shape did not run"
 
 
-@pytest.mark.slow  # every weights variant built and stepped: ~100 s on a shared 2-core CPU
 def test_the_8b_stages_run_on_a_small_stand_in(monkeypatch, tokenizer, tmp_path):
     """The 8B shape's own code (its bf16 build, an untied head over a vocabulary larger than the
     tokenizer's, its request and its variants) run on a CPU at a small stand-in's sizes."""
