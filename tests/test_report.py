@@ -139,10 +139,11 @@ def test_the_page_serves_the_newest_report_and_says_how_to_make_one(tmp_path, mo
 def test_the_suite_passes_the_model_flags_on_and_adds_the_gpu_and_peer_steps_where_they_exist():
     """No GPU here: the CUDA steps are checked as commands (they run where torch sees a GPU)."""
     steps = {s.name: s for s in report.suite("/opt/llama/bin/python", cuda=True)}
-    assert list(steps) == ["limits", "bandwidth", "kv", "lookup", "batching", "peer", "limits_cuda", "bandwidth_cuda"]
+    assert list(steps) == ["limits", "bandwidth", "kv", "lookup", "batching", "peer", "gpu"]
     forward = ["--model", "m", "--device", "cpu"]
     assert steps["limits"].command(False, forward)[-1] == "--json" and "--model" not in steps["limits"].command(False, forward)
-    gpu = steps["bandwidth_cuda"].command(True, forward)
-    assert gpu[:4] == ["engine.bench", "bandwidth", "--device", "cuda"] and gpu.count("--device") == 1 and "m" in gpu
+    gpu = steps["gpu"].command(True, forward)  # the prepared GPU check (engine/bench/gpu.py)
+    assert gpu[:4] == ["engine.bench", "gpu", "--device", "cuda"] and gpu.count("--device") == 1 and "m" in gpu
+    assert steps["gpu"].command(False, forward)[-1] == "--json"
     assert "--peer-python" in steps["peer"].command(False, forward)
     assert [s.name for s in report.suite(None, cuda=False)] == ["limits", "bandwidth", "kv", "lookup", "batching"]

@@ -129,3 +129,59 @@ def test_a_head_variant_reads_the_untied_embedding_one_row_a_step(tiny):
     n = tl.output_tokens
     assert n >= 2 and tl.decode_bytes == pytest.approx((n - 1) * step + KV_PER_TOKEN * (n - 1) * (10 + n / 2))
     assert step < tl.weight_bytes / 2  # the embedding is most of the tiny model's bytes
+
+
+def _cuda_limits(**kw):
+    return MachineLimits(key={"device": "cuda", "cuda_device": "fake GPU"}, measured_at="2026-12-03T09:00:00Z",
+                         copy_gbps=3000.0, read_gbps=4000.0, matmul_tflops={"fp32": 50.0, "bf16": 700.0}, **kw)
+
+
+def _done_timeline(tiny):
+    engine = Engine(tiny)  # no limits: the worker's own annotation leaves the roofs unknown
+    try:
+        return engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=6),
+                               prompt_ids=list(range(100, 110))).timeline
+    finally:
+        engine.close()
+
+
+def test_on_cuda_the_roofline_divides_by_the_gpus_limits_never_the_hosts(tiny):
+    """A CUDA model's fractions divide by the CUDA probe (HBM read GB/s, the model dtype's tensor-core
+    peak); the host's limits are not used for it (the fractions stay unknown). The device is an input
+    of `annotate`, so a CPU run checks the CUDA branch with fake limits."""
+    tl = _done_timeline(tiny)
+    assert tl.read_gbps is None and tl.decode_bandwidth_fraction is None
+    host = MachineLimits(key={"device": "cpu"}, measured_at="2026-12-03T09:00:00Z", copy_gbps=7.0,
+                         matmul_tflops={"fp32": 0.1, "bf16": 0.2}, read_gbps=10.0)
+    roofline.annotate(tl, tiny.model, tiny.weight_bytes(), host, "bf16", device="cuda")
+    assert tl.read_gbps is None and tl.peak_tflops is None  # the host's roofs: not a GPU's
+    assert tl.decode_bandwidth_fraction is None and tl.prefill_compute_fraction is None
+    assert tl.decode_gbps is not None  # the work done is still counted
+    roofline.annotate(tl, tiny.model, tiny.weight_bytes(), _cuda_limits(), "bf16", device="cuda")
+    assert tl.read_gbps == 4000.0 and tl.peak_tflops == 700.0  # bf16's tensor-core peak, not fp32's
+    assert tl.decode_bandwidth_fraction == pytest.approx(tl.decode_gbps / 4000.0)
+    assert tl.prefill_compute_fraction == pytest.approx(tl.prefill_tflops / 700.0)
+    roofline.annotate(tl, tiny.model, tiny.weight_bytes(), _cuda_limits(), "fp32", device="cuda")
+    assert tl.peak_tflops == 50.0
+    # on its own device (the tiny model is on the CPU), limits of another device are refused too
+    roofline.annotate(tl, tiny.model, tiny.weight_bytes(), _cuda_limits(), "fp32")
+    assert roofline.model_device(tiny.model) == "cpu" and tl.read_gbps is None
+    assert roofline.limits_for(LIMITS, "cuda") is LIMITS  # limits made by hand (no device in the key) are taken
+
+
+def test_a_variants_memory_on_cuda_is_gpu_memory(monkeypatch):
+    """device_memory: torch's CUDA allocations and the driver's free/total (fed in here); none on a CPU."""
+    import torch
+
+    from engine.bench import gpu_models
+    from engine.measure.device_memory import device_memory
+
+    assert device_memory("cpu") is None
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**30, 141 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 16 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 30 * 2**30)
+    mem = device_memory("cuda")
+    assert mem == {"allocated_bytes": 16 * 2**30, "peak_allocated_bytes": 30 * 2**30, "free_bytes": 100 * 2**30,
+                   "total_bytes": 141 * 2**30}
+    assert gpu_models.device_bytes("cuda")["allocated"] == 16 * 2**30
+    assert gpu_models.device_bytes("cpu") == {"allocated": None, "free": None, "total": None}

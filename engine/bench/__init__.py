@@ -30,6 +30,8 @@ SCENARIOS = {
     "verify": "a forward over T tokens in one-token steps, packed oneDNN weights vs plain (speculation's verify cost)",
     "prefill_chunks": "what chunked prefill costs on a long prompt, per chunk size (why the default chunk)",
     "peer": "ours vs llama.cpp (llama-cpp-python in its own venv) on the same GGUF and token ids: decode, TTFT",
+    "gpu": "the prepared GPU check: facts, random-weight models (bundled and 8B shapes), Timeline vs CUDA "
+           "events, parity, batching, lookup, variants, the compiled step, roofline; one JSON line and a verdict",
     "report": "the fixed suite in one command (limits, decode per variant, KV reuse, lookup, batching, peer, GPU): "
               "a dated report folder (also `latency-lab report`)",
 }

@@ -6,8 +6,8 @@ recorded, and each starts from a fresh process, as a user running it would): the
 decode per weights variant against the read bandwidth (`bench bandwidth`); KV reuse (`bench kv`);
 prompt lookup (`bench lookup`); continuous batching at max batch 1 and 8 (`python -m server.bench
 load`: a subprocess, as engine/ imports no server code); ours against llama.cpp where its venv is
-given (`--peer-python`, or $LLAMA_CPP_PYTHON: `bench peer`); and the limits and decode steps on the
-GPU where CUDA is present. About 10 minutes on 2 cores; `--quick` runs each step at its smallest
+given (`--peer-python`, or $LLAMA_CPP_PYTHON: `bench peer`); and, where CUDA is present, the prepared
+GPU check (`bench gpu`, docs/gpu.md: the GPU's limits, decode per variant, the graph step, its targets). About 10 minutes on 2 cores; `--quick` runs each step at its smallest
 (the tests' mode: figures too short to quote).
 
 It writes one dated folder (default `<cache>/reports/`, the engine's cache folder; `--out`):
@@ -80,13 +80,10 @@ def suite(peer_python: str | None, cuda: bool) -> list[Step]:
                           ["peer", "--peer-python", peer_python, "--rounds", "2", "--compare-variants", "int4wo+head"],
                           ["peer", "--peer-python", peer_python, "--rounds", "1", "--max-tokens", "8",
                            "--warm-tokens", "2"]))
-    if cuda:
-        steps.append(Step("limits_cuda", "the GPU's limits", "engine.measure.machine_limits",
-                          ["--device", "cuda", "--force", "--seconds", "8", "--rounds", "8"],
-                          ["--device", "cuda", "--force", "--seconds", "0.5", "--rounds", "2"], load_flags=False))
-        steps.append(Step("bandwidth_cuda", "decode per weights variant on the GPU", "engine.bench",
-                          ["bandwidth", "--device", "cuda", "--rounds", "4", "--steps", "8"],
-                          ["bandwidth", "--device", "cuda", "--rounds", "1", "--steps", "1", "--variants", "int8wo"]))
+    if cuda:  # the prepared GPU check (engine/bench/gpu.py): the GPU's limits, decode per variant, its targets
+        steps.append(Step("gpu", "the prepared GPU check: limits, variants, graph step, targets", "engine.bench",
+                          ["gpu", "--device", "cuda"],
+                          ["gpu", "--device", "cuda", "--shapes", "tiny", "--budget-s", "120"]))
     return steps
 
 

@@ -70,8 +70,17 @@ def peer_line(r: dict) -> str:
             f"theirs; llama-cpp-python {r.get('peer_version')}")
 
 
-LINES = {"limits": limits_line, "limits_cuda": limits_line, "bandwidth": bandwidth_line,
-         "bandwidth_cuda": bandwidth_line, "kv": kv_line, "lookup": lookup_line, "batching": batching_line,
+def gpu_line(r: dict) -> str:
+    """The GPU check's verdict, each target's pass (— where not judged), the GPU's read bandwidth."""
+    marks = {True: "pass", False: "**FAIL**", None: "—"}
+    targets = ", ".join(f"{name} {marks[t.get('pass')]}" for name, t in (r.get("targets") or {}).items())
+    facts = ((r.get("stages") or {}).get("facts") or {}).get("figures") or {}
+    limits = facts.get("limits") or {}
+    return (f"{facts.get('device_name') or r.get('device')}: verdict **{'PASS' if r.get('ok') else 'FAIL'}**; "
+            f"read {_f(limits.get('read_gbps'))} GB/s; {targets}")
+
+
+LINES = {"limits": limits_line, "bandwidth": bandwidth_line, "gpu": gpu_line, "kv": kv_line, "lookup": lookup_line, "batching": batching_line,
          "peer": peer_line}
 
 

@@ -12,7 +12,10 @@ Decode reads every weight once per step, plus the KV cache written so far:
     with Σ context = steps × (prompt tokens + output tokens / 2)      (exact for one token per step)
 `steps` are the target model's decode forward passes (a speculative step yields several tokens).
 The Timeline turns these into `prefill_tflops`, `prefill_compute_fraction`, `decode_gbps` and
-`decode_bandwidth_fraction` against the machine's measured limits (machine_limits.py).
+`decode_bandwidth_fraction` against the measured limits (machine_limits.py) of the device the model
+runs on: on CUDA the GPU's (its HBM read GB/s, its matmul peak in the model's compute dtype, bf16 or
+fp16 on the tensor cores), never the host's. Limits probed on another device than the model's are
+not used (`limits_for`): the fractions stay unknown rather than divide GPU work by a CPU's roof.
 """
 
 from __future__ import annotations
@@ -105,9 +108,28 @@ def prefill_passes(timeline: Timeline, chunked: bool, chunk_tokens: int) -> int:
     return math.ceil(timeline.prefill_tokens / chunk_tokens) if chunked else 1
 
 
+def model_device(model) -> str | None:
+    """The device type ('cuda', 'cpu') the model's weights are on (None: unknown)."""
+    device = getattr(model, "device", None)
+    if device is None and isinstance(model, nn.Module):
+        device = next((p.device for p in model.parameters()), None)
+    return getattr(device, "type", None) or (str(device).split(":")[0] if device is not None else None)
+
+
+def limits_for(limits, device: str | None):
+    """`limits` where they were measured on `device`'s type, else None: a CUDA model's roofline
+    divides by the GPU's probe (machine_limits.py keys each probe by its device), never by the
+    host's. Limits without a device in their key (made by hand) are taken as they are."""
+    if limits is None:
+        return None
+    measured_on = (getattr(limits, "key", None) or {}).get("device")
+    return limits if measured_on is None or device is None or measured_on == device else None
+
+
 def annotate(timeline: Timeline, model, weight_bytes: int | None, limits=None, dtype: str | None = None,
-             config=None) -> None:
-    """Fill the Timeline's roofline inputs once the reply is done (before its done event goes out)."""
+             config=None, device: str | None = None) -> None:
+    """Fill the Timeline's roofline inputs once the reply is done (before its done event goes out).
+    `device`: the model's device type (default: where its weights are); the limits must be that device's."""
     try:
         shape = ModelShape.of(model)
     except AttributeError:  # a model without a transformers config: no FLOP count, say nothing
@@ -124,8 +146,8 @@ def annotate(timeline: Timeline, model, weight_bytes: int | None, limits=None, d
         step = step_weight_bytes(model) if isinstance(model, nn.Module) else weight_bytes
         timeline.decode_bytes = decode_bytes(step, shape.kv_bytes_per_token(element), timeline.decode_steps,
                                              timeline.prompt_tokens or 0, timeline.output_tokens)
-    if limits is not None:
-        timeline.peak_tflops = limits.peak_tflops(dtype)
-        timeline.read_gbps = limits.read_gbps  # decode's roof: decode_bandwidth_fraction divides by it
-        timeline.copy_gbps = limits.copy_gbps
-        timeline.limits_date = limits.date
+    limits = limits_for(limits, device or model_device(model))  # None: the roofs stay unknown
+    timeline.peak_tflops = limits.peak_tflops(dtype) if limits is not None else None
+    timeline.read_gbps = limits.read_gbps if limits is not None else None  # decode's roof: the fraction divides by it
+    timeline.copy_gbps = limits.copy_gbps if limits is not None else None
+    timeline.limits_date = limits.date if limits is not None else None
