@@ -161,3 +161,22 @@ def test_compiled_requests_batch_on_a_gpu_in_groups_of_their_own(model, monkeypa
     groups = scheduler.waiting_groups(seqs, max_batch=8)
     assert sorted(len(g) for g in groups) == [2, 3]
     assert all(len({s.waiting.config.compiled_decode for s in g}) == 1 for g in groups)
+
+
+def test_the_gpus_prefix_mask_is_the_cpus_boolean_mask():
+    """After a cached prefix, a GPU's prompt rows take a lower-right causal bias (flash kernels take it;
+    a boolean mask rules them out): it must mask exactly what the CPU's boolean mask does."""
+    import torch.nn.functional as F
+
+    from engine.model.forward import _prefix_causal
+
+    gen = torch.Generator().manual_seed(0)
+    start, n, heads, kv_heads = 7, 5, 6, 2
+    q = torch.randn(1, heads, n, 16, generator=gen)
+    k, v = torch.randn(2, 1, kv_heads, start + n, 16, generator=gen)
+    boolean = _prefix_causal(start, n, torch.device("cpu"))
+    bias = _prefix_causal.__globals__["causal_lower_right"](n, start + n)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=boolean, enable_gqa=True)
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert torch.equal(bias._materialize(torch.device("cpu")), boolean)

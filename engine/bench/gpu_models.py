@@ -193,6 +193,55 @@ def decode_step_ms(model, device, context: int = 64, steps: int = 16) -> StepTim
     return StepTimes(median_ms=round(times[len(times) // 2], 4), steps=steps)
 
 
+def graph_step_ms(loaded, device) -> dict:
+    """The compiled_decode toggle's step for `loaded` (on a GPU: the static step replayed from its CUDA
+    graph, engine/model/cuda_graph.py): prepared as a request would, then timed like decode_step_ms.
+    {"refused": why} where the toggle is refused or its graph fails."""
+    from engine.core.errors import InvalidRequest
+    from engine.model import compiled_step, cuda_graph
+
+    try:
+        step = compiled_step.for_model(loaded.model)
+        prepare_s = step.prepare(loaded.tokenizer, 128)
+    except InvalidRequest as exc:
+        return {"refused": str(exc)}
+    out = {"step_ms": decode_step_ms(step, device).median_ms, "prepare_s": round(prepare_s, 2),
+           "check": dict(step.info or {})}
+    static = getattr(loaded.model, "static_decode", None)
+    if isinstance(static, cuda_graph.StaticDecode):
+        out["graphs"] = static.describe()
+    return out
+
+
+def fused_step_ms(model, device, context: int = 64, steps: int = 16) -> dict:
+    """The static step with Inductor's fused kernels inside its CUDA graph (StaticDecode(fuse=True), off by
+    default): one row, timed like decode_step_ms, with the compile-and-capture time."""
+    from engine.model import cuda_graph
+
+    static = cuda_graph.StaticDecode(model, fuse=True)
+    ids = torch.arange(100, 100 + context, device=device)
+    cache = model.new_cache(context + 2)
+    model.forward(ids, cache)
+    t0 = time.perf_counter()
+    static.step([7], [cache], replay=True)  # compiles and captures (rows 1, the smallest bucket)
+    sync(device)
+    first_s = time.perf_counter() - t0
+    if static.failed:
+        return {"refused": static.failed}
+    cache.crop(context)
+    times = []
+    for _ in range(steps):
+        clock = EventClock(device)
+        sync(device)
+        clock.mark("a")
+        static.step([7], [cache], replay=True)
+        clock.mark("b")
+        times.append(clock.ms("a", "b"))
+        cache.crop(context)
+    times.sort()
+    return {"step_ms": round(times[len(times) // 2], 4), "compile_and_capture_s": round(first_s, 1)}
+
+
 def device_bytes(device: torch.device) -> dict:
     """GPU memory now (engine/measure/device_memory.py): allocated by torch, free and total on the device;
     every figure None on a CPU (its memory is the host's)."""

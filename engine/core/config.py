@@ -110,7 +110,9 @@ class GenerationConfig:
         False, "bool", "Compiled step", "decode each token through one torch.compile graph of the whole step "
         "(norms, rotary positions and adds fused; one call instead of ~900): it pays where the matmuls are "
         "cheap (weight-only int4/int8), and the first request per weights variant compiles it (tens of "
-        "seconds of setup)", glossary="tpot_ms")
+        "seconds of setup). On a GPU: the step replayed from CUDA graphs (one launch instead of a few "
+        "dozen a layer; captured in the setup of the first request per KV bucket, milliseconds), and such "
+        "requests batch", glossary="tpot_ms")
 
     @property
     def greedy(self) -> bool:
