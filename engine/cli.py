@@ -31,7 +31,9 @@ def add_load_args(p: argparse.ArgumentParser, max_batch: int = LoadConfig.max_ba
     g.add_argument("--model", default=None,
                    help="a model folder, a .gguf file or a hub id (default: bundled SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations (default: auto)")
-    g.add_argument("--device", default="auto", choices=DEVICES)
+    g.add_argument("--device", default="auto", choices=DEVICES,
+                   help="auto: $LATENCY_LAB_DEVICE if set, else the GPU where torch can use one, else CPU; the start "
+                        "line and engine info say which serves and why (`python -m engine.model.device` prints it)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--no-fast-path", action="store_true",
                    help="use the generic transformers forward instead of our Llama-family forward")
@@ -157,6 +159,8 @@ def _chat(engine, args, gen) -> int:
     info = engine.info()
     if info.capabilities:
         print(f"this machine: {info.capabilities['summary']}", file=sys.stderr)
+    if info.device_reason:
+        print(f"device: {info.device_reason}", file=sys.stderr)
     print(f"{info.name} ({info.dtype}, {info.device}, loaded in {info.load_s:.1f}s). "
           "Type a message; /reset starts over, Ctrl-D quits.", file=sys.stderr)
     # The conversation lives here, replies exactly as generated, in one prefix-cache session:

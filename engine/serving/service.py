@@ -93,6 +93,7 @@ class Engine:
             "only the bundled model)")
         return EngineInfo(
             name=lm.name, source=lm.source, path=lm.path, dtype=lm.dtype_name, device=str(lm.device),
+            device_reason=lm.device_reason,
             threads=torch.get_num_threads() if lm.device.type == "cpu" else None, context_max=lm.max_context,
             weight_bytes=lm.weight_bytes(), load_s=round(lm.load_s, 3), fast_path=lm.fast_path,
             decode_attention=cpu_attention.kernel_name(lm.model.dtype, lm.device.type) if lm.fast_path else None,
