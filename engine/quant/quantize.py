@@ -49,11 +49,13 @@ from engine.quant import bnb
 from engine.quant.weight_only import (
     INT4_CUDA_INNER_K_TILES,
     INT4_GROUP_SIZE,
+    INT8_CUDA_CAVEAT,
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
     choose_kernels,
     dtype_name,
     probe_results,
+    shape_rule,
     weight_only_compute_dtype,
 )  # noqa: F401 (API)
 
@@ -111,7 +113,7 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
     if kernels:
         extra += (f"; decode kernels: {kernels['kernels']} (a step {kernels['ours_ms']} ms ours, "
                   f"{kernels['torch_ms']} ms torch's; {kernels['source']})")
-    note = f"variant {name}: {METHODS[name]}{extra}" + (f" (lm_head {head}, untied)" if head else "")
+    note = f"variant {name}: {describe(name, base.device)}{extra}" + (f" (lm_head {head}, untied)" if head else "")
     return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
 
 
@@ -200,10 +202,28 @@ def _check_weight_only(method: str, base: LoadedModel, include_lm_head: bool) ->
                       else "torch._weight_int4pack_mm_for_cpu")
             raise LoadError(f"quantization 'int4wo' needs {kernel}, which this machine lacks; "
                             "pick int8wo, or nf4 (bitsandbytes)")
-        multiple = INT4_GROUP_SIZE if device.type == "cpu" else max(INT4_GROUP_SIZE, 16 * INT4_CUDA_INNER_K_TILES)
-        for _, attr, lin in quantizable_linears(base.model, include_lm_head=include_lm_head):
-            if lin.in_features % multiple or (device.type == "cuda" and lin.out_features % 8):
-                raise LoadError(f"quantization 'int4wo' cannot run with this model: its kernel needs input sizes "
-                                f"divisible by {multiple}, and {attr} is {lin.in_features} -> {lin.out_features}. "
-                                "Try int8wo.")
-    return weight_only_compute_dtype(method, device, base.dtype)
+    shapes = {(lin.in_features, lin.out_features): attr
+              for _, attr, lin in quantizable_linears(base.model, include_lm_head=include_lm_head)}
+    # Refused, not built with the misfits left unquantized: a variant named int4wo whose largest layers
+    # stayed bf16 would be measured and compared as if it were 4-bit (SmolLM2's 576-wide inputs are all
+    # but its down projection).
+    misfits = [(f"{attr} {k} -> {n}", rule) for (k, n), attr in shapes.items()
+               if (rule := shape_rule(method, device.type, k, n))]
+    if misfits:
+        raise LoadError(f"quantization {method!r} cannot run on {device.type} with this model: {misfits[0][1]}, and "
+                        f"{', '.join(m for m, _ in misfits)} {'is' if len(misfits) == 1 else 'are'} not. Try int8wo.")
+    return weight_only_compute_dtype(method, device, base.dtype, tuple(shapes))
+
+
+def device_caveat(name: str, device) -> str | None:
+    """What variant `name` costs on `device` that its name does not say (None: nothing)."""
+    method, head = _split(name)
+    if torch.device(device).type == "cuda" and "int8wo" in (method, head):
+        return INT8_CUDA_CAVEAT
+    return None
+
+
+def describe(name: str, device) -> str:
+    """The variant's description for engine info: METHODS[name], and its caveat on this device."""
+    caveat = device_caveat(name, device)
+    return METHODS[name] + (f" ({caveat})" if caveat else "")
