@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
+import traceback
 from dataclasses import replace
 
 import torch
@@ -94,16 +95,17 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
         head = method
     t0 = time.perf_counter()
     extra = ""
-    if method in DTYPE_NAMES:
-        model = _cast(base, DTYPE_NAMES[method])
-        dtype = DTYPE_NAMES[method]
-    else:
-        if method in WEIGHT_ONLY:  # refused here, before building, if its kernel is missing
-            extra = f" (here: {dtype_name(_check_weight_only(method, base, head == method))})"
-        if head not in (None, method):
-            _check_weight_only(head, base, True)
-        model = _quantized(base, method, head)
-        dtype = base.dtype
+    if method in WEIGHT_ONLY:  # refused here, before building, if its kernel is missing
+        extra = f" (here: {dtype_name(_check_weight_only(method, base, head == method))})"
+    if head not in (None, method):
+        _check_weight_only(head, base, True)
+    try:
+        model = _cast(base, DTYPE_NAMES[method]) if method in DTYPE_NAMES else _quantized(base, method, head)
+    except LoadError:
+        raise
+    except Exception as exc:  # a native library that fails at its first call, out of memory...
+        raise _build_failure(name, base.device, exc) from exc
+    dtype = DTYPE_NAMES.get(method, base.dtype)
     try:
         warm_up(model)  # a short prefill and a decode step: kernels and shapes are checked here
     except Exception as exc:
@@ -115,6 +117,20 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
                   f"{kernels['torch_ms']} ms torch's; {kernels['source']})")
     note = f"variant {name}: {describe(name, base.device)}{extra}" + (f" (lm_head {head}, untied)" if head else "")
     return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
+
+
+def _build_failure(name: str, device: torch.device, exc: Exception) -> LoadError:
+    """One clear LoadError for a build that failed half-way; VariantSet keeps it, so later requests for
+    the variant get it at once instead of another build (for bitsandbytes, another copy of every weight
+    through host memory)."""
+    oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    if device.type == "cuda":  # the half-built layers live on only in the traceback's frames: drop them,
+        traceback.clear_frames(exc.__traceback__)  # then hand their blocks back to the driver
+        torch.cuda.empty_cache()
+    advice = ("free memory for it: fewer resident variants (--variants-budget-mb), a smaller --kv-cache-mb, "
+              "or a smaller model" if oom else "pick another quantization")
+    return LoadError(f"quantization {name!r} could not be built on {device}"
+                     f"{' (out of memory)' if oom else ''}: {type(exc).__name__}: {first_line(exc)}; {advice}")
 
 
 def precheck(base: LoadedModel, name: str) -> str | None:
