@@ -72,7 +72,7 @@ def cuda_facts() -> CudaFacts:
 def _nvidia_smi(path: str) -> tuple[str | None, str | None]:
     """(driver version, its CUDA version) from nvidia-smi's header; (None, None) if it does not answer."""
     try:
-        out = subprocess.run([path], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run([path], check=False, capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None, None
     driver = re.search(r"Driver Version:\s*([\d.]+)", out)
