@@ -1,5 +1,6 @@
 """Which device serves, and why (engine/model/device.py): every case told apart from faked CUDA facts."""
 
+import os
 import subprocess
 import sys
 import types
@@ -13,6 +14,7 @@ from engine.core.info import EngineInfo
 from engine.model import device
 from engine.model.device import CudaFacts, choose
 
+SUITE_DEVICE = os.environ.get(device.ENV)  # as tests/conftest.py left it, before this file's fixture clears it
 CPU_ONLY = CudaFacts(torch_cuda=None, available=False)
 H200 = CudaFacts(torch_cuda="13.0", available=True, nvidia_smi=True, driver="580.65.06", driver_cuda="13.0",
                  gpu="NVIDIA H200", capability=(9, 0))
@@ -107,8 +109,8 @@ def test_the_header_and_start_line_carry_the_reason():
 
 
 def test_the_command_prints_the_choice():
-    r = subprocess.run([sys.executable, "-m", "engine.model.device"], capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, device.ENV: "cpu"})
+    r = subprocess.run([sys.executable, "-m", "engine.model.device"], check=False, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, device.ENV: "cpu"})
     assert r.returncode == 0 and r.stdout.strip() == "cpu: $LATENCY_LAB_DEVICE=cpu asked for"
 
 
@@ -121,3 +123,16 @@ def test_the_bundled_engine_reports_its_device_through_the_api(bundled_engine):
     info = card.model_extra["latency_lab"]
     assert info["device"] == "cpu" and info["device_reason"] == "cpu: --device cpu asked for"
     assert "cpu: --device cpu asked for" in EngineInfo.from_dict(info).headline()
+
+
+def test_the_suite_pins_auto_to_cpu_even_where_torch_sees_a_gpu(tiny_model_dir, monkeypatch):
+    """tests/conftest.py sets $LATENCY_LAB_DEVICE=cpu (subprocesses inherit it), so on a GPU host the
+    tests' `auto` loads still run on CPU, where their bit-exactness assertions hold."""
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
+
+    assert SUITE_DEVICE == "cpu"
+    monkeypatch.setenv(device.ENV, SUITE_DEVICE)  # undo this file's fixture
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU host, as far as torch says
+    lm = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))
+    assert lm.device.type == "cpu" and lm.device_reason == "cpu: $LATENCY_LAB_DEVICE=cpu asked for"

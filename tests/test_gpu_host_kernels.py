@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from engine.kernels import choose, cpu_attention, cpu_gemm, cpu_layers, plan
-from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear, decode_kernels
+from engine.quant.weight_only import (
+    Int4WeightOnlyLinear,
+    Int8WeightOnlyLinear,
+    decode_kernels,
+)
 
 
 @pytest.fixture
