@@ -28,7 +28,7 @@ def no_env(monkeypatch):
 
 def test_a_usable_gpu_serves_and_is_named():
     chosen = choose("auto", H200)
-    assert chosen.device == torch.device("cuda", 0)
+    assert chosen.device == torch.device("cuda")
     assert chosen.reason == "cuda:0 (NVIDIA H200, sm90, CUDA 13.0, driver 580.65.06)"
 
 

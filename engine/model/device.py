@@ -130,7 +130,7 @@ def choose(name: str, facts: CudaFacts | None = None) -> DeviceChoice:
         return DeviceChoice(torch.device("cpu"), f"cpu: {source} asked for")
     facts = facts or cuda_facts()
     if facts.available:
-        return DeviceChoice(torch.device("cuda", 0), gpu_description(facts))
+        return DeviceChoice(torch.device("cuda"), gpu_description(facts))  # torch's current device: 0 unless set
     if name == "cuda":
         raise LoadError(f"{source} was asked for, but {why_no_gpu(facts)}; use --device cpu")
     if name != "auto":
