@@ -64,9 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.share:
         _share(args.host, args.port)
     from engine.measure import capabilities
-    from server.cli import start_line
+    from server.cli import device_line, start_line
 
     print(f"this machine: {capabilities.detect().summary()}", file=sys.stderr)
+    if device := device_line(backends):
+        print(device, file=sys.stderr)
     engine = "" if args.paced_source else start_line(args)
     print(f"Latency Lab on http://{args.host}:{args.port}{f' ({engine})' if engine else ''}", file=sys.stderr)
     try:

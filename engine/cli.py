@@ -20,6 +20,7 @@ from engine.core.config import (
     TOGGLES,
     GenerationConfig,
     LoadConfig,
+    parse_kv_cache_mb,
 )
 from engine.core.errors import EXIT_OK, InvalidRequest, LatencyLabError, exit_code
 from engine.serving.sessions import Conversation
@@ -31,12 +32,16 @@ def add_load_args(p: argparse.ArgumentParser, max_batch: int = LoadConfig.max_ba
     g.add_argument("--model", default=None,
                    help="a model folder, a .gguf file or a hub id (default: bundled SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations (default: auto)")
-    g.add_argument("--device", default="auto", choices=DEVICES)
+    g.add_argument("--device", default="auto", choices=DEVICES,
+                   help="auto: $LATENCY_LAB_DEVICE if set, else the GPU where torch can use one, else CPU; the start "
+                        "line and engine info say which serves and why (`python -m engine.model.device` prints it)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--no-fast-path", action="store_true",
                    help="use the generic transformers forward instead of our Llama-family forward")
-    g.add_argument("--kv-cache-mb", type=float, default=LoadConfig.kv_cache_mb,
-                   help="memory budget of the prefix cache (KV reuse) in MiB (default: %(default)s; 0 keeps nothing)")
+    g.add_argument("--kv-cache-mb", type=parse_kv_cache_mb, default=LoadConfig.kv_cache_mb,
+                   help="memory budget of the prefix cache (KV reuse) in MiB; 0 keeps nothing (default: auto: half "
+                        "the GPU memory free after the model loads, on CPU 512 MiB or a quarter of the available "
+                        "memory if less; engine info says which)")
     g.add_argument("--shared-prefix-cache", action="store_true",
                    help="share cached prefixes between sessions (default: each session sees only its own; "
                         "sharing lets one user infer by timing what another's prompt began with)")
@@ -157,6 +162,8 @@ def _chat(engine, args, gen) -> int:
     info = engine.info()
     if info.capabilities:
         print(f"this machine: {info.capabilities['summary']}", file=sys.stderr)
+    if info.device_reason:
+        print(f"device: {info.device_reason}", file=sys.stderr)
     print(f"{info.name} ({info.dtype}, {info.device}, loaded in {info.load_s:.1f}s). "
           "Type a message; /reset starts over, Ctrl-D quits.", file=sys.stderr)
     # The conversation lives here, replies exactly as generated, in one prefix-cache session:

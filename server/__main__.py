@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.core.errors import EXIT_FAILURE, LatencyLabError, exit_code
 
     from . import build_backends, create_api
-    from .cli import start_line
+    from .cli import device_line, start_line
 
     args = build_parser().parse_args(argv)
     try:
@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(exc)
     import uvicorn
 
+    if device := device_line(backends):
+        print(device, file=sys.stderr)
     engine = start_line(args)
     print(f"serving {', '.join(backends)} on http://{args.host}:{args.port}/v1 "
           f"({engine + ', ' if engine else ''}auth {'on' if args.api_key else 'off'}); metrics at /metrics",

@@ -35,6 +35,16 @@ def start_line(args) -> str:
     return f"max batch {args.max_batch}" if args.backend in ("local", "both") else ""
 
 
+def device_line(backends: dict) -> str | None:
+    """'device: cuda:0 (NVIDIA H200, …)' or 'device: cpu: this torch is a CPU-only build …': which device the
+    local engine serves on and why (engine/model/device.py); None without a local engine."""
+    for engine in backends.values():
+        reason = getattr(engine, "loaded", None) and engine.loaded.device_reason
+        if reason:
+            return f"device: {reason}"
+    return None
+
+
 def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",

@@ -23,6 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite asserts CPU bit-exactness (fp32 greedy replies identical alone, batched, after KV reuse): pin
+# `--device auto` to CPU for every load here and in every subprocess (app.py, python -m engine, the
+# benches inherit the environment; engine/model/device.py reads it). A test meant for a GPU passes
+# device="cuda" and is marked `cuda` (skipped with its reason where torch sees none).
+os.environ.setdefault("LATENCY_LAB_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +36,7 @@ def bundled():
     from engine.core.config import LoadConfig
     from engine.model.loader import load
 
-    return load(LoadConfig(dtype="fp32", progress=False))
+    return load(LoadConfig(dtype="fp32", device="cpu", progress=False))
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +85,7 @@ def tiny(tiny_model_dir):
     from engine.core.config import LoadConfig
     from engine.model.loader import load
 
-    return load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))
+    return load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", device="cpu", progress=False))
 
 
 # --- tiers ---------------------------------------------------------------------------------------------
@@ -136,6 +141,12 @@ def _imports_kernels(module) -> bool:
     return False
 
 
+def _cuda_usable() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def pytest_collection_modifyitems(config, items):
     kernels_modules: dict[str, bool] = {}
     for item in items:
@@ -149,5 +160,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.kernels)
         item.add_marker(pytest.mark.bundled if _reaches_bundled(item) else pytest.mark.tiny)
         name = getattr(item, "originalname", item.name)
+        if item.get_closest_marker("cuda") and not _cuda_usable():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU torch can use; "
+                                                    "`python -m engine.model.device` says why there is none"))
         if path.name in SLOW or f"{path.name}::{name}" in SLOW or SLOW_FIXTURES.keys() & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)

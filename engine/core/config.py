@@ -38,7 +38,7 @@ class LoadConfig:
     cache_dir: Path | None = None  # where converted weights are kept; default: per-user cache folder
     fast_path: bool = True  # our own Llama-family forward; False forces the generic transformers forward
     progress: bool = True  # show a progress bar while loading
-    kv_cache_mb: float = 512  # prefix cache (KV reuse) budget in MiB; 0 keeps nothing
+    kv_cache_mb: float | str = "auto"  # prefix cache (KV reuse) budget in MiB; 0 keeps nothing; auto: engine/serving/kv_budget.py
     shared_prefix_cache: bool = False  # one prefix-cache scope for all sessions (default: per session)
     variants: tuple[str, ...] = ()  # quantization variants to build at start (others: on first use)
     variants_budget_mb: float | None = None  # weights of all resident variants; None: 3x the loaded model's
@@ -50,9 +50,9 @@ class LoadConfig:
             raise InvalidRequest(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}", "dtype")
         if self.device not in DEVICES:
             raise InvalidRequest(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}", "device")
-        if isinstance(self.kv_cache_mb, bool) or not isinstance(self.kv_cache_mb, (int, float)) \
-                or not 0 <= self.kv_cache_mb < 2**40:
-            raise InvalidRequest(f"--kv-cache-mb must be a number of MiB >= 0, not {self.kv_cache_mb!r}", "kv_cache_mb")
+        if self.kv_cache_mb != "auto" and (isinstance(self.kv_cache_mb, bool) or not isinstance(self.kv_cache_mb, (int, float))
+                                           or not 0 <= self.kv_cache_mb < 2**40):
+            raise InvalidRequest(f"--kv-cache-mb must be auto or a number of MiB >= 0, not {self.kv_cache_mb!r}", "kv_cache_mb")
         if self.threads is not None and not (1 <= self.threads <= 1024):
             raise InvalidRequest(f"--threads must be a positive integer, not {self.threads!r}", "threads")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= 256:
@@ -146,3 +146,17 @@ TOGGLE = {t.name: t for t in TOGGLES}
 SAMPLING = declared(GenerationConfig, sampling=True)  # and from these
 FIELD = {t.name: t for t in (*SAMPLING, *TOGGLES)}  # every declared GenerationConfig field
 
+
+def parse_kv_cache_mb(text: str) -> float | str:
+    """--kv-cache-mb's value: 'auto' (engine/serving/kv_budget.py sizes it from the device) or MiB >= 0."""
+    import argparse
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 2**40:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a number of MiB >= 0, not {text!r}")
+    return value

@@ -48,6 +48,7 @@ class EngineInfo:
     path: str | None = None
     dtype: str | None = None
     device: str | None = None
+    device_reason: str | None = None  # why this device serves, in one line (engine/model/device.py)
     threads: int | None = None
     context_max: int | None = None  # the model's context window (tokens)
     weight_bytes: int | None = None  # the default variant's
@@ -90,9 +91,10 @@ class EngineInfo:
                 and chosen is not None and chosen.default)
 
     def headline(self) -> str:
-        """One line for the page header: 'SmolLM2-135M-Instruct · fp32 · cpu · 2 threads · 538 MB weights'."""
+        """One line for the page header: 'SmolLM2-135M-Instruct · fp32 · cpu: --device cpu asked for · 2 threads ·
+        538 MB weights' (the device with its reason where the engine gives one)."""
         parts = [self.name]
-        parts += [p for p in (self.dtype, self.device) if p]
+        parts += [p for p in (self.dtype, self.device_reason or self.device) if p]
         if self.threads:
             parts.append(f"{self.threads} threads")
         if self.weight_bytes:

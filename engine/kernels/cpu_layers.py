@@ -39,8 +39,8 @@ def _projections(blk) -> tuple:
 def serves(model) -> bool:
     """Whether `model`'s (a FastLlama) layers can run here: every projection a plain fp32 Linear our
     kernel serves. The caller also checks that its rows are ones it sends through our kernel."""
-    return unavailable_reason() is None and all(
-        plain_fp32_cpu(lin) for blk in model.blocks for lin in _projections(blk))
+    # the projections first: on a GPU model that answers, and our kernels are never built for it
+    return all(plain_fp32_cpu(lin) for blk in model.blocks for lin in _projections(blk)) and unavailable_reason() is None
 
 
 def describe(model) -> str:
@@ -52,6 +52,8 @@ def describe(model) -> str:
         if kernel is choose.Kernel.OURS_FP32:
             return NAME
         return f"{PYTHON} (the kernel decision sends one-row products to {kernel.short}, not our kernel)"
+    if model.device.type != "cpu":  # asked before unavailable_reason, which builds our kernels
+        return f"{PYTHON} (our kernels run on CPU; this model is on {model.device.type})"
     reason = unavailable_reason() or "a projection is not a plain fp32 Linear our kernel serves (quantized, bf16, GPU)"
     return f"{PYTHON} ({reason})"
 
@@ -61,7 +63,7 @@ def layer_weights(model) -> tuple[list, list] | None:
     None where serves(model) is False: the check and the lists in one walk, as a forward needs both
     (two walks cost a measurable share of a one-row step: docs/history.md). Makes the panels: call
     it only where our kernel runs the rows."""
-    if unavailable_reason() is not None:
+    if model.device.type != "cpu" or unavailable_reason() is not None:  # never built for a GPU model
         return None
     weights, biases = [], []
     for blk in model.blocks:

@@ -49,6 +49,7 @@ class Capabilities:
     int8_weight_only_kernel: bool  # torch._weight_int8pack_mm exists
     int4_weight_only_kernel: bool  # torch._weight_int4pack_mm_for_cpu exists (CPU 4-bit weight-only)
     cuda: bool
+    cuda_build: str | None = None  # torch.version.cuda: the CUDA this torch is built for (None: CPU-only)
     cuda_device: str | None = None
     cuda_capability: tuple[int, int] | None = None
     cuda_bf16: bool = False
@@ -104,8 +105,10 @@ class Capabilities:
                  f"oneDNN bf16 {'yes' if self.onednn_bf16 else 'no'}"]
         if self.cuda:
             parts.append(f"CUDA {self.cuda_device} sm{''.join(map(str, self.cuda_capability or ()))}")
+        elif self.cuda_build:  # why: engine/model/device.py, on the start line and in engine info
+            parts.append(f"CUDA none usable (torch built for CUDA {self.cuda_build})")
         else:
-            parts.append("CUDA none")
+            parts.append("CUDA none (CPU-only torch)")
         parts.append(f"bitsandbytes {self.bitsandbytes or 'missing'}")
         parts.append(f"compiler {os.path.basename(self.cpp_compiler) if self.cpp_compiler else 'none'}")
         return " · ".join(parts)
@@ -188,6 +191,7 @@ def detect() -> Capabilities:
         int8_weight_only_kernel=hasattr(torch, "_weight_int8pack_mm"),
         int4_weight_only_kernel=hasattr(torch, "_weight_int4pack_mm_for_cpu"),
         cuda=cuda,
+        cuda_build=torch.version.cuda,
         cuda_device=name,
         cuda_capability=cap,
         cuda_bf16=bool(cuda and torch.cuda.is_bf16_supported()),

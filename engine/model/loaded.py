@@ -35,6 +35,7 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)
     draft: object | None = None  # engine.draft.Draft for speculative='draft' (None: no draft loaded)
     cache_dir: object | None = None  # a Path: where measured kernel decisions are kept (None: not kept)
+    device_reason: str | None = None  # why this device serves (engine/model/device.py), e.g. 'cpu: --device cpu asked for'
 
     @property
     def max_context(self) -> int:
@@ -54,6 +55,7 @@ class LoadedModel:
             "path": self.path,
             "dtype": self.dtype_name,
             "device": str(self.device),
+            "device_reason": self.device_reason,
             "load_s": round(self.load_s, 3),
             "fast_path": self.fast_path,
             "weight_bytes": self.weight_bytes(),

@@ -27,6 +27,7 @@ from engine.core.config import LoadConfig
 from engine.core.errors import LoadError
 from engine.kernels import plan as kernel_plan
 from engine.measure import capabilities
+from engine.model import device as device_choice
 from engine.model.loaded import (  # noqa: F401 (re-exported)
     DTYPE_NAMES,
     LoadedModel,
@@ -71,11 +72,8 @@ def bundled_gguf_path() -> Path:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise LoadError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu")
-    return torch.device(name)
+    """The device `--device NAME` serves on (engine/model/device.py says why, and raises for cuda without a GPU)."""
+    return device_choice.choose(name).device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -102,7 +100,8 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
     t0 = time.perf_counter()
     if config.threads:
         torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
+    chosen = device_choice.choose(config.device)
+    device = chosen.device
     dtype = resolve_dtype(config.dtype, device)
     with _progress(config, 4, "loading model") as bar:
         bar.set_postfix_str("resolving")
@@ -133,6 +132,7 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         path=str(path),
         dtype=dtype,
         device=device,
+        device_reason=chosen.reason,
         load_s=time.perf_counter() - t0,
         cache_dir=cache_root(config),
         fast_path=fast,

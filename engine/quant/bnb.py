@@ -30,10 +30,14 @@ def check(name: str, base: LoadedModel, quantizable) -> None:
     if unusable:  # checked before any import: on such a CPU importing it kills the process
         raise LoadError(f"quantization {name!r}: {unusable} Try int8wo or int4wo (torch's own kernels).")
     try:
-        _import_bitsandbytes()
+        module = _import_bitsandbytes()
     except Exception as exc:
         raise LoadError(f"quantization {name!r} needs bitsandbytes, which failed to load: "
                         f"{type(exc).__name__}: {first_line(exc)}") from exc
+    missing = native_library_missing(module) if base.device.type != "cpu" else None
+    if missing:  # known before building: no weights copied, nothing to fail half-way
+        raise LoadError(f"quantization {name!r}: bitsandbytes has no working native library for "
+                        f"{base.device.type} here ({missing}); `python -m bitsandbytes` says why. Try int8wo or int4wo.")
     if name in ("nf4", "fp4") and base.device.type == "cpu" and capabilities.detect().bnb_cpu_avx512bf16:
         for _, attr, lin in quantizable:
             if lin.out_features % BNB_CPU_4BIT_ROWS or lin.in_features % BNB_BLOCKSIZE:
@@ -43,6 +47,16 @@ def check(name: str, base: LoadedModel, quantizable) -> None:
                     f"divisible by {BNB_BLOCKSIZE}, and {attr} is {lin.in_features} -> {lin.out_features}. "
                     "Try int8 or int8wo."
                 )
+
+
+def native_library_missing(module) -> str | None:
+    """Why the imported bitsandbytes has no native library (None: it has one). Without its CUDA binary
+    (built for another CUDA, or its runtime libraries not found) the import still succeeds and puts a
+    stand-in in `cextension.lib` that raises at the first kernel call."""
+    lib = getattr(getattr(module, "cextension", None), "lib", None)
+    if type(lib).__name__ != "ErrorHandlerMockBNBNativeLibrary":
+        return None
+    return first_line(str(getattr(lib, "error_msg", "") or "")) or "its binary did not load"
 
 
 def _import_bitsandbytes():

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
+import traceback
 from dataclasses import replace
 
 import torch
@@ -49,11 +50,13 @@ from engine.quant import bnb
 from engine.quant.weight_only import (
     INT4_CUDA_INNER_K_TILES,
     INT4_GROUP_SIZE,
+    INT8_CUDA_CAVEAT,
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
     choose_kernels,
     dtype_name,
     probe_results,
+    shape_rule,
     weight_only_compute_dtype,
 )  # noqa: F401 (API)
 
@@ -92,16 +95,17 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
         head = method
     t0 = time.perf_counter()
     extra = ""
-    if method in DTYPE_NAMES:
-        model = _cast(base, DTYPE_NAMES[method])
-        dtype = DTYPE_NAMES[method]
-    else:
-        if method in WEIGHT_ONLY:  # refused here, before building, if its kernel is missing
-            extra = f" (here: {dtype_name(_check_weight_only(method, base, head == method))})"
-        if head not in (None, method):
-            _check_weight_only(head, base, True)
-        model = _quantized(base, method, head)
-        dtype = base.dtype
+    if method in WEIGHT_ONLY:  # refused here, before building, if its kernel is missing
+        extra = f" (here: {dtype_name(_check_weight_only(method, base, head == method))})"
+    if head not in (None, method):
+        _check_weight_only(head, base, True)
+    try:
+        model = _cast(base, DTYPE_NAMES[method]) if method in DTYPE_NAMES else _quantized(base, method, head)
+    except LoadError:
+        raise
+    except Exception as exc:  # a native library that fails at its first call, out of memory...
+        raise _build_failure(name, base.device, exc) from exc
+    dtype = DTYPE_NAMES.get(method, base.dtype)
     try:
         warm_up(model)  # a short prefill and a decode step: kernels and shapes are checked here
     except Exception as exc:
@@ -111,8 +115,22 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
     if kernels:
         extra += (f"; decode kernels: {kernels['kernels']} (a step {kernels['ours_ms']} ms ours, "
                   f"{kernels['torch_ms']} ms torch's; {kernels['source']})")
-    note = f"variant {name}: {METHODS[name]}{extra}" + (f" (lm_head {head}, untied)" if head else "")
+    note = f"variant {name}: {describe(name, base.device)}{extra}" + (f" (lm_head {head}, untied)" if head else "")
     return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
+
+
+def _build_failure(name: str, device: torch.device, exc: Exception) -> LoadError:
+    """One clear LoadError for a build that failed half-way; VariantSet keeps it, so later requests for
+    the variant get it at once instead of another build (for bitsandbytes, another copy of every weight
+    through host memory)."""
+    oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    if device.type == "cuda":  # the half-built layers live on only in the traceback's frames: drop them,
+        traceback.clear_frames(exc.__traceback__)  # then hand their blocks back to the driver
+        torch.cuda.empty_cache()
+    advice = ("free memory for it: fewer resident variants (--variants-budget-mb), a smaller --kv-cache-mb, "
+              "or a smaller model" if oom else "pick another quantization")
+    return LoadError(f"quantization {name!r} could not be built on {device}"
+                     f"{' (out of memory)' if oom else ''}: {type(exc).__name__}: {first_line(exc)}; {advice}")
 
 
 def precheck(base: LoadedModel, name: str) -> str | None:
@@ -200,10 +218,28 @@ def _check_weight_only(method: str, base: LoadedModel, include_lm_head: bool) ->
                       else "torch._weight_int4pack_mm_for_cpu")
             raise LoadError(f"quantization 'int4wo' needs {kernel}, which this machine lacks; "
                             "pick int8wo, or nf4 (bitsandbytes)")
-        multiple = INT4_GROUP_SIZE if device.type == "cpu" else max(INT4_GROUP_SIZE, 16 * INT4_CUDA_INNER_K_TILES)
-        for _, attr, lin in quantizable_linears(base.model, include_lm_head=include_lm_head):
-            if lin.in_features % multiple or (device.type == "cuda" and lin.out_features % 8):
-                raise LoadError(f"quantization 'int4wo' cannot run with this model: its kernel needs input sizes "
-                                f"divisible by {multiple}, and {attr} is {lin.in_features} -> {lin.out_features}. "
-                                "Try int8wo.")
-    return weight_only_compute_dtype(method, device, base.dtype)
+    shapes = {(lin.in_features, lin.out_features): attr
+              for _, attr, lin in quantizable_linears(base.model, include_lm_head=include_lm_head)}
+    # Refused, not built with the misfits left unquantized: a variant named int4wo whose largest layers
+    # stayed bf16 would be measured and compared as if it were 4-bit (SmolLM2's 576-wide inputs are all
+    # but its down projection).
+    misfits = [(f"{attr} {k} -> {n}", rule) for (k, n), attr in shapes.items()
+               if (rule := shape_rule(method, device.type, k, n))]
+    if misfits:
+        raise LoadError(f"quantization {method!r} cannot run on {device.type} with this model: {misfits[0][1]}, and "
+                        f"{', '.join(m for m, _ in misfits)} {'is' if len(misfits) == 1 else 'are'} not. Try int8wo.")
+    return weight_only_compute_dtype(method, device, base.dtype, tuple(shapes))
+
+
+def device_caveat(name: str, device) -> str | None:
+    """What variant `name` costs on `device` that its name does not say (None: nothing)."""
+    method, head = _split(name)
+    if torch.device(device).type == "cuda" and "int8wo" in (method, head):
+        return INT8_CUDA_CAVEAT
+    return None
+
+
+def describe(name: str, device) -> str:
+    """The variant's description for engine info: METHODS[name], and its caveat on this device."""
+    caveat = device_caveat(name, device)
+    return METHODS[name] + (f" ({caveat})" if caveat else "")

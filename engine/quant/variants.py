@@ -30,7 +30,7 @@ from engine.core.info import VariantInfo
 from engine.model import compiled_step
 from engine.model.loaded import LoadedModel, weight_bytes
 from engine.quant.quality import compare, next_token_logits, quality_inputs
-from engine.quant.quantize import METHODS, build_variant, precheck
+from engine.quant.quantize import METHODS, build_variant, describe, precheck
 from engine.quant.weight_only import decode_kernels
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class VariantSet:
             v = built.get(name)
             r = v.report() if v else {}
             out.append(VariantInfo(
-                name=name, method=v.method if v else METHODS[name], default=name == self.default_name,
+                name=name, method=v.method if v else describe(name, self.default.loaded.device), default=name == self.default_name,
                 available=reason is None, reason=reason, resident=v is not None, weight_bytes=r.get("weight_bytes"),
                 decode_tps=r.get("decode_tps"), prefill_tps=r.get("prefill_tps"),
                 top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s"),
@@ -198,7 +198,7 @@ class VariantSet:
         except LoadError as exc:
             self._failed[name] = str(exc)
             raise
-        variant = Variant(name, METHODS[name], loaded, loaded.load_s, weight_bytes(loaded.model), *_memory())
+        variant = Variant(name, describe(name, loaded.device), loaded, loaded.load_s, weight_bytes(loaded.model), *_memory())
         if self.defer_quality:
             self._pending_quality.append(name)
         else:

@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.core.errors import LoadError
@@ -47,49 +48,75 @@ def onednn_on():
 
 INT4_GROUP_SIZE = 32  # input weights per scale+zero; 32 vs 64 measured in docs/quantization.md
 INT4_CUDA_INNER_K_TILES = 8  # the CUDA kernel's (tinygemm) layout: in_features % (16 * this) == 0
-_PROBE = (576, 1536)  # in, out features of the one-time kernel check: a SmolLM2-sized projection
+_PROBE = (576, 1536)  # in, out features of the CPU's one-time dtype race: a SmolLM2-sized projection
 _PROBE_ROUNDS = 7
 PROBE_MARGIN = 1.2  # bf16 activations only if their kernel is at least this much faster (they cost precision)
 probe_results: dict = {}  # (kernel, device type, dtype name) -> median µs of one probe matmul, or the error
 
 
-def weight_only_compute_dtype(kernel: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
-    """The activation dtype torch's `kernel` ('int8wo' or 'int4wo') runs in, for a model in `model_dtype`.
+def shape_rule(kernel: str, device_type: str, in_features: int, out_features: int) -> str | None:
+    """Why torch's `kernel` ('int8wo' / 'int4wo') on `device_type` cannot take a Linear of this shape
+    (None: it can). int4: a scale and zero per INT4_GROUP_SIZE inputs, and on CUDA the packer
+    (`torch._convert_weight_to_int4pack`, tinygemm's layout) tiles the inputs by 16 x
+    INT4_CUDA_INNER_K_TILES and the outputs by 8. int8 has no rule: one scale per output row."""
+    if kernel != "int4wo":
+        return None
+    if device_type == "cuda":
+        k_tile = 16 * INT4_CUDA_INNER_K_TILES
+        if in_features % k_tile or in_features % INT4_GROUP_SIZE or out_features % 8:
+            return (f"torch's CUDA int4 kernel needs input sizes divisible by {k_tile} (its packer's 16 x "
+                    f"{INT4_CUDA_INNER_K_TILES} inner k-tiles) and output sizes divisible by 8")
+        return None
+    if in_features % INT4_GROUP_SIZE:
+        return f"the int4 kernel needs input sizes divisible by {INT4_GROUP_SIZE} (its group size)"
+    return None
+
+
+def weight_only_compute_dtype(kernel: str, device: torch.device, model_dtype: torch.dtype,
+                              shapes: tuple[tuple[int, int], ...] | None = None) -> torch.dtype:
+    """The activation dtype torch's `kernel` ('int8wo' or 'int4wo') runs in, for a model in `model_dtype`
+    whose weight-only layers have `shapes` ((in, out) each; engine/quant/quantize.py passes the model's).
 
     CPU: bf16 or the model's dtype, whichever the kernel is faster in on this machine — measured once
-    per process (`_probe`), unless capabilities `weight_only_activations` forces 'bf16' or 'model'.
-    CUDA: the model's dtype for int8; bf16 for int4 (the only one its kernel takes). Raises
-    LoadError if the kernel gives wrong results or fails in every candidate dtype.
+    per process on _PROBE (`_probe`), unless capabilities `weight_only_activations` forces 'bf16' or
+    'model'; the CPU kernels take any shape `shape_rule` allows. CUDA: the model's dtype for int8; bf16
+    for int4 (the only one its kernel takes), checked on each of `shapes`: the packer's tile layout
+    depends on the shape, so a probe of another shape says nothing (576 inputs, SmolLM2's, fail it).
+    Raises LoadError if the kernel gives wrong results or fails in every candidate dtype.
     """
     device = torch.device(device)
     if device.type == "cuda":
         candidates = (torch.bfloat16,) if kernel == "int4wo" else (model_dtype,)
+        probe_shapes = tuple(sorted(set(shapes))) if shapes else (_PROBE,)
     else:
         choice = capabilities.detect().weight_only_activations
         candidates = {"model": (model_dtype,), "bf16": (torch.bfloat16,)}.get(
             choice, tuple(dict.fromkeys((torch.bfloat16, model_dtype))))
-    return _probe(kernel, device.type, candidates)
+        probe_shapes = (_PROBE,)
+    return _probe(kernel, device.type, candidates, probe_shapes)
 
 
 @functools.lru_cache(maxsize=None)
-def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...]) -> torch.dtype:
-    """Run `kernel` on a probe layer in each candidate dtype: keep those whose result matches the
-    dequantized weights, and of those the fastest (median over alternating rounds)."""
+def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...],
+           shapes: tuple[tuple[int, int], ...] = (_PROBE,)) -> torch.dtype:
+    """Run `kernel` on a probe layer of each of `shapes` in each candidate dtype: keep the dtypes whose
+    results match the dequantized weights, and of those the fastest on the first shape (median over
+    alternating rounds)."""
     cls = {"int8wo": Int8WeightOnlyLinear, "int4wo": Int4WeightOnlyLinear}[kernel]
     gen = torch.Generator().manual_seed(0)
-    k, n = _PROBE
-    linear = nn.Linear(k, n, bias=False)
-    linear.weight.data = (torch.randn(n, k, generator=gen) * 0.02).to(device_type)
-    x = torch.randn(1, k, generator=gen).to(device_type)
     layers, errors = {}, {}
     for dt in candidates:
         try:
-            layer = cls.from_linear(linear, compute_dtype=dt, keep_unpacked=True, gemv=False)  # torch's kernel
-            want = x @ layer.dequantized().T
-            got = layer(x).float()
-            err = float((got - want).abs().max() / want.abs().max())
-            if not err < 0.05:  # bf16 activations: ~1e-2 relative; a broken kernel: far more (or NaN)
-                raise RuntimeError(f"wrong results (relative error {err:.2g})")
+            for k, n in reversed(shapes):  # the first last: it is the one timed below
+                linear = nn.Linear(k, n, bias=False)
+                linear.weight.data = (torch.randn(n, k, generator=gen) * 0.02).to(device_type)
+                x = torch.randn(1, k, generator=gen).to(device_type)
+                layer = cls.from_linear(linear, compute_dtype=dt, keep_unpacked=True, gemv=False)  # torch's kernel
+                want = x @ layer.dequantized().T
+                got = layer(x).float()
+                err = float((got - want).abs().max() / want.abs().max())
+                if not err < 0.05:  # bf16 activations: ~1e-2 relative; a broken kernel: far more (or NaN)
+                    raise RuntimeError(f"wrong results on {k} -> {n} (relative error {err:.2g})")
             layers[dt] = layer
         except Exception as exc:
             errors[dt] = f"{type(exc).__name__}: {first_line(exc)}"
@@ -187,6 +214,8 @@ def decode_kernels(model: nn.Module) -> str | None:
         return (f"torch's weight-only kernels: a decode step measured faster through them here "
                 f"({chosen['torch_ms']} ms against ours {chosen['ours_ms']} ms; {chosen['source']})")
     on_cpu = next(layers[0].buffers()).device.type == "cpu"
+    if not on_cpu and any(isinstance(m, Int8WeightOnlyLinear) for m in layers):
+        return f"int8: F.linear over the weights cast to the activations' dtype (gpt-fast's form); {INT8_CUDA_CAVEAT}"
     why = (cpu_gemm.unavailable_reason() if on_cpu else "they run on CPU only") or "a layer's shape"
     return f"torch's weight-only kernels; ours not used: {why}"
 
@@ -242,10 +271,24 @@ class _WeightOnlyLinear(nn.Module):
         return requested and torch.device(device).type == "cpu" and cpu_gemm.available()
 
 
+INT8_CUDA_CAVEAT = ("on CUDA it pays only with the Compiled step: eager, each layer casts its int8 weights to a "
+                    "full copy in the activations' dtype before the matmul (more bytes than the unquantized model); "
+                    "torch.compile fuses the cast into the matmul, which then reads int8")
+
+
+def int8_dequant_matmul(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x @ (W_int8 * scale).T as gpt-fast writes it on CUDA: F.linear(x, W_int8.to(x.dtype)) * scale.
+    Why not `torch._weight_int8pack_mm` there: on CUDA it is a naive kernel (a thread per output,
+    uncoalesced loads), several times slower than a bf16 matmul; this form is a cast and a cuBLAS
+    matmul eagerly (INT8_CUDA_CAVEAT), and one kernel reading the int8 weights once torch.compile
+    fuses the cast into it. The scale is per output row, so it factors out of the sum."""
+    return F.linear(x, weight_int8.to(x.dtype)) * scale
+
+
 class Int8WeightOnlyLinear(_WeightOnlyLinear):
     """y = x @ (W_int8 * scale).T + b: int8 weights with one scale per output channel, through
-    `torch._weight_int8pack_mm`, which reads the int8 weights directly: a decode step (memory-bound)
-    moves a quarter of fp32's bytes, half of bf16's."""
+    `torch._weight_int8pack_mm` on CPU, which reads the int8 weights directly: a decode step (memory-bound)
+    moves a quarter of fp32's bytes, half of bf16's. On CUDA through `int8_dequant_matmul`."""
 
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  compute_dtype: torch.dtype, gemv: bool = True):
@@ -262,10 +305,13 @@ class Int8WeightOnlyLinear(_WeightOnlyLinear):
                     gemv: bool = True) -> Int8WeightOnlyLinear:
         q, scale = cpu_gemm.quantize_int8(linear.weight.detach())
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        compute = compute_dtype or weight_only_compute_dtype("int8wo", q.device, linear.weight.dtype)
+        compute = compute_dtype or weight_only_compute_dtype("int8wo", q.device, linear.weight.dtype,
+                                                             ((linear.in_features, linear.out_features),))
         return cls(q, scale, bias, compute, gemv)
 
     def _matmul(self, x):
+        if x.device.type == "cuda":
+            return int8_dequant_matmul(x, self.weight_int8, self.scale)
         return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
 
     def _gemv(self, x):
@@ -322,7 +368,7 @@ class Int4WeightOnlyLinear(_WeightOnlyLinear):
         else:
             packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # inner-k tiles: unused on CPU
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        compute = compute_dtype or weight_only_compute_dtype("int4wo", w.device, w.dtype)
+        compute = compute_dtype or weight_only_compute_dtype("int4wo", w.device, w.dtype, ((w.shape[1], w.shape[0]),))
         layer = cls(packed, sz, w.shape[1], group_size, bias, compute)
         layer._q = q if keep_unpacked else None
         if cls._use_gemv(gemv, w.device):

@@ -42,7 +42,8 @@ import numpy as np
 
 from engine.measure import clock
 
-DEFAULT_BUDGET_MB = 512  # MiB; ~22k positions of SmolLM2-135M KV in bf16 (23 KB per position)
+DEFAULT_BUDGET_MB = 512  # MiB; ~22k positions of SmolLM2-135M KV in bf16 (23 KB per position); an engine sizes
+# its own from the device (engine/serving/kv_budget.py, `--kv-cache-mb auto`)
 SHARED_SCOPE = "*shared*"
 # The chat template's preamble with no user content (its default system prompt): the same for every
 # user, so one entry serves all of them, and its timing reveals nothing about anyone's prompt. It
@@ -114,10 +115,11 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class PrefixCache:
-    def __init__(self, budget_mb: float = DEFAULT_BUDGET_MB, shared: bool = False):
+    def __init__(self, budget_mb: float = DEFAULT_BUDGET_MB, shared: bool = False, budget_source: str | None = None):
         if budget_mb < 0:
             raise ValueError(f"the KV cache budget must be >= 0 MiB, not {budget_mb}")
         self.budget_bytes = int(budget_mb * 2**20)
+        self.budget_source = budget_source or f"{budget_mb:g} MiB, given in code"  # engine info: where it came from
         self.shared = shared
         self._entries: dict[tuple[str, str], list[Entry]] = {}
         self._bytes = 0
@@ -276,6 +278,7 @@ class PrefixCache:
                 "entries": len(entries),
                 "bytes": self._bytes,
                 "budget_bytes": self.budget_bytes,
+                "budget_source": self.budget_source,
                 "cached_positions": sum(e.length for e in entries),
                 "pinned": sum(1 for e in entries if e.pins),
                 "shared": self.shared,

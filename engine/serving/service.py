@@ -19,6 +19,7 @@ from engine.model import compiled_step
 from engine.model.loaded import LoadedModel
 from engine.model.loader import cache_root, load
 from engine.quant.variants import VariantSet
+from engine.serving import kv_budget
 from engine.serving.prefix_cache import PrefixCache
 from engine.serving.worker import Worker
 
@@ -43,9 +44,9 @@ class Engine:
 
     @classmethod
     def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
-        cache = PrefixCache(config.kv_cache_mb, shared=config.shared_prefix_cache)
         budget = int(config.variants_budget_mb * 1e6) if config.variants_budget_mb else None
         loaded = load(config)
+        cache = kv_budget.prefix_cache(config.kv_cache_mb, loaded.device, shared=config.shared_prefix_cache)
         limits = load_or_measure(cache_root(config), loaded.device, probe_dtypes(loaded.dtype_name, loaded.device))
         return cls(loaded, max_queue=max_queue, prefix_cache=cache, variants=config.variants,
                    variants_budget_bytes=budget, machine_limits=limits, cache_dir=cache_root(config),
@@ -93,6 +94,7 @@ class Engine:
             "only the bundled model)")
         return EngineInfo(
             name=lm.name, source=lm.source, path=lm.path, dtype=lm.dtype_name, device=str(lm.device),
+            device_reason=lm.device_reason,
             threads=torch.get_num_threads() if lm.device.type == "cpu" else None, context_max=lm.max_context,
             weight_bytes=lm.weight_bytes(), load_s=round(lm.load_s, 3), fast_path=lm.fast_path,
             decode_attention=cpu_attention.kernel_name(lm.model.dtype, lm.device.type) if lm.fast_path else None,

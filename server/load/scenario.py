@@ -27,18 +27,18 @@ class LoadSettings:
     deadline: float  # seconds a request may take before it is stuck
     repeat: int  # run the whole load this many times
     max_queue: int | None  # the worker's queue bound (None: none)
-    kv_cache_mb: float
+    kv_cache_mb: float | str  # MiB or "auto" (engine/serving/kv_budget.py)
     shared_prefix_cache: bool
     mix_quantization: str = "auto"  # auto, a variant name, or none
     mix_speculative: str = "auto"  # auto or none
 
 
 def _engine(loaded, s: LoadSettings, max_batch: int):
-    from engine.serving.prefix_cache import PrefixCache
+    from engine.serving import kv_budget
     from engine.serving.service import Engine
 
     return Engine(loaded, max_queue=s.max_queue, max_batch=max_batch,
-                  prefix_cache=PrefixCache(s.kv_cache_mb, shared=s.shared_prefix_cache))
+                  prefix_cache=kv_budget.prefix_cache(s.kv_cache_mb, loaded.device, shared=s.shared_prefix_cache))
 
 
 def _pool(engine, s: LoadSettings) -> tuple[list, dict]:
