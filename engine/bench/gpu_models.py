@@ -14,10 +14,11 @@ checkout and its packages: no model hub, no network.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
+
+from engine.measure import clock
 
 # The 8B shape's sizes (Llama-3-8B's config.json); the rest of its config is the bundled model's.
 LLAMA3_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -120,7 +121,7 @@ def assemble(hf_model, tokenizer, name: str, device: torch.device, cache_dir=Non
     from engine.kernels import plan as kernel_plan
     from engine.model.loaded import LoadedModel, build_runner, warm_up
 
-    t0 = time.perf_counter()
+    t0 = clock.done_s(device)
     model, fast, why = build_runner(hf_model, True)
     warm_up(model)
     notes = [f"random weights (randn × {INIT_STD})"] + ([f"generic transformers forward: {why}"] if why else [])
@@ -130,13 +131,12 @@ def assemble(hf_model, tokenizer, name: str, device: torch.device, cache_dir=Non
             notes.append(kernel_plan.summary(one_row))
     dtype = model.dtype
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source="random", path="", dtype=dtype,
-                       device=device, load_s=time.perf_counter() - t0, fast_path=fast, eos_token_ids=set(eos or ()),
+                       device=device, load_s=clock.done_s(device) - t0, fast_path=fast, eos_token_ids=set(eos or ()),
                        notes=notes, cache_dir=cache_dir)
 
 
 def sync(device: torch.device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+    clock.sync(device)
 
 
 class EventClock:
@@ -153,7 +153,7 @@ class EventClock:
             event.record()
             self.marks[name] = event
         else:
-            self.marks[name] = time.perf_counter_ns()
+            self.marks[name] = clock.now_ns()
 
     def ms(self, start: str, end: str) -> float | None:
         a, b = self.marks.get(start), self.marks.get(end)
@@ -182,12 +182,12 @@ def decode_step_ms(model, device, context: int = 64, steps: int = 16) -> StepTim
     cache.crop(context)
     times = []
     for _ in range(steps):
-        clock = EventClock(device)
+        events = EventClock(device)
         sync(device)
-        clock.mark("a")
+        events.mark("a")
         model.forward(ids[:1], cache)
-        clock.mark("b")
-        times.append(clock.ms("a", "b"))
+        events.mark("b")
+        times.append(events.ms("a", "b"))
         cache.crop(context)
     times.sort()
     return StepTimes(median_ms=round(times[len(times) // 2], 4), steps=steps)
@@ -222,21 +222,20 @@ def fused_step_ms(model, device, context: int = 64, steps: int = 16) -> dict:
     ids = torch.arange(100, 100 + context, device=device)
     cache = model.new_cache(context + 2)
     model.forward(ids, cache)
-    t0 = time.perf_counter()
+    t0 = clock.done_s(device)
     static.step([7], [cache], replay=True)  # compiles and captures (rows 1, the smallest bucket)
-    sync(device)
-    first_s = time.perf_counter() - t0
+    first_s = clock.done_s(device) - t0
     if static.failed:
         return {"refused": static.failed}
     cache.crop(context)
     times = []
     for _ in range(steps):
-        clock = EventClock(device)
+        events = EventClock(device)
         sync(device)
-        clock.mark("a")
+        events.mark("a")
         static.step([7], [cache], replay=True)
-        clock.mark("b")
-        times.append(clock.ms("a", "b"))
+        events.mark("b")
+        times.append(events.ms("a", "b"))
         cache.crop(context)
     times.sort()
     return {"step_ms": round(times[len(times) // 2], 4), "compile_and_capture_s": round(first_s, 1)}

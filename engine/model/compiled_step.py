@@ -339,6 +339,10 @@ def for_model(model) -> CompiledDecode:
 
 
 def info_for(model) -> dict | None:
-    """What the model's compiled step measured when it was built (None: never compiled)."""
+    """What the model's compiled step measured when it was built (None: never compiled); on a GPU also
+    its static step's pools and CUDA graph captures (engine/model/cuda_graph.py)."""
     compiled = getattr(model, "compiled_decode", None)
-    return compiled.info if compiled is not None else None
+    static = getattr(model, "static_decode", None)
+    if compiled is None or compiled.info is None:
+        return {"graphs": static.describe()} if static is not None else None
+    return {**compiled.info, "graphs": static.describe()} if static is not None else compiled.info

@@ -27,6 +27,7 @@ from torch import nn
 
 from engine.core.errors import InvalidRequest, LoadError
 from engine.core.info import VariantInfo
+from engine.measure.device_memory import device_memory
 from engine.model import compiled_step
 from engine.model.loaded import LoadedModel, weight_bytes
 from engine.quant.quality import compare, next_token_logits, quality_inputs
@@ -45,8 +46,8 @@ class Variant:
     loaded: LoadedModel
     build_s: float
     weight_bytes: int  # real storage of this variant's model, shared tensors included
-    rss_bytes: int  # process resident memory right after it was built (psutil)
-    peak_rss_bytes: int  # process peak resident memory so far, right after it was built (getrusage)
+    memory_bytes: int  # memory where it lives right after it was built: GPU allocations on CUDA, else the process's RSS
+    peak_memory_bytes: int  # the peak of the same so far, right after it was built
     quality: dict | None = None  # top1_agreement, mean_kl, positions: against the default variant
     decode_tps: deque = field(default_factory=lambda: deque(maxlen=RECENT))
     prefill_tps: deque = field(default_factory=lambda: deque(maxlen=RECENT))
@@ -62,8 +63,9 @@ class Variant:
             "device": str(self.loaded.device),
             "weight_bytes": self.weight_bytes,
             "build_s": round(self.build_s, 3),
-            "rss_bytes": self.rss_bytes,
-            "peak_rss_bytes": self.peak_rss_bytes,
+            "memory": "gpu" if self.loaded.device.type == "cuda" else "host",
+            "memory_bytes": self.memory_bytes,
+            "peak_memory_bytes": self.peak_memory_bytes,
             "decode_tps": _median(self.decode_tps),  # medians over recent served requests
             "prefill_tps": _median(self.prefill_tps),
             "requests": self.requests,
@@ -91,7 +93,7 @@ class VariantSet:
         self._reference = None  # the default variant's logits on the quality set
         self.evictions = 0
         first = Variant(self.default_name, f"unquantized {self.default_name} (as loaded)", default,
-                        default.load_s, weight_bytes(default.model), *_memory())
+                        default.load_s, weight_bytes(default.model), *_memory(default.device))
         first.quality = {"top1_agreement": 1.0, "mean_kl": 0.0, "positions": None}
         self._built: dict[str, Variant] = {self.default_name: first}
         self.budget_bytes = budget_bytes or DEFAULT_BUDGET_FACTOR * first.weight_bytes
@@ -198,7 +200,7 @@ class VariantSet:
         except LoadError as exc:
             self._failed[name] = str(exc)
             raise
-        variant = Variant(name, describe(name, loaded.device), loaded, loaded.load_s, weight_bytes(loaded.model), *_memory())
+        variant = Variant(name, describe(name, loaded.device), loaded, loaded.load_s, weight_bytes(loaded.model), *_memory(loaded.device))
         if self.defer_quality:
             self._pending_quality.append(name)
         else:
@@ -246,8 +248,12 @@ class VariantSet:
             log.info("variant %s dropped to fit the memory budget", victim.name)
 
 
-def _memory() -> tuple[int, int]:
-    """(current, peak) resident memory of this process, in bytes."""
+def _memory(device) -> tuple[int, int]:
+    """(current, peak) memory where a variant on `device` lives, in bytes: torch's GPU allocations on
+    CUDA (engine/measure/device_memory.py), else this process's resident memory."""
+    on_device = device_memory(device)
+    if on_device is not None:
+        return on_device["allocated_bytes"], on_device["peak_allocated_bytes"]
     return psutil.Process().memory_info().rss, peak_rss_bytes()
 
 
