@@ -180,3 +180,44 @@ def test_the_gpus_prefix_mask_is_the_cpus_boolean_mask():
     got = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     assert torch.equal(bias._materialize(torch.device("cpu")), boolean)
+
+
+def test_the_worker_serves_through_the_static_step_as_a_gpu_would(tiny, monkeypatch):
+    """The static step forced onto CPU (as CUDA takes it): requests alone and batched through the
+    worker, with KV reuse handing borrowed caches between turns, reply what the eager forward replies."""
+    from engine.serving.service import Engine
+
+    prompts = ["Hi.", "Name three colors.", "Count to five, please.", "What is two plus three?"]
+    cfg = GenerationConfig(temperature=0.0, max_new_tokens=10)
+
+    def replies(engine, together: bool, session: str | None = None):
+        messages = [[{"role": "user", "content": p}] for p in prompts]
+        if not together:
+            return [engine.complete(m, cfg, session=session).token_ids for m in messages]
+        handles = [engine.submit(m, cfg, session=session) for m in messages]
+        return [h.result(timeout=600).token_ids for h in handles]
+
+    model = copy.deepcopy(tiny.model)
+    loaded = copy.copy(tiny)
+    loaded.model = model
+    engine = Engine(loaded, max_batch=4)
+    try:
+        eager = replies(engine, together=False)
+    finally:
+        engine.close()
+    steps = []
+    real_step = cuda_graph.StaticDecode.step
+    monkeypatch.setattr(cuda_graph, "serves", lambda m, lengths, all_logits: not all_logits and len(lengths) <= cuda_graph.ROWS
+                        and all(n == 1 for n in lengths))
+    monkeypatch.setattr(cuda_graph.StaticDecode, "step",
+                        lambda self, tokens, caches, replay: steps.append(len(caches)) or real_step(self, tokens, caches, replay))
+    engine = Engine(loaded, max_batch=4)
+    try:
+        alone, batched = replies(engine, together=False), replies(engine, together=True)
+        turn1 = replies(engine, together=False, session="s")  # KV kept (borrowed rows) and reused next turn
+        turn2 = replies(engine, together=True, session="s")
+    finally:
+        engine.close()
+    assert alone == eager and batched == eager and turn1 == eager and turn2 == eager
+    assert max(steps) > 1 and 1 in steps  # batched static steps and lone ones both ran
+    assert model.static_decode.describe()["pools"]  # its pools held the sequences' KV

@@ -258,7 +258,9 @@ class StaticDecode:
             if self._mempool is None:
                 self._mempool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._mempool):
+            # thread_local: another thread's CUDA call (engine info reading free memory) must not
+            # invalidate this capture, as the default ("global") mode would
+            with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
                 out = self._run_step(pool, size)
             torch.cuda.synchronize(self.model.device)
         except Exception as exc:  # a kernel that cannot be captured: the uncaptured step serves, once decided
@@ -274,8 +276,9 @@ class StaticDecode:
 
     def describe(self) -> dict:
         """Engine info: the pools, the graphs captured, and why not where they could not be."""
-        return {"pools": {c: {"bytes": p.nbytes(), "graphs": sorted(p.graphs)} for c, p in self.pools.items()},
-                "captures": list(self.captures), "fused": self.fuse, "failed": self.failed}
+        with self._lock:  # the API thread asks while the worker may be adding a pool
+            return {"pools": {c: {"bytes": p.nbytes(), "graphs": sorted(p.graphs)} for c, p in self.pools.items()},
+                    "captures": list(self.captures), "fused": self.fuse, "failed": self.failed}
 
 
 def _size(n: int) -> int:
