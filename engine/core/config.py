@@ -107,12 +107,10 @@ class GenerationConfig:
         PREFILL_CHUNK_TOKENS, "int", "Chunk tokens", "prompt tokens per prefill chunk (with chunked prefill)",
         lo=16, hi=65536, glossary="prefill_ms", only_with="chunked_prefill", short="chunk")
     compiled_decode: bool = toggle(
-        False, "bool", "Compiled step", "decode each token through one torch.compile graph of the whole step "
-        "(norms, rotary positions and adds fused; one call instead of ~900): it pays where the matmuls are "
-        "cheap (weight-only int4/int8), and the first request per weights variant compiles it (tens of "
-        "seconds of setup). On a GPU: the step replayed from CUDA graphs (one launch instead of a few "
-        "dozen a layer; captured in the setup of the first request per KV bucket, milliseconds), and such "
-        "requests batch", glossary="tpot_ms")
+        False, "bool", "Compiled step", "decode each token through one graph of the whole step, not ~900 "
+        "separate calls: on CPU torch.compile fuses the glue around the matmuls (pays with int4/int8 weights; "
+        "the first request per weights variant compiles it, tens of seconds); on a GPU CUDA graphs replay it "
+        "(captured in milliseconds; such requests batch)", glossary="tpot_ms")
 
     @property
     def greedy(self) -> bool:
