@@ -88,7 +88,7 @@ def run(args, out) -> dict:
              "request": lambda: st.request(ctx, "small"), "parity": lambda: st.parity(ctx),
              "batch": lambda: st.batch(ctx), "lookup": lambda: st.lookup(ctx),
              "variants": lambda: st.variants(ctx, lambda: left() - _after("variants", tiny)), "request_8b": lambda: _request_8b(ctx),
-             "compiled": lambda: st.compiled(ctx), "roofline": lambda: st.roofline(ctx)}
+             "compiled": lambda: st.compiled(ctx, lambda: left() - _after("compiled", tiny)), "roofline": lambda: st.roofline(ctx)}
     stages = {}
     log(f"device {device}, shapes {args.shapes}, budget {args.budget_s:.0f} s"
         + ("" if ctx.cuda else " (no CUDA: the 8B shape is skipped; facts say why)"))

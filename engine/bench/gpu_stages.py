@@ -200,7 +200,10 @@ def request(ctx: Context, which: str) -> dict:
 
 
 # --- eager step against the compiled (graph) step ------------------------------------------------
-def compiled(ctx: Context) -> dict:
+FUSED_S = 90  # seconds the fused step needs at least (Inductor compiles the step before it is captured)
+
+
+def compiled(ctx: Context, time_left=lambda: float("inf")) -> dict:
     from engine.core.config import GenerationConfig
     from engine.core.errors import InvalidRequest
     from engine.model import compiled_step
@@ -229,8 +232,9 @@ def compiled(ctx: Context) -> dict:
     if ctx.cuda:  # Inductor's fused kernels inside the graph: measured before it may become the default
         from engine.measure import capabilities
 
-        out["fused"] = (gm.fused_step_ms(loaded.model, ctx.device) if capabilities.detect().triton
-                        else {"refused": "Triton does not import here"})
+        out["fused"] = ({"refused": "Triton does not import here"} if not capabilities.detect().triton
+                        else {"skipped": f"time budget: {max(time_left(), 0):.0f} s left, it needs ~{FUSED_S} s"}
+                        if time_left() < FUSED_S else gm.fused_step_ms(loaded.model, ctx.device))
         if out["fused"].get("step_ms"):
             out["fused"]["speedup_vs_graph"] = _r(graph.median_ms / out["fused"]["step_ms"], 2)
     return out
