@@ -135,10 +135,6 @@ def assemble(hf_model, tokenizer, name: str, device: torch.device, cache_dir=Non
                        notes=notes, cache_dir=cache_dir)
 
 
-def sync(device: torch.device) -> None:
-    clock.sync(device)
-
-
 class EventClock:
     """Named instants on the device's own clock: CUDA events (recorded on the current stream,
     read after one synchronize) on CUDA; on a CPU, host stamps (its work is done when the call returns)."""
@@ -180,17 +176,24 @@ def decode_step_ms(model, device, context: int = 64, steps: int = 16) -> StepTim
     model.forward(ids, cache)
     model.forward(ids[:1], cache)  # a first step: one-time costs out of the figures
     cache.crop(context)
+    return StepTimes(median_ms=_median_step_ms(lambda: model.forward(ids[:1], cache), cache, context, device, steps),
+                     steps=steps)
+
+
+def _median_step_ms(step, cache, context: int, device, steps: int) -> float:
+    """The median of `steps` calls of `step()` (one decode step on `cache`), each timed by EventClock
+    and followed by cropping the cache back to `context`."""
     times = []
     for _ in range(steps):
         events = EventClock(device)
-        sync(device)
+        clock.sync(device)
         events.mark("a")
-        model.forward(ids[:1], cache)
+        step()
         events.mark("b")
         times.append(events.ms("a", "b"))
         cache.crop(context)
     times.sort()
-    return StepTimes(median_ms=round(times[len(times) // 2], 4), steps=steps)
+    return round(times[len(times) // 2], 4)
 
 
 def graph_step_ms(loaded, device) -> dict:
@@ -228,17 +231,8 @@ def fused_step_ms(model, device, context: int = 64, steps: int = 16) -> dict:
     if static.failed:
         return {"refused": static.failed}
     cache.crop(context)
-    times = []
-    for _ in range(steps):
-        events = EventClock(device)
-        sync(device)
-        events.mark("a")
-        static.step([7], [cache], replay=True)
-        events.mark("b")
-        times.append(events.ms("a", "b"))
-        cache.crop(context)
-    times.sort()
-    return {"step_ms": round(times[len(times) // 2], 4), "compile_and_capture_s": round(first_s, 1)}
+    step_ms = _median_step_ms(lambda: static.step([7], [cache], replay=True), cache, context, device, steps)
+    return {"step_ms": step_ms, "compile_and_capture_s": round(first_s, 1)}
 
 
 def device_bytes(device: torch.device) -> dict:

@@ -4,14 +4,13 @@ own paths: generate(), the worker (Engine), compiled_step, build_variant, roofli
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import subprocess
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.bench import gpu_models as gm
+from engine.measure import clock
 
 AGREE = 0.05  # Timeline vs CUDA events: each of TTFT, prefill and decode within 5% (the issue's bar)
 
@@ -56,36 +55,23 @@ def facts(ctx: Context, seconds: float) -> dict:
     from engine.measure import capabilities
     from engine.measure.machine_limits import load_or_measure, probe_dtypes
 
-    caps = capabilities.detect()
-    out = {"torch": torch.__version__, "cuda_version": torch.version.cuda, "device": str(ctx.device),
-           "cuda_available": torch.cuda.is_available(), "triton": caps.triton, "cpu": caps.summary()}
-    if not torch.cuda.is_available():
-        out["why_no_cuda"] = ("this torch is a CPU-only build" if torch.version.cuda is None else
-                              f"torch's CUDA {torch.version.cuda} build sees no GPU: no device, or a driver older "
-                              "than that CUDA version needs (nvidia-smi shows the driver's)")
-        out["driver"] = _driver()
+    from engine.model.device import cuda_facts, why_no_gpu
+
+    caps, cuda = capabilities.detect(), cuda_facts()  # the start line's facts and reasons (engine/model/device.py)
+    out = {"torch": torch.__version__, "cuda_version": cuda.torch_cuda, "device": str(ctx.device),
+           "cuda_available": cuda.available, "triton": caps.triton, "cpu": caps.summary(), "driver": cuda.driver}
+    if not cuda.available:
+        out["why_no_cuda"] = why_no_gpu(cuda)
     if ctx.cuda:
         props = torch.cuda.get_device_properties(ctx.device)
         out.update(device_name=props.name, compute_capability=f"{props.major}.{props.minor}",
-                   memory_bytes=props.total_memory, driver=_driver())
+                   memory_bytes=props.total_memory)
     dtypes = probe_dtypes("bf16" if ctx.cuda else "fp32", ctx.device)
     ctx.limits = load_or_measure(ctx.cache_dir, ctx.device, dtypes, seconds=seconds)
     out["limits"] = {"device": ctx.limits.key.get("device"), "read_gbps": ctx.limits.read_gbps,
                      "copy_gbps": ctx.limits.copy_gbps, "matmul_tflops": dict(ctx.limits.matmul_tflops),
                      "measured_at": ctx.limits.measured_at}
     return out
-
-
-def _driver() -> str | None:
-    """The NVIDIA driver's version (nvidia-smi's; None where it is not on PATH)."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        run = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=False)
-        return run.stdout.strip().splitlines()[0] if run.returncode == 0 and run.stdout.strip() else None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -146,24 +132,24 @@ def timed_request(loaded, ids: list[int], config, limits=None) -> dict:
     from engine.measure import roofline
     from engine.serving.generate import generate
 
-    clock = gm.EventClock(loaded.device)
-    gm.sync(loaded.device)
+    events = gm.EventClock(loaded.device)
+    clock.sync(loaded.device)
     tl = Timeline()
-    clock.mark("start")
+    events.mark("start")
     tl.received_ns = tl.enqueued_ns = tl.started_ns = now_ns()
     done = None
     for event in generate(loaded.model, loaded.tokenizer, loaded.eos_token_ids,
                           Request(prompt_ids=ids, config=config), tl):
-        if event.kind == "status" and event.stage == "prefill" and "prefill" not in clock.marks:
-            clock.mark("prefill")
+        if event.kind == "status" and event.stage == "prefill" and "prefill" not in events.marks:
+            events.mark("prefill")
         elif event.kind == "chunk" and event.token_ids:
-            clock.mark("first" if "first" not in clock.marks else "last")
+            events.mark("first" if "first" not in events.marks else "last")
         elif event.kind == "done":
             done = event
     roofline.annotate(tl, loaded.model, loaded.weight_bytes(), limits, loaded.dtype_name, config)
-    pairs = {"ttft_ms": (tl.ttft_ms, clock.ms("start", "first")),
-             "prefill_ms": (tl.prefill_ms, clock.ms("prefill", "first")),
-             "decode_ms": (tl.decode_ms, clock.ms("first", "last"))}
+    pairs = {"ttft_ms": (tl.ttft_ms, events.ms("start", "first")),
+             "prefill_ms": (tl.prefill_ms, events.ms("prefill", "first")),
+             "decode_ms": (tl.decode_ms, events.ms("first", "last"))}
     agree = {k: _rel(a, b) for k, (a, b) in pairs.items()}
     return {"prompt_tokens": tl.prompt_tokens, "output_tokens": tl.output_tokens, "token_ids": done.token_ids,
             "timeline": {k: _r(a) for k, (a, _) in pairs.items()}, "events": {k: _r(b) for k, (_, b) in pairs.items()},
@@ -261,38 +247,43 @@ def batch(ctx: Context, requests: int = 8) -> dict:
     from engine.bench import CHAT_PROMPTS
     from engine.bench.spec_prompts import DRAFT_PROMPTS
     from engine.core.config import GenerationConfig
-    from engine.serving.service import Engine
 
     loaded = need(ctx.small32, "fp32 model (the parity stage builds it)")
     prompts = (list(CHAT_PROMPTS) + list(DRAFT_PROMPTS))[:requests]
     cfg = GenerationConfig(temperature=0.0, max_new_tokens=ctx.new_tokens // 2)
-    engine = Engine(loaded, max_batch=requests)
-    try:
-        solo = [engine.complete([{"role": "user", "content": p}], cfg) for p in prompts]
-        handles = [engine.submit([{"role": "user", "content": p}], cfg) for p in prompts]
-        together = [h.result(timeout=600) for h in handles]
-    finally:
-        engine.close()
+    solo, together = _solo_and_batched(loaded, prompts, cfg, requests)
     equal = [a.token_ids == b.token_ids for a, b in zip(solo, together)]
-    sizes = [max(d.timeline.batch_size or [1]) for d in together]
-    out = {"requests": len(prompts), "equal": sum(equal), "all_equal": all(equal), "max_batch_seen": max(sizes),
-           "solo_decode_tps": _r(statistics.median(d.timeline.decode_tps or 0 for d in solo), 2),
-           "batched_decode_tps_each": _r(statistics.median(d.timeline.decode_tps or 0 for d in together), 2)}
+    out = {"requests": len(prompts), "equal": sum(equal), "all_equal": all(equal),
+           "max_batch_seen": _max_batch(together), "solo_decode_tps": _median_tps(solo),
+           "batched_decode_tps_each": _median_tps(together)}
     if ctx.cuda:  # the compiled toggle's batches: the static step replayed from CUDA graphs of 8 rows
-        graphs = GenerationConfig(temperature=0.0, max_new_tokens=ctx.new_tokens // 2, compiled_decode=True)
-        engine = Engine(loaded, max_batch=requests)
-        try:
-            solo_g = [engine.complete([{"role": "user", "content": p}], graphs) for p in prompts]
-            handles = [engine.submit([{"role": "user", "content": p}], graphs) for p in prompts]
-            together_g = [h.result(timeout=600) for h in handles]
-        finally:
-            engine.close()
+        solo_g, together_g = _solo_and_batched(loaded, prompts, cfg.replace(compiled_decode=True), requests)
         out["graphs"] = {
             "equal_solo": sum(a.token_ids == b.token_ids for a, b in zip(solo_g, together_g)),
             "equal_eager_solo": sum(a.token_ids == b.token_ids for a, b in zip(solo, solo_g)),
-            "max_batch_seen": max(max(d.timeline.batch_size or [1]) for d in together_g),
-            "batched_decode_tps_each": _r(statistics.median(d.timeline.decode_tps or 0 for d in together_g), 2)}
+            "max_batch_seen": _max_batch(together_g), "batched_decode_tps_each": _median_tps(together_g)}
     return out
+
+
+def _solo_and_batched(loaded, prompts, cfg, max_batch: int):
+    """Each prompt's done event alone, then all submitted at once, through one worker of `max_batch`."""
+    from engine.serving.service import Engine
+
+    engine = Engine(loaded, max_batch=max_batch)
+    try:
+        solo = [engine.complete([{"role": "user", "content": p}], cfg) for p in prompts]
+        handles = [engine.submit([{"role": "user", "content": p}], cfg) for p in prompts]
+        return solo, [h.result(timeout=600) for h in handles]
+    finally:
+        engine.close()
+
+
+def _max_batch(done) -> int:
+    return max(max(d.timeline.batch_size or [1]) for d in done)
+
+
+def _median_tps(done):
+    return _r(statistics.median(d.timeline.decode_tps or 0 for d in done), 2)
 
 
 # --- prompt lookup on a copy-heavy prompt --------------------------------------------------------
