@@ -147,16 +147,11 @@ class OpenLoopRunner:
         self._references: dict[tuple, tuple] = {}  # (backend, tokens, probe) -> (turns, probe turn)
 
     def start(self, values: dict, url: str, headers: dict | None = None) -> OpenRun:
-        spec = parse_open(values, self.engines)
-        run = self.runs.add(lambda: OpenRun(secrets.token_urlsafe(12), spec))
-        threading.Thread(target=self._run, args=(run, url, headers or {}), name="load-sweep", daemon=True).start()
-        return run
+        run = OpenRun(secrets.token_urlsafe(12), parse_open(values, self.engines))
+        return self.runs.start(run, lambda r: self._run(r, url, headers or {}), "load-sweep")
 
     def get(self, run_id: str) -> OpenRun:
-        run = self.runs.get(run_id, OpenRun)
-        if run is None:
-            raise InvalidRequest("no such sweep (the server keeps the latest few)", "id")
-        return run
+        return self.runs.get(run_id, OpenRun, "no such sweep (the server keeps the latest few)")
 
     def _turns(self, run: OpenRun):
         from server.load.open_scenario import references

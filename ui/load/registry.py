@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from engine.core.errors import LatencyLabError
+from engine.core.errors import InvalidRequest, LatencyLabError
 
 ACTIVE = ("references", "running")
 
@@ -24,19 +24,21 @@ class Runs:
     def busy(self) -> bool:
         return any(r.status in ACTIVE for r in self._runs.values())
 
-    def add(self, make):
-        """Register the run `make()` builds, unless one is going (LoadBusy)."""
+    def start(self, run, work, name: str):
+        """Register `run` and start `work(run)` on a thread of its own, unless a run is going (LoadBusy)."""
         with self._lock:
             if self.busy():
                 raise LoadBusy("a load run is already going on this server (maybe from another tab): "
                                "wait for it to finish, or stop it there")
-            run = make()
             self._runs[run.id] = run
             while len(self._runs) > self.keep:
                 self._runs.popitem(last=False)
-            return run
+        threading.Thread(target=work, args=(run,), name=name, daemon=True).start()
+        return run
 
-    def get(self, run_id: str, kind: type):
-        """The run `run_id` if it is a `kind` (None otherwise)."""
+    def get(self, run_id: str, kind: type, missing: str):
+        """The run `run_id`, if it is a `kind`; else an InvalidRequest saying `missing`."""
         run = self._runs.get(run_id)
-        return run if isinstance(run, kind) else None
+        if not isinstance(run, kind):
+            raise InvalidRequest(missing, "id")
+        return run

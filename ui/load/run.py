@@ -183,21 +183,13 @@ class LoadRunner:
 
     def start(self, values: dict, url: str, headers: dict | None = None) -> LoadPair:
         spec = parse_spec(values, self.prompt_sets, self.engines)
-
-        def make():
-            label = "max batch {}" if spec.max_batches[0] is not None else "run {}"
-            runs = [RunState(label.format(b if b is not None else i + 1), b) for i, b in enumerate(spec.max_batches)]
-            return LoadPair(secrets.token_urlsafe(12), spec, runs)
-
-        pair = self.runs.add(make)
-        threading.Thread(target=self._run, args=(pair, url, headers or {}), name="load-run", daemon=True).start()
-        return pair
+        label = "max batch {}" if spec.max_batches[0] is not None else "run {}"
+        runs = [RunState(label.format(b if b is not None else i + 1), b) for i, b in enumerate(spec.max_batches)]
+        pair = LoadPair(secrets.token_urlsafe(12), spec, runs)
+        return self.runs.start(pair, lambda p: self._run(p, url, headers or {}), "load-run")
 
     def get(self, pair_id: str) -> LoadPair:
-        pair = self.runs.get(pair_id, LoadPair)
-        if pair is None:
-            raise InvalidRequest("no such load run (the server keeps the latest few)", "id")
-        return pair
+        return self.runs.get(pair_id, LoadPair, "no such load run (the server keeps the latest few)")
 
     # --- the run thread ----------------------------------------------------------------------
     def _run(self, pair: LoadPair, url: str, headers: dict) -> None:
