@@ -221,3 +221,22 @@ def test_the_worker_serves_through_the_static_step_as_a_gpu_would(tiny, monkeypa
     assert alone == eager and batched == eager and turn1 == eager and turn2 == eager
     assert max(steps) > 1 and 1 in steps  # batched static steps and lone ones both ran
     assert model.static_decode.describe()["pools"]  # its pools held the sequences' KV
+
+
+def test_a_failed_capture_refuses_the_toggle_once_checked(model, tiny, monkeypatch):
+    """prepare's GPU branch (compiled_step._prepare_graphs) checks the graph step once; where capture
+    fails (here: no CUDA device), the toggle is refused with the reason, at once on later requests."""
+    from engine.core.errors import InvalidRequest
+    from engine.model import compiled_step
+
+    checks = []
+    real_check = compiled_step.CompiledDecode._check
+    monkeypatch.setattr(compiled_step.CompiledDecode, "_check",
+                        lambda self, *a, **k: checks.append(1) or real_check(self, *a, **k))
+    step = compiled_step.for_model(model)
+    for _ in range(2):
+        with pytest.raises(InvalidRequest) as err:
+            step._prepare_graphs(tiny.tokenizer, 64)
+        assert "CUDA graphs need a CUDA device" in str(err.value) and err.value.param == "compiled_decode"
+    assert checks == [1] and step.info["positions"] > 0  # checked once; the second refusal came at once
+    assert step._graph is None  # the eager step keeps serving

@@ -279,24 +279,21 @@ class CompiledDecode:
             if reason:
                 raise refusal(reason)
             static = cuda_graph.for_model(self.model)
-            t0, first, before = time.perf_counter(), self._graph is None, len(static.captures)
-            if first:
-                eager = lambda tok, cache: forward.forward(self.model, [tok], [cache])  # noqa: E731
-                graph = lambda tok, cache: forward.forward(self.model, [tok], [cache], graph=True)  # noqa: E731
-                self.info = self._check(graph, tokenizer, eager=eager)
-                if static.failed:
-                    raise InvalidRequest(f"compiled decode: {static.failed}. Turn Compiled step off.", "compiled_decode")
-                self._graph = "cuda"
-            wanted = cuda_graph.bucket((capacity or 0) + 2, self.model.max_context) or cuda_graph.MIN_BUCKET
-            static.capture(wanted)
+            t0, first, before = clock.done_s(self.model.device), self._graph is None, len(static.captures)
+            if not static.failed:  # a capture failed once: refused at once, not checked again per request
+                if first:  # the uncaptured step is the model's own forward on a GPU: the check compares the two
+                    graph = lambda tok, cache: forward.forward(self.model, [tok], [cache], graph=True)  # noqa: E731
+                    self.info = self._check(graph, tokenizer)
+                static.capture(cuda_graph.bucket((capacity or 0) + 2, self.model.max_context) or cuda_graph.MIN_BUCKET)
             if static.failed:
                 raise InvalidRequest(f"compiled decode: {static.failed}. Turn Compiled step off.", "compiled_decode")
-            spent = time.perf_counter() - t0
+            self._graph = "cuda"
+            spent = clock.done_s(self.model.device) - t0
             if first:
                 self.info["capture_s"] = round(spent, 2)
             return spent if first or len(static.captures) > before else 0.0
 
-    def _check(self, step, tokenizer, steps: int = 32, eager=None) -> dict:
+    def _check(self, step, tokenizer, steps: int = 32) -> dict:
         """Teacher-force one quality text (engine/quant/quality.py) through the eager and the compiled step
         from the same prefix: how often they rank the same token first, the largest logit
         difference, and both steps' times (medians, alternating). Fused kernels round in their own
@@ -307,13 +304,12 @@ class CompiledDecode:
         eager_cache, graph_cache = m.new_cache(len(ids) + 1), m.new_cache(len(ids) + 1)
         for cache in (eager_cache, graph_cache):
             m.forward(torch.tensor(ids[:prefix], device=m.device), cache)
-        eager = eager or m.forward
         diff, same, times = 0.0, 0, {"eager": [], "compiled": []}
         with torch.inference_mode():
             for s, tok in enumerate(ids[prefix:]):
                 tok = torch.tensor([tok])
                 t0 = clock.done_s(m.device)
-                want = eager(tok, eager_cache)
+                want = m.forward(tok, eager_cache)
                 t1 = clock.done_s(m.device)
                 got = step(tok, graph_cache)
                 t2 = clock.done_s(m.device)

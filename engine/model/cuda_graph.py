@@ -30,13 +30,13 @@ Capture: per (rows, bucket), on first use; a compiled request captures its bucke
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 
 import torch
 import torch.nn.functional as F
 
 from engine.kernels import choose
+from engine.measure import clock
 from engine.model.blocks import Projections, blocks
 
 SIZES = (1, 2, 4, 8)  # captured batch sizes; B sequences use the smallest size >= B (vLLM pads the same way)
@@ -227,11 +227,11 @@ class StaticDecode:
 
     def capture(self, capacity: int, sizes=SIZES) -> float:
         """Capture the graphs of `sizes` over the pool of `capacity` (those not yet captured): seconds taken."""
-        t0 = time.perf_counter()
+        t0 = clock.done_s(self.model.device)
         with self._lock, torch.inference_mode():
             for size in sizes:
                 self._graph(self.pool(capacity), size, in_step=False)
-        return time.perf_counter() - t0
+        return clock.done_s(self.model.device) - t0
 
     def _graph(self, pool: Pool, size: int, in_step: bool):
         """The graph of `size` rows over `pool`, captured now if it is not yet (None: no graphs here)."""
@@ -240,7 +240,7 @@ class StaticDecode:
         if self.model.device.type != "cuda":
             self.failed = "CUDA graphs need a CUDA device"
             return None
-        t0 = time.perf_counter()
+        t0 = clock.now_ns()
         ids, pos = self.ids[:size].clone(), self.pos[:size].clone()
         for r in range(size):  # warm-up and capture write at the scratch position of every row
             held = pool.owner(r)
@@ -271,7 +271,7 @@ class StaticDecode:
             self.pos[:size].copy_(pos)
         pool.graphs[size] = (graph, out)
         self.captures.append({"rows": size, "capacity": pool.capacity, "in_step": in_step,
-                              "ms": round((time.perf_counter() - t0) * 1e3, 1)})
+                              "ms": round((clock.done_ns(self.model.device) - t0) / 1e6, 1)})
         return pool.graphs[size]
 
     def describe(self) -> dict:
