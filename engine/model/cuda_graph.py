@@ -35,6 +35,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from engine.core.errors import first_line
 from engine.kernels import choose
 from engine.measure import clock
 from engine.model.blocks import Projections, blocks
@@ -262,16 +263,16 @@ class StaticDecode:
             # invalidate this capture, as the default ("global") mode would
             with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
                 out = self._run_step(pool, size)
-            torch.cuda.synchronize(self.model.device)
+            clock.sync(self.model.device)  # an asynchronous failure surfaces here, inside the try
         except Exception as exc:  # a kernel that cannot be captured: the uncaptured step serves, once decided
-            self.failed = f"CUDA graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+            self.failed = f"CUDA graph capture failed ({type(exc).__name__}: {first_line(exc)[:200]})"
             return None
         finally:
             self.ids[:size].copy_(ids)
             self.pos[:size].copy_(pos)
         pool.graphs[size] = (graph, out)
         self.captures.append({"rows": size, "capacity": pool.capacity, "in_step": in_step,
-                              "ms": round((clock.done_ns(self.model.device) - t0) / 1e6, 1)})
+                              "ms": round((clock.now_ns() - t0) / 1e6, 1)})
         return pool.graphs[size]
 
     def describe(self) -> dict:
