@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(api.state.backends, app=api)
     if args.share:
         _share(args.host, args.port)
-    from engine.measure import capabilities
+    from engine.platform import capabilities
     from server.cli import device_line, start_line
 
     print(f"this machine: {capabilities.detect().summary()}", file=sys.stderr)

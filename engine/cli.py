@@ -34,7 +34,7 @@ def add_load_args(p: argparse.ArgumentParser, max_batch: int = LoadConfig.max_ba
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations (default: auto)")
     g.add_argument("--device", default="auto", choices=DEVICES,
                    help="auto: $LATENCY_LAB_DEVICE if set, else the GPU where torch can use one, else CPU; the start "
-                        "line and engine info say which serves and why (`python -m engine.model.device` prints it)")
+                        "line and engine info say which serves and why (`python -m engine.platform.device` prints it)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--no-fast-path", action="store_true",
                    help="use the generic transformers forward instead of our Llama-family forward")

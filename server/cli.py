@@ -37,7 +37,7 @@ def start_line(args) -> str:
 
 def device_line(backends: dict) -> str | None:
     """'device: cuda:0 (NVIDIA H200, …)' or 'device: cpu: this torch is a CPU-only build …': which device the
-    local engine serves on and why (engine/model/device.py); None without a local engine."""
+    local engine serves on and why (engine/platform/device.py); None without a local engine."""
     for engine in backends.values():
         reason = getattr(engine, "loaded", None) and engine.loaded.device_reason
         if reason:

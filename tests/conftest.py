@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite asserts CPU bit-exactness (fp32 greedy replies identical alone, batched, after KV reuse): pin
 # `--device auto` to CPU for every load here and in every subprocess (app.py, python -m engine, the
-# benches inherit the environment; engine/model/device.py reads it). A test meant for a GPU passes
+# benches inherit the environment; engine/platform/device.py reads it). A test meant for a GPU passes
 # device="cuda" and is marked `cuda` (skipped with its reason where torch sees none).
 os.environ.setdefault("LATENCY_LAB_DEVICE", "cpu")
 
@@ -35,8 +35,11 @@ def bundled():
     """The bundled SmolLM2-135M-Instruct, fp32, fast path."""
     from engine.core.config import LoadConfig
     from engine.model.loader import load
+    from engine.speculative.draft import load_draft
 
-    return load(LoadConfig(dtype="fp32", device="cpu", progress=False))
+    lm = load(LoadConfig(dtype="fp32", device="cpu", progress=False))
+    lm.draft = load_draft(None, lm)
+    return lm
 
 
 @pytest.fixture(scope="session")
@@ -162,6 +165,6 @@ def pytest_collection_modifyitems(config, items):
         name = getattr(item, "originalname", item.name)
         if item.get_closest_marker("cuda") and not _cuda_usable():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU torch can use; "
-                                                    "`python -m engine.model.device` says why there is none"))
+                                                    "`python -m engine.platform.device` says why there is none"))
         if path.name in SLOW or f"{path.name}::{name}" in SLOW or SLOW_FIXTURES.keys() & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)

@@ -9,7 +9,7 @@ from support import ask, cancel_once_streaming
 from engine.cli import build_parser, load_config_from_args
 from engine.core.config import GenerationConfig, LoadConfig
 from engine.core.errors import InvalidRequest
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.serving.scheduler import BatchedDecoding
 from engine.serving.service import Engine
 from engine.serving.worker import Worker

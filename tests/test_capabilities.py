@@ -8,7 +8,7 @@ from torch import nn
 
 from engine.core.errors import LoadError
 from engine.kernels.choose import DEFAULT_PLAN, Plan, choose, packed_weight, run
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.loader import resolve_dtype
 from engine.quant import quantize, weight_only
 from engine.quant.quantize import (

@@ -1,4 +1,4 @@
-"""The one clock (engine/measure/clock.py): the Timeline and every bench take their times through it,
+"""The one clock (engine/core/clock.py): the Timeline and every bench take their times through it,
 and each timed interval ends in a done-stamp on the device of the model it times.
 
 No GPU here: the clock's test hook (`clock.listeners`) records every wait asked for, CPU ones too;
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.measure import clock
+from engine.core import clock
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def test_each_token_stamp_of_a_reply_follows_a_wait_on_the_models_device(tiny, m
 
 
 def test_no_bench_reads_the_time_but_through_the_clock():
-    """perf_counter & co. only in engine/measure/clock.py: a bench reading the time itself would stamp
+    """perf_counter & co. only in engine/core/clock.py: a bench reading the time itself would stamp
     launches on a GPU. (time.process_time, CPU time, is no clock of device work.)"""
     banned = {"perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns"}
     others = {"report.py", "report_render.py", "gpu.py"}  # not measured here: the suite and the GPU check

@@ -11,7 +11,7 @@ from engine.core.config import GenerationConfig, LoadConfig
 from engine.core.errors import InvalidRequest
 from engine.core.request import Request
 from engine.core.timeline import Timeline
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model import compiled_step
 from engine.serving.generate import generate
 
@@ -68,7 +68,7 @@ def test_compiled_graphs_are_cached_in_a_folder_per_cpu(monkeypatch):
 def test_compiled_int4_step_measures_its_agreement_and_serves(bundled):
     """A 4-bit weight-only variant, the case the toggle is for: its agreement with its own eager
     step is measured at compile time, and a request through it streams a normal reply."""
-    from engine.quant.variants import VariantSet
+    from engine.serving.variants import VariantSet
 
     variant = VariantSet(bundled, quality_texts=0).get("int4wo+head").loaded
     done = run(variant, ask("List three fruits that are red."), temperature=0.0, max_new_tokens=24,

@@ -199,7 +199,7 @@ def test_every_preset_sets_only_declared_fields_with_values_the_page_offers(bund
 def test_a_toggle_the_machine_cannot_run_is_shown_disabled_with_its_reason(bundled_engine):
     """No C++ compiler (forced): engine info says why compiled_decode cannot run, the page's checkbox
     is disabled with that reason, and the preset that needs it says so instead of failing."""
-    from engine.measure import capabilities
+    from engine.platform import capabilities
     from ui.controls import toggle_control
 
     with capabilities.forced(cpp_compiler=None):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import cpu_attention
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.forward import forward as forward_batch
 from engine.model.kv_cache import KVCache
 

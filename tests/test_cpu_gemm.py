@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from engine.kernels import cpu_gemm
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.quant.weight_only import (
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
@@ -137,7 +137,7 @@ def test_a_weight_only_variant_decodes_with_the_kernels_measured_faster_and_says
     """Built, a variant measures a decode step through our kernels and through torch's and keeps the
     faster (ours on a tie); engine info names the choice, its quality is measured on it, and either
     choice decodes (nearly) the same logits."""
-    from engine.quant.variants import VariantSet
+    from engine.serving.variants import VariantSet
     from engine.quant.weight_only import choose_kernels
 
     variants = VariantSet(bundled, quality_texts=1)

@@ -12,7 +12,7 @@ from conftest import build_tiny_model_dir
 from engine.core.config import LoadConfig
 from engine.kernels import choose, cpu_gemm, cpu_layers, switches
 from engine.kernels import plan as kernel_plan
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.forward import forward as forward_batch
 from engine.model.loader import load
 

@@ -1,4 +1,4 @@
-"""Which device serves, and why (engine/model/device.py): every case told apart from faked CUDA facts."""
+"""Which device serves, and why (engine/platform/device.py): every case told apart from faked CUDA facts."""
 
 import os
 import subprocess
@@ -11,8 +11,8 @@ import torch
 
 from engine.core.errors import LoadError
 from engine.core.info import EngineInfo
-from engine.model import device
-from engine.model.device import CudaFacts, choose
+from engine.platform import device
+from engine.platform.device import CudaFacts, choose
 
 SUITE_DEVICE = os.environ.get(device.ENV)  # as tests/conftest.py left it, before this file's fixture clears it
 CPU_ONLY = CudaFacts(torch_cuda=None, available=False)
@@ -109,7 +109,7 @@ def test_the_header_and_start_line_carry_the_reason():
 
 
 def test_the_command_prints_the_choice():
-    r = subprocess.run([sys.executable, "-m", "engine.model.device"], check=False, capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-m", "engine.platform.device"], check=False, capture_output=True, text=True, timeout=120,
                        env={**os.environ, device.ENV: "cpu"})
     assert r.returncode == 0 and r.stdout.strip() == "cpu: $LATENCY_LAB_DEVICE=cpu asked for"
 

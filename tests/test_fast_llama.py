@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir
 
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.fast_llama import FastLlama, unsupported_reason
 from engine.model.hf_model import HFCausalLM
 from engine.model.kv_cache import KVCache

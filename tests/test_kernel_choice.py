@@ -19,7 +19,7 @@ from engine.core.config import GenerationConfig
 from engine.kernels import choose, cpu_attention, cpu_gemm, cpu_layers, switches
 from engine.kernels import plan as kernel_plan
 from engine.kernels.choose import Kernel, Plan
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.forward import forward
 
 ROOT = Path(__file__).resolve().parents[1]

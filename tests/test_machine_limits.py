@@ -52,7 +52,8 @@ def test_decode_fraction_divides_by_read_bandwidth_and_unknown_stays_none():
 def test_device_dispatch_sizes_and_dtypes(monkeypatch):
     """The CUDA path is what can be checked without a GPU: which buffer, how many calls per timed repeat,
     which dtypes; the probe itself synchronizes before every timestamp (the one clock's done-stamps)."""
-    from engine.measure import capabilities, clock
+    from engine.platform import capabilities
+    from engine.core import clock
 
     monkeypatch.setattr(machine_limits, "llc_bytes", lambda: 32 * 2**20)
     assert machine_limits.buffer_mib("cpu") == 256

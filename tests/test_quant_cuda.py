@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.errors import LoadError
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.quant import quantize, weight_only
 from engine.quant.weight_only import int8_dequant_matmul, shape_rule
 

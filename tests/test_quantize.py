@@ -17,7 +17,7 @@ from engine.bench import run_request
 from engine.core.config import GenerationConfig, LoadConfig
 from engine.core.errors import InvalidRequest, LoadError
 from engine.core.request import Request
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.loaded import weight_bytes
 from engine.model.loader import load
 from engine.quant.quantize import (
@@ -28,7 +28,7 @@ from engine.quant.quantize import (
     build_variant,
     quantizable_linears,
 )
-from engine.quant.variants import VariantSet
+from engine.serving.variants import VariantSet
 from engine.serving.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ REPORT = {
                                             "commit": "abc1234"}},
     "load_avg_start": [3.1, 2.0, 1.5], "load_avg_end": [4.0, 3.0, 2.0],
     "steps": [
-        {"name": "limits", "what": "the machine's limits", "command": "python -m engine.measure.machine_limits "
+        {"name": "limits", "what": "the machine's limits", "command": "python -m engine.bench limits "
          "--force --json", "rc": 0, "seconds": 9.0, "log": "logs/limits.log", "error": None,
          "result": {"key": {}, "measured_at": "2026-12-03T17:00:05Z", "read_gbps": 30.0, "copy_gbps": 20.0,
                     "matmul_tflops": {"fp32": 0.2}, "details": {"read": {"best": 30.0, "median": 28.0, "worst": 20.0,
@@ -35,7 +35,7 @@ def test_the_table_names_each_step_its_figures_and_its_command_and_a_failure_say
     table = report_render.table(REPORT)
     lines = table.splitlines()
     assert len(lines) == 2 + 3
-    assert "read 30.0 GB/s · copy 20.0 GB/s" in lines[2] and "`python -m engine.measure.machine_limits --force`" in lines[2]
+    assert "read 30.0 GB/s · copy 20.0 GB/s" in lines[2] and "`python -m engine.bench limits --force`" in lines[2]
     assert "fp32 40.0 tok/s (61%), int8wo 70.0 tok/s (45%)" in lines[3] and "30.0 GB/s read" in lines[3]
     assert "failed (exit 1): RuntimeError: out of memory" in lines[4]
     head = report_render.header(REPORT)

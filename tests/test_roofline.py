@@ -174,7 +174,7 @@ def test_a_variants_memory_on_cuda_is_gpu_memory(monkeypatch):
     import torch
 
     from engine.bench import gpu_models
-    from engine.measure.device_memory import device_memory
+    from engine.platform.device_memory import device_memory
 
     assert device_memory("cpu") is None
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**30, 141 * 2**30))

@@ -15,11 +15,11 @@ from engine.core.config import GenerationConfig
 from engine.core.errors import InvalidRequest, LoadError
 from engine.core.request import Request
 from engine.core.timeline import Timeline
-from engine.model.loader import load_draft
 from engine.serving.decoding import Decoding
 from engine.serving.generate import build_prompt_ids, decoding_for, generate
 from engine.serving.prefix_cache import PrefixCache
 from engine.serving.sampling import Sampler
+from engine.speculative.draft import load_draft
 from engine.speculative import (
     AdaptiveK,
     CostModel,

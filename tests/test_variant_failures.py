@@ -12,7 +12,7 @@ from engine.core.config import GenerationConfig
 from engine.core.errors import LoadError
 from engine.core.request import Request
 from engine.quant import bnb, quantize
-from engine.quant.variants import VariantSet
+from engine.serving.variants import VariantSet
 from engine.serving.worker import Worker
 
 

@@ -32,6 +32,8 @@ SCENARIOS = {
     "peer": "ours vs llama.cpp (llama-cpp-python in its own venv) on the same GGUF and token ids: decode, TTFT",
     "gpu": "the prepared GPU check: facts, random-weight models (bundled and 8B shapes), Timeline vs CUDA "
            "events, parity, batching, lookup, variants, the compiled step, roofline; one JSON line and a verdict",
+    "limits": "the machine's limits (read and copy bandwidth, matmul peaks): cached per machine, or probed now",
+    "whatif": "the what-if's TTFT prediction for a longer prompt against the measured TTFT, alternating rounds",
     "report": "the fixed suite in one command (limits, decode per variant, KV reuse, lookup, batching, peer, GPU): "
               "a dated report folder (also `latency-lab report`)",
 }
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None, scenarios: dict | None = None, package: 
 
     from engine.core.errors import EXIT_FAILURE, EXIT_OK, LatencyLabError, exit_code
 
-    from engine.measure import clock
+    from engine.core import clock
 
     t0 = clock.now_ns()
     try:
@@ -101,16 +103,19 @@ def main(argv: list[str] | None = None, scenarios: dict | None = None, package: 
 
 
 def load_model(args, **overrides):
-    """Load the model the flags name (no progress bar in the figures' output)."""
+    """Load the model the flags name, and its draft (no progress bar in the figures' output)."""
     from engine.cli import load_config_from_args
     from engine.model.loader import load
+    from engine.speculative.draft import load_draft
 
     cfg = load_config_from_args(args, progress=False)
     if overrides:
         from dataclasses import replace
 
         cfg = replace(cfg, **overrides)
-    return load(cfg)
+    loaded = load(cfg)
+    loaded.draft = load_draft(cfg.draft_model, loaded)
+    return loaded
 
 
 def run_request(loaded, messages, config, prefix_cache=None, **request_kw):

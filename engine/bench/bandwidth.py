@@ -3,7 +3,7 @@
 A decode step reads every weight it uses once, so bytes read per step ÷ step time is the bandwidth
 it achieves: the roofline's memory side. Bytes read per step: the variant's weights, less the
 embedding when lm_head has its own copy (a step then reads one row of it), plus the KV cache at the
-measured context; step times lie between two done-stamps of the one clock (engine/measure/clock.py:
+measured context; step times lie between two done-stamps of the one clock (engine/core/clock.py:
 the GPU's work, not its launches). The machine's figure is the read bandwidth of the device the model
 is on (a GPU's HBM for a model on CUDA, never the host's), from the one limits probe
 (engine/measure/machine_limits.py: cached per machine and device with its date, the figure the page and the
@@ -111,9 +111,9 @@ def run(args, out):
     from engine.core.errors import LatencyLabError
     from engine.kernels import cpu_gemm, cpu_layers
     from engine.kernels import plan as kernel_plan
-    from engine.measure import capabilities
+    from engine.platform import capabilities
     from engine.model import compiled_step
-    from engine.quant.variants import VariantSet
+    from engine.serving.variants import VariantSet
 
     lm = load_model(args)
     threads = torch.get_num_threads()

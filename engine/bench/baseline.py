@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
-from engine.measure import clock
+from engine.core import clock
 
 
 def add_args(p):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
-from engine.measure import clock
+from engine.core import clock
 
 TEXT = ("The printing press changed how knowledge spread across Europe. Before it, books were copied by hand, "
         "slowly and at great cost, and few people could read. ") * 40

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from engine.bench import load_model, median
-from engine.measure import clock
+from engine.core import clock
 
 
 def add_args(p):
@@ -23,7 +23,7 @@ def run(args, out):
     from engine.core.errors import LatencyLabError
     from engine.kernels import choose, cpu_gemm
     from engine.kernels.choose import Kernel
-    from engine.measure import capabilities
+    from engine.platform import capabilities
     from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
     reason = cpu_gemm.unavailable_reason()

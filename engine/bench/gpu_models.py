@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.measure import clock
+from engine.core import clock
 
 # The 8B shape's sizes (Llama-3-8B's config.json); the rest of its config is the bundled model's.
 LLAMA3_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -236,9 +236,9 @@ def fused_step_ms(model, device, context: int = 64, steps: int = 16) -> dict:
 
 
 def device_bytes(device: torch.device) -> dict:
-    """GPU memory now (engine/measure/device_memory.py): allocated by torch, free and total on the device;
+    """GPU memory now (engine/platform/device_memory.py): allocated by torch, free and total on the device;
     every figure None on a CPU (its memory is the host's)."""
-    from engine.measure.device_memory import device_memory
+    from engine.platform.device_memory import device_memory
 
     mem = device_memory(device) or {}
     return {"allocated": mem.get("allocated_bytes"), "free": mem.get("free_bytes"), "total": mem.get("total_bytes")}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.bench import gpu_models as gm
-from engine.measure import clock
+from engine.core import clock
 
 AGREE = 0.05  # Timeline vs CUDA events: each of TTFT, prefill and decode within 5% (the bar)
 
@@ -52,12 +52,12 @@ def need(model, what: str):
 
 # --- facts ---------------------------------------------------------------------------------------
 def facts(ctx: Context, seconds: float) -> dict:
-    from engine.measure import capabilities
+    from engine.platform import capabilities
     from engine.measure.machine_limits import load_or_measure, probe_dtypes
 
-    from engine.model.device import cuda_facts, why_no_gpu
+    from engine.platform.device import cuda_facts, why_no_gpu
 
-    caps, cuda = capabilities.detect(), cuda_facts()  # the start line's facts and reasons (engine/model/device.py)
+    caps, cuda = capabilities.detect(), cuda_facts()  # the start line's facts and reasons (engine/platform/device.py)
     out = {"torch": torch.__version__, "cuda_version": cuda.torch_cuda, "device": str(ctx.device),
            "cuda_available": cuda.available, "triton": caps.triton, "cpu": caps.summary(), "driver": cuda.driver}
     if not cuda.available:
@@ -216,7 +216,7 @@ def compiled(ctx: Context, time_left=lambda: float("inf")) -> dict:
     if static is not None:
         out["graphs"] = static.describe()
     if ctx.cuda:  # Inductor's fused kernels inside the graph: measured before it may become the default
-        from engine.measure import capabilities
+        from engine.platform import capabilities
 
         out["fused"] = ({"refused": "Triton does not import here"} if not capabilities.detect().triton
                         else {"skipped": f"time budget: {max(time_left(), 0):.0f} s left, it needs ~{FUSED_S} s"}

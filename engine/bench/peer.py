@@ -110,10 +110,10 @@ def run(args, out):
     import torch
 
     from engine.core.errors import LatencyLabError
-    from engine.measure.capabilities import detect
+    from engine.platform.capabilities import detect
     from engine.model import compiled_step
     from engine.model.loader import bundled_gguf_path
-    from engine.quant.variants import VariantSet
+    from engine.serving.variants import VariantSet
 
     if not os.path.exists(args.peer_python):
         raise LatencyLabError(f"no llama-cpp-python venv at {args.peer_python}: build one (see "

@@ -16,7 +16,7 @@ import time
 import torch
 
 from engine.bench import load_model, median
-from engine.measure import clock
+from engine.core import clock
 
 # A long, ordinary chat turn: about 1,500 tokens with the chat template.
 PARAGRAPH = ("The city council met on Tuesday to discuss the new public library. The architect presented three "

@@ -10,7 +10,7 @@ Every variant is built from the loaded model (engine/quant/quantize.py) and meas
                   reset after the load, so it is the build's peak with the loaded model resident);
                   build_memory_bytes says what the build added
   prefill_tps     a --prefill-tokens prompt, one forward: prompt tokens / prefill time (between
-                  two done-stamps of the one clock, engine/measure/clock.py)
+                  two done-stamps of the one clock, engine/core/clock.py)
   decode_tps      greedy chat replies: (tokens - 1) / (last - first token time), median
   top1_agreement, mean_kl   against the loaded (unquantized) model, engine/quant/quality.py
   decode_vs_default, prefill_vs_default   those speeds over the loaded (default) variant's
@@ -29,7 +29,7 @@ import torch
 
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
 from engine.bench.dtypes import TEXT
-from engine.measure import clock
+from engine.core import clock
 
 
 def add_args(p):
@@ -43,10 +43,10 @@ def add_args(p):
 
 def run(args, out):
     from engine.core.config import GenerationConfig
-    from engine.measure import capabilities
+    from engine.platform import capabilities
     from engine.quant.quality import compare, next_token_logits, quality_inputs
     from engine.quant.quantize import QUANTIZED, build_variant, probe_results
-    from engine.quant.variants import VariantSet
+    from engine.serving.variants import VariantSet
 
     lm = load_model(args)
     names = [v.strip() for v in args.variants.split(",") if v.strip()] or list(QUANTIZED)
@@ -132,7 +132,7 @@ def memory_probe(load_kwargs: dict, name: str) -> None:
     and what the build added."""
     from engine.core.config import LoadConfig
     from engine.model.loader import load
-    from engine.quant.variants import VariantSet
+    from engine.serving.variants import VariantSet
 
     lm = load(LoadConfig(**load_kwargs))
     variants = VariantSet(lm, budget_bytes=10**13, quality_texts=0)
@@ -161,7 +161,7 @@ class Memory:
     def peak(self) -> int:
         if self.kind == "gpu":
             return torch.cuda.max_memory_allocated(self.device)
-        from engine.quant.variants import peak_rss_bytes
+        from engine.serving.variants import peak_rss_bytes
 
         return peak_rss_bytes()
 

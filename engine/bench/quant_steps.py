@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.bench import load_model, median
-from engine.measure import clock
+from engine.core import clock
 
 DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,nf4"  # --variants (a load flag) overrides
 
@@ -18,7 +18,7 @@ def add_args(p):
 
 
 def run(args, out):
-    from engine.measure import capabilities
+    from engine.platform import capabilities
     from engine.quant.quantize import build_variant
 
     lm = load_model(args)
@@ -41,7 +41,7 @@ def step_times(models: dict, context: int, rounds: int, steps: int, device) -> d
     """Seconds of single decode steps at `context` cached tokens, per model, the models taking
     turns round after round so that each sees the same machine state (the cache is cropped back
     after each step, so every step has the same context). Each step lies between two done-stamps
-    on `device` (engine/measure/clock.py): the work, not its launch."""
+    on `device` (engine/core/clock.py): the work, not its launch."""
     ids = torch.arange(100, 100 + context, device=device)
     caches = {}
     for name, m in models.items():

@@ -55,8 +55,9 @@ class Step:
 def suite(peer_python: str | None, cuda: bool) -> list[Step]:
     """The fixed suite: what a reader of the README wants to know about their own machine."""
     steps = [
-        Step("limits", "the machine's limits (the roofline's roofs)", "engine.measure.machine_limits",
-             ["--force", "--seconds", "8", "--rounds", "8"], ["--force", "--seconds", "0.5", "--rounds", "2"],
+        Step("limits", "the machine's limits (the roofline's roofs)", "engine.bench",
+             ["limits", "--force", "--seconds", "8", "--rounds", "8"],
+             ["limits", "--force", "--seconds", "0.5", "--rounds", "2"],
              load_flags=False),
         Step("bandwidth", "decode per weights variant, against the read bandwidth", "engine.bench",
              ["bandwidth", "--dtype", "fp32", "--rounds", "4", "--steps", "4",  # fp32 loaded: every
@@ -160,7 +161,7 @@ def machine() -> dict:
     """The CPU and GPU by name (lscpu's model, the ISA summary), threads, versions, the load average."""
     import torch
 
-    from engine.measure import capabilities
+    from engine.platform import capabilities
 
     caps = capabilities.detect()
     versions = {"python": platform.python_version(), "torch": torch.__version__}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from engine.bench import load_model, median
-from engine.measure import clock
+from engine.core import clock
 
 
 def add_args(p):

@@ -48,7 +48,7 @@ class EngineInfo:
     path: str | None = None
     dtype: str | None = None
     device: str | None = None
-    device_reason: str | None = None  # why this device serves, in one line (engine/model/device.py)
+    device_reason: str | None = None  # why this device serves, in one line (engine/platform/device.py)
     threads: int | None = None
     context_max: int | None = None  # the model's context window (tokens)
     weight_bytes: int | None = None  # the default variant's

@@ -1,6 +1,6 @@
 """The Timeline: every timestamp of one request, and the metrics derived from them.
 
-Raw events are readings of the one clock (engine/measure/clock.py: `perf_counter_ns` of the server
+Raw events are readings of the one clock (engine/core/clock.py: `perf_counter_ns` of the server
 process; the decode loop waits for the device before a stamp that claims work is done). Derived metrics use
 the names of the metric glossary (ui/glossary.py, the page's Glossary tab) and are computed, never stored, so they cannot
 drift from the events. Later features add fields (cached tokens, speculation counts, browser
@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from engine.measure.clock import now_ns  # the one clock (re-exported: the engine's modules stamp through it)
+from engine.core.clock import now_ns  # the one clock (re-exported: the engine's modules stamp through it)
 
 
 def _ms(start_ns: int | None, end_ns: int | None) -> float | None:

@@ -37,7 +37,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.kernels import cpu_gemm
 from engine.kernels.cpu_gemm import ours, plain_fp32_cpu
-from engine.measure import capabilities
+from engine.platform import capabilities
 
 OURS_ROWS = 256  # our fp32 kernel serves a sequence of up to this many rows: every prompt chunk the scheduler makes
 PACKED_FP32_MAX = 128  # fp32 rows from 2 up to this through the packed copy; longer prefills through MKL

@@ -18,6 +18,7 @@ Rows of a prefill or a speculative verify keep SDPA (they are GEMM-shaped: its f
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 import torch.nn.functional as F
@@ -77,18 +78,14 @@ def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
 def _checked() -> str | None:
     """Our kernel against SDPA on a batch of caches: lengths inside one chunk, on its boundaries and
     across several, grouped query heads, rows out of order. None when it agrees."""
-    from engine.model.kv_cache import KVCache
-
     try:
         gen = torch.Generator().manual_seed(0)
         layers, H, KV, D = 2, 6, 2, 64
         lengths = [1, 7, 256, 257, 700]
         caches = []
         for n in lengths:
-            c = KVCache(layers, KV, D, n + 3, torch.float32, "cpu")
-            c.k.copy_(torch.randn(c.k.shape, generator=gen))
-            c.v.copy_(torch.randn(c.v.shape, generator=gen))
-            caches.append(c)
+            shape = (layers, 1, KV, n + 3, D)  # a KV cache's buffers (engine/model/kv_cache.py)
+            caches.append(types.SimpleNamespace(k=torch.randn(shape, generator=gen), v=torch.randn(shape, generator=gen)))
         B = len(lengths)
         q, k, v = (torch.randn(B, h, D, generator=gen) for h in (H, KV, KV))
         rows = list(reversed(range(B)))

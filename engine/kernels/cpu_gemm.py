@@ -43,7 +43,7 @@ from torch import nn
 
 from engine.core.errors import first_line
 from engine.kernels import switches
-from engine.measure import capabilities
+from engine.platform import capabilities
 
 NAME = "latency_lab AVX2 kernels (engine/kernels/cpu_gemm.py)"  # what engine info and the benches call them
 GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)

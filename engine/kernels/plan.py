@@ -32,7 +32,7 @@ import torch
 
 from engine.kernels import choose, cpu_gemm
 from engine.kernels.choose import Plan
-from engine.measure import capabilities
+from engine.platform import capabilities
 
 log = logging.getLogger(__name__)
 ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too

@@ -16,7 +16,7 @@ it (`load_or_measure`). The page can run it again (a button; `Engine.remeasure_l
 - matmul peak (`matmul_tflops[dtype]`, prefill's roof): `torch.mm` of square matrices in each dtype,
   2·N³ FLOP per product, N grown until one product takes ≥ 20 ms.
 Buffers: `buffer_mib(device)`, one definition for every caller (8× the last-level cache, at least
-256 MiB, on CPU; 1 GiB on CUDA). Every timestamp is the one clock's done-stamp (engine/measure/clock.py:
+256 MiB, on CPU; 1 GiB on CUDA). Every timestamp is the one clock's done-stamp (engine/core/clock.py:
 on CUDA it follows `torch.cuda.synchronize()`).
 
 **Robust to a busy moment** (the machine is shared): each figure is measured in `rounds` rounds,
@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from engine.measure import capabilities, clock
+from engine.platform import capabilities
+from engine.core import clock
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -300,37 +301,3 @@ def probe_dtypes(loaded_dtype: str, device: torch.device | str = "cpu") -> tuple
     if "bf16" not in out and has_bf16:
         out.append("bf16")
     return tuple(out)
-
-
-def main(argv=None) -> int:
-    """`python -m engine.measure.machine_limits [--device cuda] [--dtypes fp32,bf16] [--force]`: print the limits."""
-    import argparse
-
-    from engine.core.config import LoadConfig
-    from engine.model.loader import cache_root
-
-    p = argparse.ArgumentParser(prog="python -m engine.measure.machine_limits", description=main.__doc__)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtypes", default=None, help="matmul dtypes (default: fp32, and bf16 where the device has it)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--seconds", type=float, default=3.0, help="the probe's budget, all rounds together")
-    p.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds of each figure (the best counts)")
-    p.add_argument("--force", action="store_true", help="measure again even if cached")
-    p.add_argument("--no-cache", action="store_true", help="measure, and write nothing")
-    p.add_argument("--json", action="store_true", help="end with one JSON line (the limits), as the benches do")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    root = None if args.no_cache else cache_root(LoadConfig())
-    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else probe_dtypes("fp32", args.device)
-    limits = load_or_measure(root, args.device, dtypes, force=args.force, seconds=args.seconds, rounds=args.rounds)
-    if not args.json:
-        print(json.dumps(limits.to_dict(), indent=1))
-    print(limits.summary(), f"· probe {limits.probe_s:.2f} s")
-    if args.json:
-        print(json.dumps(limits.to_dict()))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -8,7 +8,7 @@ one exists (`gen_ai.*`, below) and `latency_lab.*` for ours (the glossary's name
 are left out, never 0. A W3C `traceparent` on the request continues the caller's trace
 (`parent_from`, opentelemetry's own propagator).
 
-One clock: the Timeline's readings of the one clock (engine/measure/clock.py) become epoch ns by one offset taken once per
+One clock: the Timeline's readings of the one clock (engine/core/clock.py) become epoch ns by one offset taken once per
 process (`EPOCH_MINUS_PERF_NS`), so span times keep the Timeline's intervals exactly.
 """
 

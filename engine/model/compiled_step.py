@@ -50,7 +50,8 @@ from engine.core.errors import InvalidRequest
 from engine.kernels import choose, cpu_attention
 from engine.kernels.choose import Kernel
 from engine.kernels.cpu_gemm import ours, plain_fp32_cpu
-from engine.measure import capabilities, clock
+from engine.platform import capabilities
+from engine.core import clock
 from engine.model import cuda_graph, forward
 from engine.model.blocks import blocks
 from engine.model.fast_llama import FastLlama

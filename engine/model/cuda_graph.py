@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from engine.core.errors import first_line
 from engine.kernels import choose
-from engine.measure import clock
+from engine.core import clock
 from engine.model.blocks import Projections, blocks
 
 SIZES = (1, 2, 4, 8)  # captured batch sizes; B sequences use the smallest size >= B (vLLM pads the same way)

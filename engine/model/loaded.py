@@ -35,7 +35,7 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)
     draft: object | None = None  # engine.draft.Draft for speculative='draft' (None: no draft loaded)
     cache_dir: object | None = None  # a Path: where measured kernel decisions are kept (None: not kept)
-    device_reason: str | None = None  # why this device serves (engine/model/device.py), e.g. 'cpu: --device cpu asked for'
+    device_reason: str | None = None  # why this device serves (engine/platform/device.py), e.g. 'cpu: --device cpu asked for'
 
     @property
     def max_context(self) -> int:

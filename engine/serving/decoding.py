@@ -15,7 +15,7 @@ import torch
 
 from engine.core.config import GenerationConfig
 from engine.core.errors import ContextOverflow, InvalidRequest
-from engine.measure import clock
+from engine.core import clock
 from engine.model import compiled_step
 from engine.serving.sampling import Sampler
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.measure import clock
+from engine.core import clock
 
 DEFAULT_BUDGET_MB = 512  # MiB; ~22k positions of SmolLM2-135M KV in bf16 (23 KB per position); an engine sizes
 # its own from the device (engine/serving/kv_budget.py, `--kv-cache-mb auto`)

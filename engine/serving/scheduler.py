@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from engine.core.request import RequestHandle
 from engine.model.fast_llama import FastLlama
-from engine.measure import clock
+from engine.core import clock
 from engine.model.forward import forward as one_forward
 from engine.model.fast_llama import packed_bytes
 from engine.serving.decoding import Decoding

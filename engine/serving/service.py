@@ -13,15 +13,16 @@ from engine.core.request import Event, Request, RequestHandle
 from engine.core.timeline import Timeline
 from engine.kernels import choose, cpu_attention, cpu_layers
 from engine.kernels.choose import packed_bytes
-from engine.measure import capabilities
+from engine.platform import capabilities
 from engine.measure.machine_limits import MachineLimits, load_or_measure, probe_dtypes
 from engine.model import compiled_step
 from engine.model.loaded import LoadedModel
 from engine.model.loader import cache_root, load
-from engine.quant.variants import VariantSet
+from engine.serving.variants import VariantSet
 from engine.serving import kv_budget
 from engine.serving.prefix_cache import PrefixCache
 from engine.serving.worker import Worker
+from engine.speculative.draft import load_draft
 
 
 class Engine:
@@ -46,6 +47,7 @@ class Engine:
     def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
         budget = int(config.variants_budget_mb * 1e6) if config.variants_budget_mb else None
         loaded = load(config)
+        loaded.draft = load_draft(config.draft_model, loaded)
         cache = kv_budget.prefix_cache(config.kv_cache_mb, loaded.device, shared=config.shared_prefix_cache)
         limits = load_or_measure(cache_root(config), loaded.device, probe_dtypes(loaded.dtype_name, loaded.device))
         return cls(loaded, max_queue=max_queue, prefix_cache=cache, variants=config.variants,

@@ -41,7 +41,7 @@ class Worker:
 
     def __init__(self, loaded, max_batch: int = 1, max_queue: int | None = None, decoding_factory=None,
                  prefix_cache=None, variants=None):
-        from engine.quant.variants import VariantSet
+        from engine.serving.variants import VariantSet
 
         self.loaded = loaded
         self.max_batch = max_batch  # requests running at once; 1: one at a time, each stepping alone

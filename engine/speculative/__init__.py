@@ -21,7 +21,7 @@ step that verifies k guesses can yield up to k+1 tokens for about the price of o
   of k (`k_changes`).
 
 Modules: proposers, verification, costs, lookup_policy, policy, decoding (`SpeculativeDecoding`);
-draft (loading the draft model), draft_prompts and draft_train (how the bundled draft was made).
+draft (loading the draft model), draft_prompts (the prompts the bundled draft was distilled on; engine/bench/draft_train.py distils it).
 """
 
 from engine.speculative.costs import (

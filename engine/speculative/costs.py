@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.measure import clock
+from engine.core import clock
 
 # A verify pass over T = k + 1 tokens costs 1 + fixed + k * per_token plain steps. These defaults,
 # fitted to `python -m engine.bench verify` (figures: docs/speculative.md), serve only where

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from engine.core.errors import InvalidRequest
-from engine.measure import clock
+from engine.core import clock
 from engine.serving.decoding import Decoding, cache_capacity
 from engine.speculative.costs import (
     DEFAULT_COSTS,

@@ -5,7 +5,7 @@ the same runner interface as the target (`new_cache` / `forward`), in the target
 its device, with a KV cache of its own per request.
 
 The bundled draft for SmolLM2-135M-Instruct (engine/assets/draft-smollm2-135m, made by
-`python -m engine.speculative.draft_train`) ships only what it does not share with the target: a few
+`python -m engine.bench.draft_train`) ships only what it does not share with the target: a few
 transformer layers and a final norm, plus the list of target token ids its output head covers.
 Its token embeddings are the target's own tensor, and its head is the target's head restricted
 to those rows (q = 0 for every other token, which verification handles exactly).
@@ -89,9 +89,43 @@ def bundled_draft(target) -> Draft:
     own_missing = [k for k in missing if k.startswith(("model.layers.", "model.norm."))]
     if own_missing or unexpected:
         raise LoadError(f"the bundled draft in {BUNDLED_DRAFT_DIR} does not match its config "
-                        f"(missing {own_missing[:3]}, unexpected {unexpected[:3]}); rerun python -m engine.speculative.draft_train")
+                        f"(missing {own_missing[:3]}, unexpected {unexpected[:3]}); rerun python -m engine.bench.draft_train")
     draft_hf.to(target.device).eval()
     draft_runner, _, _ = build_runner(draft_hf, target.fast_path)
     return Draft(draft_runner, name=meta.get("name", "bundled draft"), path=str(BUNDLED_DRAFT_DIR),
                  vocab=vocab.to(target.device),
                  notes=f"{meta['layers']} layers distilled from the target; head over {vocab.numel():,} tokens")
+
+
+def load_draft(spec: str | None, target) -> Draft | None:
+    """The draft for a loaded target (`engine.model.loader.LoadedModel`).
+
+    `spec` None: the bundled draft when the target is the bundled model, else no draft.
+    Otherwise a model folder (or .gguf file) that shares the target's tokenizer.
+    """
+    if spec is None:
+        if target.source != "bundled" or not (BUNDLED_DRAFT_DIR / WEIGHTS_FILE).is_file():
+            return None
+        return bundled_draft(target)
+    if spec == "none":
+        return None
+    return _load_folder(spec, target)
+
+
+def _load_folder(spec: str, target) -> Draft:
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
+
+    cfg = LoadConfig(model=spec, dtype=target.dtype_name, device=str(target.device.type),
+                     fast_path=target.fast_path, progress=False)
+    try:
+        loaded = load(cfg)
+    except LoadError as exc:
+        raise LoadError(f"--draft-model: {exc}") from exc
+    if loaded.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise LoadError(f"--draft-model {spec}: its tokenizer differs from the target's, so its token ids "
+                        "mean other tokens; a draft must share the target's tokenizer")
+    vocab = None
+    if loaded.model.vocab_size != target.model.vocab_size:  # padded (or short) vocab: use the common ids
+        vocab = torch.arange(min(loaded.model.vocab_size, target.model.vocab_size), device=target.device)
+    return Draft(loaded.model, name=loaded.name, path=str(spec), vocab=vocab)

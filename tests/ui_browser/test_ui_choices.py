@@ -7,7 +7,7 @@ import time
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from engine.measure import capabilities
+from engine.platform import capabilities
 from ui.page import preset_missing
 from ui.presets import load_prompt_sets, teaching_presets
 

@@ -1,4 +1,4 @@
-"""The page header says which device serves and why (engine/model/device.py), as a new user sees it."""
+"""The page header says which device serves and why (engine/platform/device.py), as a new user sees it."""
 
 
 def test_the_header_names_the_device_and_why(page_server, browser_page):

@@ -27,7 +27,7 @@ from torch import nn
 
 from engine.core.errors import InvalidRequest, LoadError
 from engine.core.info import VariantInfo
-from engine.measure.device_memory import device_memory
+from engine.platform.device_memory import device_memory
 from engine.model import compiled_step
 from engine.model.loaded import LoadedModel, weight_bytes
 from engine.quant.quality import compare, next_token_logits, quality_inputs
@@ -250,7 +250,7 @@ class VariantSet:
 
 def _memory(device) -> tuple[int, int]:
     """(current, peak) memory where a variant on `device` lives, in bytes: torch's GPU allocations on
-    CUDA (engine/measure/device_memory.py), else this process's resident memory."""
+    CUDA (engine/platform/device_memory.py), else this process's resident memory."""
     on_device = device_memory(device)
     if on_device is not None:
         return on_device["allocated_bytes"], on_device["peak_allocated_bytes"]

@@ -1,6 +1,6 @@
 """Memory on an accelerator, as torch's caching allocator and the driver report it: what a weights
 variant on CUDA occupies is GPU memory, not the host process's resident set (which the variants'
-`memory_bytes` measure on a CPU, engine/quant/variants.py). One helper for every caller: the prepared
+`memory_bytes` measure on a CPU, engine/serving/variants.py). One helper for every caller: the prepared
 GPU check (engine/bench/gpu.py) and, on CUDA, the variants' memory figures."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Distil the bundled draft model: `python -m engine.speculative.draft_train [data|train|export|all]`.
+"""Distil the bundled draft model: `python -m engine.bench.draft_train [data|train|export|all]`.
 
 The draft for SmolLM2-135M-Instruct is a small Llama (a few layers at width 576) that shares the
 target's token embeddings and output head, so only its layers and final norm are trained and
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from engine.core import clock
 from engine.speculative.draft import (
     BUNDLED_DRAFT_DIR as ASSET_DIR,  # written where it loads from
 )
@@ -63,7 +64,7 @@ def make_data(args) -> None:
         shard = work / f"shard_{b:04d}.pt"
         if shard.exists():
             continue
-        t0 = time.perf_counter()
+        t0 = clock.now_ns()
         ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
                for p, _ in batch]
         ids = [list(x["input_ids"]) if hasattr(x, "keys") else list(x) for x in ids]
@@ -88,7 +89,7 @@ def make_data(args) -> None:
                             "top_logp": top.values.to(torch.float16), "mode": batch[i][1]})
         torch.save(records, shard)
         tokens = sum(len(r["reply"]) for r in records)
-        log(f"shard {b + 1}/{len(batches)}: {tokens} reply tokens in {time.perf_counter() - t0:.0f}s")
+        log(f"shard {b + 1}/{len(batches)}: {tokens} reply tokens in {(clock.now_ns() - t0) / 1e9:.0f}s")
 
 
 def load_records(work: Path) -> list[dict]:
@@ -179,7 +180,7 @@ def train(args) -> None:
     work = Path(args.work)
     records = load_records(work)
     if not records:
-        raise SystemExit(f"no data in {work}: run `python -m engine.speculative.draft_train data` first")
+        raise SystemExit(f"no data in {work}: run `python -m engine.bench.draft_train data` first")
     held = [r for i, r in enumerate(records) if i % 20 == 0]
     train_set = [r for i, r in enumerate(records) if i % 20 != 0]
     target, _ = _target_hf()
@@ -230,7 +231,7 @@ def train(args) -> None:
     total_steps, step = steps_per_epoch * args.epochs, 0
     log(f"training {len(params)} tensors ({sum(p.numel() for p in params):,} parameters) from layers {list(init_layers)}, "
         f"{args.epochs} epochs x {steps_per_epoch} batches")
-    t0 = time.perf_counter()
+    t0 = clock.now_ns()
     for epoch in range(args.epochs):
         draft.train()
         for batch in _batches(train_set, args.tokens_per_batch, rng):
@@ -245,14 +246,14 @@ def train(args) -> None:
             step += 1
             if step % 25 == 0:
                 log(f"epoch {epoch + 1} step {step}/{total_steps}: loss {loss.item():.3f}, top-1 {agree.item():.1%}, "
-                    f"{time.perf_counter() - t0:.0f}s")
+                    f"{(clock.now_ns() - t0) / 1e9:.0f}s")
         draft.eval()
         ev = _evaluate(draft, head_cols, col_of, held)
         log(f"epoch {epoch + 1}: held-out loss {ev['loss']:.3f}, top-1 agreement {ev['top1_agreement']:.1%}")
         sd = {k: v.detach().clone().contiguous() for k, v in own_state_dict(draft).items()}
         torch.save({"state_dict": sd, "vocab": vocab, "layers": L, "init_layers": list(init_layers),
                     "epochs": prior_epochs + epoch + 1, "schedule": f"{args.epochs} epochs at lr {args.lr}",
-                    "held_out": ev, "train_s": time.perf_counter() - t0, "records": len(records)}, work / "draft.pt")
+                    "held_out": ev, "train_s": (clock.now_ns() - t0) / 1e9, "records": len(records)}, work / "draft.pt")
         log(f"saved {work / 'draft.pt'} (after epoch {epoch + 1})")
 
 
@@ -269,13 +270,13 @@ def export(args) -> None:
             "head_tokens": int(ckpt["vocab"].numel()), "init_from_target_layers": ckpt["init_layers"],
             "held_out": ckpt["held_out"], "train_s": round(ckpt["train_s"]), "replies": ckpt["records"],
             "epochs": ckpt.get("epochs"),
-            "made_by": "python -m engine.speculative.draft_train all"}
+            "made_by": "python -m engine.bench.draft_train all"}
     (ASSET_DIR / "draft.json").write_text(json.dumps(meta, indent=1) + "\n")
     log(f"wrote {ASSET_DIR}: " + ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in sorted(ASSET_DIR.iterdir())))
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.speculative.draft_train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m engine.bench.draft_train", description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["data", "train", "export", "all"])
     p.add_argument("--work", default="artifacts/draft", help="where data shards and checkpoints go")
     p.add_argument("--threads", type=int, default=2, help="torch threads (the shipped draft: 1 for data, 2 for train)")

@@ -105,7 +105,7 @@ class Capabilities:
                  f"oneDNN bf16 {'yes' if self.onednn_bf16 else 'no'}"]
         if self.cuda:
             parts.append(f"CUDA {self.cuda_device} sm{''.join(map(str, self.cuda_capability or ()))}")
-        elif self.cuda_build:  # why: engine/model/device.py, on the start line and in engine info
+        elif self.cuda_build:  # why: engine/platform/device.py, on the start line and in engine info
             parts.append(f"CUDA none usable (torch built for CUDA {self.cuda_build})")
         else:
             parts.append("CUDA none (CPU-only torch)")

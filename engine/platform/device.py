@@ -138,5 +138,5 @@ def choose(name: str, facts: CudaFacts | None = None) -> DeviceChoice:
     return DeviceChoice(torch.device("cpu"), f"cpu: {why_no_gpu(facts)}")
 
 
-if __name__ == "__main__":  # `python -m engine.model.device`: what `--device auto` picks here, and why
+if __name__ == "__main__":  # `python -m engine.platform.device`: what `--device auto` picks here, and why
     print(choose("auto"))
