@@ -179,3 +179,63 @@ def test_the_openai_dialect_skips_the_ollama_probe():
                 engine.complete(ask("hi"), GREEDY)
         finally:
             engine.close()
+
+
+# --- thinking vs answering: each server's way of sending a thought (engine/core/thinking.py) ------------
+def reasoning_delta(text, field):
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": None, field: text}, "finish_reason": None}]}
+
+
+def assert_thought(done, first: int, end: int, answer: int, source: str, text: str):
+    """The reply's text keeps the thought, marked; its instants are the arrivals of chunks first/end/answer."""
+    tl = done.timeline
+    assert done.text == text
+    assert tl.thought_first_ns == tl.token_ns[first]
+    assert tl.thought_end_ns == tl.token_ns[end] and tl.thought_tokens == end + 1
+    assert tl.answer_first_ns == tl.token_ns[answer]
+    assert tl.counters["thought_source"] == source
+    assert tl.ttft_ms <= tl.ttft_thought_ms <= tl.ttfa_ms
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_vllm_reasoning_deltas_are_kept_as_a_marked_thought(field):
+    # vLLM docs/features/reasoning_outputs.md (vllm-project/vllm, `--reasoning-parser`): the thought streams
+    # in `delta.reasoning` (named `reasoning_content` before 0.11), the answer in `delta.content`.
+    chunks = [reasoning_delta("The user", field), reasoning_delta(" asks.", field), delta("\n\n"), delta("Hi"),
+              delta("!", "stop")]
+    done, _ = run(sse_server(chunks))
+    assert_thought(done, first=0, end=2, answer=3, source=field,
+                   text="<think>The user asks.</think>\n\nHi!")
+
+
+def test_llama_cpp_reasoning_content_with_its_timings():
+    # llama.cpp tools/server/README.md (`--reasoning-format deepseek`): `delta.reasoning_content`, the
+    # answer in `content`, `timings` on the last chunk (predicted_n counts the thought's tokens too).
+    timings = {"cache_n": 0, "prompt_n": 9, "prompt_ms": 40.0, "predicted_n": 4, "predicted_ms": 30.0}
+    chunks = [reasoning_delta("Hmm", "reasoning_content"), reasoning_delta(".", "reasoning_content"),
+              delta("Yes"), delta(".", "stop", timings=timings)]
+    done, _ = run(sse_server(chunks))
+    assert_thought(done, first=0, end=2, answer=2, source="reasoning_content", text="<think>Hmm.</think>Yes.")
+    assert done.timeline.counters["server_output_tokens"] == 4
+
+
+def test_llama_cpp_without_a_reasoning_format_streams_the_tags_in_its_text():
+    # llama.cpp with `--reasoning-format none` (and older builds, ggml-org/llama.cpp#13867): the thought
+    # arrives inside `content`, tags and all, the closing tag cut between two chunks here.
+    chunks = [delta("<think>"), delta("\n"), delta("Hmm"), delta(".</thi"), delta("nk>\n\n"), delta("Yes", "stop")]
+    done, _ = run(sse_server(chunks))
+    assert_thought(done, first=2, end=4, answer=5, source="text", text="<think>\nHmm.</think>\n\nYes")
+
+
+def test_ollama_thinking_field():
+    # Ollama docs/api.md (ollama/ollama), "Generate a chat completion" with a thinking model:
+    # `message.thinking` carries the thought, `message.content` the answer.
+    def line(content="", thinking=None, **extra):
+        message = {"role": "assistant", "content": content, **({"thinking": thinking} if thinking else {})}
+        return {"model": "m", "created_at": "2026-12-01T00:00:00Z", "message": message, "done": False, **extra}
+
+    lines = [line(thinking="Short"), line(thinking=" question."), line("Yes"), line("."),
+             {**line(), "done": True, "done_reason": "stop", "eval_count": 4, "eval_duration": 40_000_000}]
+    done, _ = run(ollama_server(lines))
+    assert_thought(done, first=0, end=2, answer=2, source="thinking", text="<think>Short question.</think>Yes.")

@@ -206,6 +206,42 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "the lowest offered rate whose goodput is within 5% of the sweep's best: past it, more traffic buys no "
        "more requests served within the objectives, only longer queues", "", better=""),
     _M("e2el_ms", "E2E latency (load client)", "ms", "the load client sends the request", "its stream ended", ""),
+    # Thinking vs answering (engine/core/thinking.py): a reply that opens with a thought, a `<think>` block in its
+    # text or a server's reasoning deltas (kept in the text, marked). Chunks are placed at their last token's sampling.
+    _M("ttft_thought_ms", "TTFT (first thought)", "ms", "request received by the server",
+       "the first token of the reply's opening thought sampled (null: the reply opens with no thought)"),
+    _M("thinking_ms", "thinking", "ms", "the first thought token sampled",
+       "the token that closed the thought sampled (`</think>`, or the first delta after the reasoning; null: no "
+       "thought, or one that never closed)"),
+    _M("ttfa_ms", "TTFA (time to first answer)", "ms", "request received by the server",
+       "the first token of visible answer text sampled, after the thought (a reply with no thought: its first "
+       "visible token, so about TTFT)"),
+    _M("thought_tokens", "thought tokens", "tok", "",
+       "output tokens up to the one that closed the thought, tags included (every token when it never closed)",
+       better=""),
+    _M("thought_source", "thought read from", "", "",
+       "text: a `<think>` block in the reply; else the server's field that carried it (reasoning_content, "
+       "reasoning, thinking)", better=""),
+    _M("client_ttft_thought_ms", "first thought (browser)", "ms", "user pressed send",
+       "the thought's first visible character painted", "browser"),
+    _M("client_thinking_ms", "thinking (browser)", "ms", "the thought's first visible character painted",
+       "its closing tag painted", "browser"),
+    _M("client_ttfa_ms", "TTFA (browser)", "ms", "user pressed send",
+       "the answer's first visible character painted", "browser"),
+    # A remote request's network phases (engine/remote/network.py), on this machine's clock: sub-stages of its
+    # network in. Only phases that ran have a value: a reused connection has no DNS, connect or TLS (null).
+    _M("net_dns_ms", "DNS", "ms", "a new connection's host name looked up",
+       "its addresses returned (null: no new connection, or the host is an IP address)"),
+    _M("net_connect_ms", "connect", "ms", "the addresses known (or the connect began)",
+       "the TCP connection established (null: a kept-alive connection served the request)"),
+    _M("net_tls_ms", "TLS handshake", "ms", "the TCP connection established",
+       "the TLS handshake done (https only; null: reused, or plain http)"),
+    _M("net_send_ms", "request sent", "ms", "the request's headers start to be written", "its body written"),
+    _M("net_headers_ms", "response headers", "ms", "the request written",
+       "the response's headers read: the server's time to answer, plus a round trip"),
+    _M("connection_reused", "connection reused", "", "",
+       "true when the request opened no connection (a kept-alive one served it: no DNS, connect or TLS)",
+       better=""),
 ]}
 
 

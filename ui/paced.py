@@ -5,6 +5,7 @@ Timeline, so the transport and the page can be tested at token rates no model he
 (`python app.py --paced-source 400`; the page header says it is a test source). With a `trace`
 it replays recorded chunks instead ([ms since the request started, text, tokens so far], e.g. a
 speculative reply's bursts); with chunked prefill on it reports prefill progress like the engine.
+With `think` its reply opens with a scripted `<think>` block (THINK), as a thinking model's does.
 """
 
 from __future__ import annotations
@@ -25,17 +26,20 @@ MARKDOWN = ("**Steps**", " to", " *measure*", ":\n\n", "1.", " Run", " `python",
             "2.", " Read", " the", " **p50**", "\n\n", "```py", "\nfor", " x", " in", " range(3):", "\n",
             "    print(x)", "\n```", "\n\n", "The", " page", " keeps", " up", " with", " a", " _fast_",
             " stream", ".", "\n\n")
+THINK = ("<think>", "\n", "The", " user", " wants", " a", " short", " reply", ";", " keep", " it", " brief", ".",
+         "\n", "</think>", "\n\n")
 
 
 class PacedSource:
     def __init__(self, tokens_per_s: float = 200.0, prefill_ms: float = 20.0, trace: list | None = None,
-                 markdown: bool = False):
+                 markdown: bool = False, think: bool = False):
         if tokens_per_s <= 0:
             raise ValueError("tokens_per_s must be positive")
         self.tokens_per_s = tokens_per_s
         self.prefill_ms = prefill_ms
         self.trace = trace
         self.words = MARKDOWN if markdown else tuple(w + " " for w in WORDS)
+        self.opening = THINK if think else ()
         self._queue: queue.SimpleQueue[RequestHandle | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="paced-source", daemon=True)
         self._thread.start()
@@ -104,8 +108,10 @@ class PacedSource:
         if self.trace:
             yield from ((t, text, n) for t, text, n in self.trace if n <= max_tokens)
             return
+        k = len(self.opening)
         for i in range(max_tokens):
-            yield self.prefill_ms + 1e3 * i / self.tokens_per_s, self.words[i % len(self.words)], i + 1
+            text = self.opening[i] if i < k else self.words[(i - k) % len(self.words)]
+            yield self.prefill_ms + 1e3 * i / self.tokens_per_s, text, i + 1
 
 
 def _sleep_until(deadline: float) -> None:

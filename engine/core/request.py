@@ -2,7 +2,8 @@
 the handle a caller holds while it runs (`RequestHandle`), and the check of chat messages.
 
 The API, the page, the remote engine and the paced test source use these without importing the
-decode loop; the worker (engine/serving/worker.py) produces them.
+decode loop; the worker (engine/serving/worker.py) produces them. Every chunk any engine pushes
+passes `RequestHandle.push`, which stamps a reply's thought on its Timeline (engine/core/thinking.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 
 from engine.core.config import GenerationConfig
 from engine.core.errors import InvalidRequest, LatencyLabError
-from engine.core.timeline import Timeline
+from engine.core.thinking import ThoughtClock
+from engine.core.timeline import Timeline, now_ns
 
 
 @dataclass
@@ -90,10 +92,14 @@ class RequestHandle:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async: asyncio.Queue[Event] | None = None
         self.final: Event | None = None
+        self._thought = ThoughtClock(timeline)  # every engine's chunks pass here: one detection
 
     # --- producer side (worker thread) -----------------------------------------------------
     def push(self, event: Event) -> None:
-        if event.kind in ("done", "error"):
+        if event.kind == "chunk":
+            self._thought.chunk(event.text, event.output_tokens, now_ns())
+        elif event.kind in ("done", "error"):
+            self._thought.finish(self.timeline.output_tokens)
             self.final = event
         with self._lock:
             if self._loop is None:

@@ -45,6 +45,13 @@ class Timeline:
     batch_size: list[int] = field(default_factory=list)  # continuous batching: sequences in the forward of token i
     batch_prompt_tokens: list[int] = field(default_factory=list)  # ...and prompt tokens (anyone's prefill) in it
     done_ns: int | None = None  # the engine finished (last token, stop, error or cancel)
+    # A reply that opens with a thought (engine/core/thinking.py: a `<think>` block, or a server's
+    # reasoning deltas): the sampling instants of its first thought token, of the token that closed
+    # the thought, and of the first answer token (every reply has one once it shows visible text).
+    thought_first_ns: int | None = None
+    thought_end_ns: int | None = None
+    answer_first_ns: int | None = None
+    thought_tokens: int | None = None  # output tokens up to the one that closed it (None: no thought)
     # Token counts: None where unknown (a remote server that does not report them), never a guessed 0.
     prompt_tokens: int | None = 0
     prefill_tokens: int | None = 0  # prompt tokens actually computed (prompt_tokens - cached_tokens)
@@ -128,6 +135,18 @@ class Timeline:
         return _ms(self.received_ns, self.first_token_ns)
 
     @property
+    def ttft_thought_ms(self):
+        return _ms(self.received_ns, self.thought_first_ns)
+
+    @property
+    def thinking_ms(self):
+        return _ms(self.thought_first_ns, self.thought_end_ns)
+
+    @property
+    def ttfa_ms(self):
+        return _ms(self.received_ns, self.answer_first_ns)
+
+    @property
     def itl_ms(self) -> list[float]:
         t = self.token_ns
         return [(b - a) / 1e6 for a, b in zip(t, t[1:])]
@@ -192,6 +211,10 @@ class Timeline:
             "setup_ms": self.setup_ms,
             "prefill_ms": self.prefill_ms,
             "ttft_ms": self.ttft_ms,
+            "ttft_thought_ms": self.ttft_thought_ms,
+            "thinking_ms": self.thinking_ms,
+            "ttfa_ms": self.ttfa_ms,
+            "thought_tokens": self.thought_tokens,
             "decode_ms": self.decode_ms,
             "tpot_ms": self.tpot_ms,
             "decode_tps": self.decode_tps,
@@ -269,6 +292,9 @@ class Timeline:
                 "started": rel(self.started_ns),
                 "setup_done": rel(self.setup_done_ns),
                 "prefill_start": rel(self.prefill_start_ns),
+                "thought_first": rel(self.thought_first_ns),
+                "thought_end": rel(self.thought_end_ns),
+                "answer_first": rel(self.answer_first_ns),
                 "done": rel(self.done_ns),
             },
             "token_ms": [rel(t) for t in self.token_ns],
@@ -303,6 +329,8 @@ class Timeline:
         parts = [
             f"ttft {f(m['ttft_ms'])}",
             f"(queue {f(m['queue_ms'], nd=1)}, setup {f(m['setup_ms'], nd=1)}, prefill {f(m['prefill_ms'])})",
+            *([f"thought at {f(m['ttft_thought_ms'])} for {f(m['thinking_ms'])}, answer at {f(m['ttfa_ms'])}"]
+              if m["ttft_thought_ms"] is not None else []),
             f"tpot {f(m['tpot_ms'], nd=1)}",
             f"{f(m['decode_tps'], ' tok/s', 1)}",
             f"e2e {f(m['e2e_ms'])}",

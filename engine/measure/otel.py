@@ -3,7 +3,9 @@
 One span per request (`chat MODEL`, the GenAI conventions' span name) from `received` to the last
 chunk handed over, a child per stage (queue, setup, prefill, decode — the trace's server stages,
 engine/measure/trace.py, so the two cannot disagree) and, under its stage, the work inside it (KV
-lookup, compile, each prefill chunk). Attributes use the GenAI semantic conventions' names where
+lookup, compile, each prefill chunk, a reply's thinking; a remote request's network phases: DNS,
+connect, TLS, request sent, response headers). The first token and first answer token are events
+of the request span. Attributes use the GenAI semantic conventions' names where
 one exists (`gen_ai.*`, below) and `latency_lab.*` for ours (the glossary's names); unknown values
 are left out, never 0. A W3C `traceparent` on the request continues the caller's trace
 (`parent_from`, opentelemetry's own propagator).
@@ -27,10 +29,11 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from . import clock
-from .trace import server_spans
+from .trace import network_phase_spans, server_spans
 
 EPOCH_MINUS_PERF_NS = time.time_ns() - clock.now_ns()  # once per process: one clock
 STAGES = ("queue", "setup", "prefill", "decode", "remote: waiting for the first token")
+EVENTS = ("first token", "first answer token")  # the trace's instants kept as events of the request span
 PROVIDER = "latency_lab"
 MAX_PARENTS = 4096  # callers' trace contexts waiting for their request to finish
 
@@ -59,7 +62,9 @@ def gen_ai_attributes(tl: dict, model: str) -> dict:
     }
     for key in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "setup_ms", "prefill_ms", "decode_ms", "decode_tps",
                 "prefill_tokens", "queue_position", "drafted", "accepted", "acceptance_rate", "quantization",
-                "batching", "measured_at", "kv_reuse"):
+                "batching", "measured_at", "kv_reuse", "ttft_thought_ms", "thinking_ms", "ttfa_ms", "thought_tokens",
+                "thought_source", "net_dns_ms", "net_connect_ms", "net_tls_ms", "net_send_ms", "net_headers_ms",
+                "connection_reused"):
         attrs[f"latency_lab.{key}"] = tl.get(key)
     return {k: v for k, v in attrs.items() if v is not None and isinstance(v, (str, bool, int, float, list))}
 
@@ -91,13 +96,17 @@ class OtlpExport:
         """The request span and its children, from the finished Timeline (queued to the exporter)."""
         tl = timeline.to_dict()
         parent = self._parents.pop(tl.get("request_id"), None)
-        spans = [s for s in server_spans(tl) if s.end_ns is not None and s.name != "decode step"]
+        every = server_spans(tl) + network_phase_spans(tl)
+        spans = [s for s in every if s.end_ns is not None and s.name != "decode step"]
         start = tl["received_ns"]
         end = timeline.end_ns or timeline.done_ns or start
         root = self.tracer.start_span(f"chat {model}", context=parent, kind=SpanKind.SERVER,
                                       start_time=epoch_ns(start), attributes=gen_ai_attributes(tl, model))
         if tl.get("finish_reason") == "error":
             root.set_status(Status(StatusCode.ERROR))
+        for s in every:
+            if s.end_ns is None and s.name in EVENTS:
+                root.add_event(s.name, _scalars(s.args), timestamp=epoch_ns(s.start_ns))
         stages = [s for s in spans if s.name in STAGES]
         opened = {}
         for s in stages:

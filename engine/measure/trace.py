@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 TRACKS = ("browser", "network", "server")  # top to bottom in the viewer, one process each per reply
+# A remote request's network phases (engine/remote/network.py: Timeline spans `net_*`), on the network
+# track as sub-stages of network in (this machine → the remote server), and the wait for its answer.
+NETWORK_PHASES = {"net_dns": "network in: DNS", "net_connect": "network in: connect",
+                  "net_tls": "network in: TLS handshake", "net_send": "network in: request sent",
+                  "net_headers": "remote: response headers"}
 
 
 @dataclass
@@ -69,9 +74,14 @@ def server_spans(tl: dict) -> list[Span]:
     interval("decode", first, last, output_tokens=tl.get("output_tokens"), tpot_ms=tl.get("tpot_ms"))
     if first is not None:
         out.append(Span("server", "first token", first))
+    # a reply that opens with a thought (engine/core/thinking.py): thinking, then the answer
+    interval("thinking", ev.get("thought_first"), ev.get("thought_end"), thought_tokens=tl.get("thought_tokens"),
+             source=tl.get("thought_source"))
+    if ev.get("thought_first") is not None and ev.get("answer_first") is not None:
+        out.append(Span("server", "first answer token", ev["answer_first"], args={"ttfa_ms": tl.get("ttfa_ms")}))
     for s in tl.get("spans_ms") or []:
-        if s["name"] == "speculative_step":
-            continue  # its counts go on the decode step it was (below)
+        if s["name"] == "speculative_step" or s["name"] in NETWORK_PHASES:
+            continue  # its counts go on the decode step it was (below); the network's go on its track
         figures = {k: v for k, v in s.items() if k not in ("name", "start_ms", "end_ms") and v is not None}
         interval(s["name"].replace("_", " "), _ns(origin, s["start_ms"]), _ns(origin, s["end_ms"]), **figures)
     out += _decode_steps(tl, origin, tokens, kernels.get("decode"))
@@ -141,8 +151,21 @@ def browser_spans(tl: dict, network: str | None = None) -> list[Span]:
     return out
 
 
+def network_phase_spans(tl: dict) -> list[Span]:
+    """A remote request's DNS, connect, TLS, request sent and response headers (only those that ran:
+    a reused connection has no connect or TLS)."""
+    origin = tl["received_ns"]
+    out = []
+    for s in tl.get("spans_ms") or []:
+        if s["name"] in NETWORK_PHASES:
+            args = {k: v for k, v in s.items() if k not in ("name", "start_ms", "end_ms") and v is not None}
+            out.append(Span("network", NETWORK_PHASES[s["name"]], _ns(origin, s["start_ms"]), _ns(origin, s["end_ms"]),
+                            args))
+    return out
+
+
 def reply_spans(tl: dict, network: str | None = None) -> list[Span]:
-    return server_spans(tl) + browser_spans(tl, network)
+    return server_spans(tl) + network_phase_spans(tl) + browser_spans(tl, network)
 
 
 def chrome_trace(replies: list[tuple[str, dict]] | list[dict], network: dict | None = None) -> dict:

@@ -28,6 +28,9 @@ made), requests go to its native `POST /api/chat` (NDJSON), which reports `promp
 HTTP goes through httpx (async, one connection pool, one event-loop thread per engine) and the
 stream through httpx-sse, not the openai SDK: we need the arrival time of each SSE event as the
 bytes land, the servers' non-standard fields, and no hidden retries inside a measured request.
+Every request's network phases (DNS, connect, TLS, request sent, response headers; a reused
+connection has none of the first three) are timed through httpcore's trace hooks
+(engine/remote/network.py) and land in the Timeline's spans and `counters["net_*_ms"]`.
 Cancelling a handle cancels its task, which closes the connection: the server sees the client go.
 
 Sessions: our session strings (the page's secret tab ids) never leave this machine. For a server
@@ -41,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 import threading
 from collections import OrderedDict
 from dataclasses import replace
@@ -52,7 +56,9 @@ from engine.core.config import GenerationConfig
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.info import EngineInfo
 from engine.core.request import Event, Request, RequestHandle, validate_messages
+from engine.core.thinking import ReasoningText
 from engine.core.timeline import Timeline, now_ns
+from engine.remote import network
 from engine.remote.dialects import (
     absorb,
     apply_usage,
@@ -88,11 +94,12 @@ class RemoteHandle(RequestHandle):
 
 class RemoteEngine:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 600.0,
-                 send_toggles: bool = True, dialect: str = "auto"):
+                 send_toggles: bool = True, dialect: str = "auto", verify: bool | ssl.SSLContext = True):
         """`base_url` is the API root as the openai SDK takes it, e.g. `http://host:8000/v1`.
         `send_toggles`: send our toggles (kv_reuse, speculative...) when they differ from the defaults;
         servers that do not know them ignore them (vLLM, llama.cpp) — turn off for strict servers.
-        `dialect`: auto (probe once for Ollama's native API), openai, or ollama."""
+        `dialect`: auto (probe once for Ollama's native API), openai, or ollama. `verify`: httpx's
+        (an SSLContext trusting a private CA, or False)."""
         if dialect not in DIALECTS:
             raise InvalidRequest(f"dialect must be one of {', '.join(DIALECTS)}, not {dialect!r}", "dialect")
         self.base_url = base_url.rstrip("/")
@@ -102,6 +109,7 @@ class RemoteEngine:
         self.completed = self.failed = 0
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout, connect=10.0)
+        self._verify = verify
         self._active: set[RemoteHandle] = set()
         self._remote_sessions: OrderedDict[str, str] = OrderedDict()
         self._server_has_sessions = True  # until a POST /sessions says otherwise
@@ -115,7 +123,8 @@ class RemoteEngine:
             self.dialect = self._call(self._probe(), timeout=15.0)
 
     async def _new_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+        return httpx.AsyncClient(timeout=self._timeout, headers=self._headers,
+                                 transport=network.transport(verify=self._verify))
 
     def _call(self, coro, timeout: float = 30.0):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -199,6 +208,8 @@ class RemoteEngine:
         finish = None
         self._active.add(handle)
         url = self.base_url
+        phases = network.Phases(tl)
+        phases.recording()
         try:
             if handle.cancelled:
                 raise asyncio.CancelledError
@@ -208,19 +219,20 @@ class RemoteEngine:
                 url, body = f"{_root(self.base_url)}/api/chat", ollama_body(self.model, messages, req.config)
                 headers, read = {}, self._read_ollama
             else:
-                session = await self._remote_session(req.session)
+                session = await self._remote_session(req.session, phases)
                 url = f"{self.base_url}/chat/completions"
                 body = request_body(self.model, messages, req.config, session, self.send_toggles)
                 headers, read = {"Accept": "text/event-stream"}, self._read_sse
             tl.mark("started")
             handle.push(Event("status", stage="setup"))
-            async with self._client.stream("POST", url, json=body, headers=headers) as resp:
+            async with self._client.stream("POST", url, json=body, headers=headers,
+                                           extensions=phases.extensions("chat")) as resp:
                 tl.counters["response_headers_ms"] = (now_ns() - tl.received_ns) / 1e6
                 if resp.status_code != 200:
                     raise remote_error(resp.status_code, await resp.aread())
                 absorb(tl, tgi_headers(resp.headers))
                 handle.push(Event("status", stage="prefill"))  # accepted: the server works on token one
-                async for t, piece, reason in read(tl, resp):
+                async for t, piece, reason in read(tl, resp, ReasoningText()):
                     finish = reason or finish
                     if piece:
                         tl.add_tokens(1, t)
@@ -229,12 +241,14 @@ class RemoteEngine:
             tl.finish_reason = finish or "stop"
             tl.counters["chunks"] = len(parts)
             server_ttft(tl)
+            phases.finish()  # before the done/error event: whoever it wakes reads the whole Timeline
             tl.mark("done")
             self.completed += 1
             handle.push(Event("done", text="".join(parts), output_tokens=len(parts),
                               detail={"finish_reason": tl.finish_reason}, timeline=tl))
         except asyncio.CancelledError:
             tl.finish_reason = "cancelled"
+            phases.finish()
             tl.mark("done")
             handle.push(Event("done", text="".join(parts), output_tokens=len(parts),
                               detail={"finish_reason": "cancelled"}, timeline=tl))
@@ -246,6 +260,7 @@ class RemoteEngine:
             elif not user_error:
                 log.exception("remote request %s failed", handle.id)
             tl.finish_reason = "error"
+            phases.finish()
             tl.mark("done")
             handle.push(Event("error", timeline=tl, detail={
                 "message": str(exc) if user_error else f"internal error: {type(exc).__name__}: {exc}",
@@ -263,23 +278,28 @@ class RemoteEngine:
             found = False
         return "ollama" if found else "openai"
 
-    async def _read_sse(self, tl: Timeline, resp):
+    async def _read_sse(self, tl: Timeline, resp, marked: ReasoningText):
+        ended = False
         async for sse in EventSource(resp).aiter_sse():
+            if ended:  # past [DONE]: read the body to its end, so that the connection is kept alive
+                continue  # (a response left unread closes it: every request would pay connect and TLS)
             t = now_ns()
             if sse.data.strip() == "[DONE]":
-                return
-            piece, reason = self._read_chunk(tl, sse.data)
+                ended = True
+                continue
+            piece, reason = self._read_chunk(tl, sse.data, marked)
             yield t, piece, reason
 
-    async def _read_ollama(self, tl: Timeline, resp):
-        """Ollama's native stream: one JSON object a line; the last (`done: true`) carries the figures."""
+    async def _read_ollama(self, tl: Timeline, resp, marked: ReasoningText):
+        """Ollama's native stream: one JSON object a line; the last (`done: true`) carries the figures.
+        A thinking model's thought comes apart in `message.thinking` (docs/api.md in ollama/ollama)."""
         async for line in resp.aiter_lines():
             t = now_ns()
             if not line.strip():
                 continue
             payload = json_object(line, "line")
             message = payload.get("message") or {}
-            piece = message.get("content") if isinstance(message.get("content"), str) else ""
+            piece = marked.piece(_reasoning(tl, message, ("thinking",)), _text(message.get("content")))
             reason = None
             if payload.get("done"):
                 raw = {k: v for k, v in payload.items() if k.endswith(("_count", "_duration"))}
@@ -288,14 +308,14 @@ class RemoteEngine:
                 reason = {"stop": "stop", "length": "length"}.get(payload.get("done_reason"), "stop")
             yield t, piece, reason
 
-    async def _remote_session(self, ours: str | None) -> str | None:
+    async def _remote_session(self, ours: str | None, phases: network.Phases) -> str | None:
         """The server's session id standing for our session `ours` (None: send none)."""
         if not ours or not self.send_toggles or not self._server_has_sessions:
             return None
         if ours in self._remote_sessions:
             self._remote_sessions.move_to_end(ours)
             return self._remote_sessions[ours]
-        resp = await self._client.post(f"{self.base_url}/sessions")
+        resp = await self._client.post(f"{self.base_url}/sessions", extensions=phases.extensions("session"))
         try:
             issued = resp.json().get("id") if resp.status_code == 200 else None
         except (ValueError, AttributeError):
@@ -310,8 +330,10 @@ class RemoteEngine:
         return issued
 
     @staticmethod
-    def _read_chunk(tl: Timeline, data: str) -> tuple[str, str | None]:
-        """One SSE payload: its text and finish_reason; usage and server timings go on the Timeline."""
+    def _read_chunk(tl: Timeline, data: str, marked: ReasoningText) -> tuple[str, str | None]:
+        """One SSE payload: its text and finish_reason; usage and server timings go on the Timeline.
+        A reasoning delta (llama.cpp's `reasoning_content`, vLLM's `reasoning`, formerly
+        `reasoning_content`) is kept in the text as a marked thought (engine/core/thinking.py)."""
         payload = json_object(data, "chunk")
         timings = server_timings(payload)
         if timings:
@@ -322,10 +344,25 @@ class RemoteEngine:
         text, finish = "", None
         for choice in payload.get("choices") or []:
             delta = choice.get("delta") or {}
-            if isinstance(delta.get("content"), str):
-                text += delta["content"]
+            text += marked.piece(_reasoning(tl, delta, REASONING_FIELDS), _text(delta.get("content")))
             finish = choice.get("finish_reason") or finish
         return text, finish
+
+
+REASONING_FIELDS = ("reasoning_content", "reasoning")  # one of them, never both added: vLLM 0.11 may send both
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _reasoning(tl: Timeline, delta: dict, fields: tuple[str, ...]) -> str:
+    """A delta's reasoning text, from the first of `fields` that holds some; the field is noted once."""
+    for name in fields:
+        if isinstance(delta.get(name), str) and delta[name]:
+            tl.counters.setdefault("thought_source", name)
+            return delta[name]
+    return ""
 
 
 def _root(base_url: str) -> str:
