@@ -1,8 +1,10 @@
 """`latency-lab report` (engine/bench/report.py): the suite with --quick on a tiny model (each bench in its own
 process, one dated folder), its rendering from a report.json (table, README markers, plots) and the entry point."""
 
+import html
 import json
 import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 
 import pytest
 
@@ -107,6 +109,7 @@ def test_report_quick_runs_the_suite_and_writes_one_dated_folder(tmp_path, token
     assert steps["kv"]["result"]["identical"] and steps["batching"]["result"]["ok"]
     assert folder.name.startswith(f"report-{data['started'][:10]}")
     assert (folder / "plots" / "batching.svg").is_file() and (folder / "report.md").is_file()
+    assert (folder / "report.html").read_text().count("<svg") == len(report_render.plots(data))
     assert report_render.table(data) in readme.read_text() and "`--quick`" in readme.read_text()
 
 
@@ -132,8 +135,43 @@ def test_the_page_serves_the_newest_report_and_says_how_to_make_one(tmp_path, mo
             report_render.write(folder, REPORT)
             got = c.get("/lab/report")
             assert got.status_code == 200 and report_render.table(REPORT) in got.text
+            page = c.get("/lab/report.html")  # the header's link: the one file to share
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+            assert page.text == (folder / "report.html").read_text() and page.text.count("<svg") == 2
+            (folder / "report.json").write_text(json.dumps(REPORT))
+            (folder / "report.html").unlink()  # a report made before report.html existed: rendered from its JSON
+            assert c.get("/lab/report.html").text == page.text
     finally:
         source.close()
+
+
+class Resources(HTMLParser):
+    """Everything an HTML page could fetch: tags that load, and attributes naming another resource."""
+
+    def __init__(self):
+        super().__init__()
+        self.fetches, self.tags = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("src", "href", "srcset", "data", "poster", "action", "xlink:href") and value:
+                self.fetches.append((tag, name, value))
+        if tag in ("script", "link", "iframe", "img", "object", "embed"):
+            self.fetches.append((tag, "tag", ""))
+
+
+def test_report_html_is_one_self_contained_file(tmp_path):
+    report_render.write(tmp_path, REPORT)
+    text = (tmp_path / "report.html").read_text()
+    found = Resources()
+    found.feed(text)
+    assert found.fetches == [] and "url(" not in text and "@import" not in text
+    assert found.tags.count("svg") == len(report_render.plots(REPORT)) == 2  # the plots, inline
+    for s in REPORT["steps"]:  # every step's line and command, as in report.md
+        assert html.escape(s["command"].replace(" --json", ""), quote=False) in text
+    assert "<strong>" not in text or "**" not in text  # the table's bold marks are HTML, not Markdown
+    assert "failed (exit 1): RuntimeError: out of memory" in text and "Shared with other jobs." in text
 
 
 def test_the_suite_passes_the_model_flags_on_and_adds_the_gpu_and_peer_steps_where_they_exist():

@@ -196,7 +196,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                 f'goes: measured by the server, perceived by your browser</span></div><div class="lab-engine">'
                 f'{html.escape(info.headline())}<br><span id="lab-limits" title="{html.escape(LIMITS_HOVER)}">'
                 f'{html.escape(engine_info.limits_line(info))}</span> <button id="lab-limits-rerun" type="button" '
-                f'class="lab-linkbtn">re-measure</button> · <a id="lab-report-link" href="/lab/report" target="_blank" '
+                f'class="lab-linkbtn">re-measure</button> · <a id="lab-report-link" href="/lab/report.html" target="_blank" '
                 f'title="the newest `latency-lab report` of this machine: limits, decode per weights variant, KV reuse, '
                 f'prompt lookup, batching">latest report</a><br><span id="lab-machine" class="lab-muted">'
                 f'{html.escape((info.capabilities or {}).get("summary") or "")}</span><br>'

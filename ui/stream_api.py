@@ -154,6 +154,16 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
                             status_code=404, media_type="text/plain; charset=utf-8")
         return Response((folder / "report.md").read_text(), media_type="text/plain; charset=utf-8")
 
+    @router.get("/report.html")
+    async def latest_report_html():
+        """The newest report as one self-contained page (engine/bench/report.py `html_of`): the header's link."""
+        from engine.bench import report
+
+        folder = report.latest(report.default_root())
+        if folder is None:
+            return await latest_report()
+        return Response(report.html_of(folder), media_type="text/html; charset=utf-8")
+
     @router.get("/table")
     async def table(session: str, pane: str | None = None):
         rows = [r.row() for r in _call(store.replies, session, pane)]

@@ -11,10 +11,11 @@ GPU check (`bench gpu`, docs/gpu.md: the GPU's limits, decode per variant, the g
 (the tests' mode: figures too short to quote).
 
 It writes one dated folder (default `<cache>/reports/`, the engine's cache folder; `--out`):
-report.md (the table, the machine, the versions, each command), report.json (every step's raw
-JSON), plots/*.svg and logs/*.log (each step's own output). `--readme` rewrites the README's results
+report.md (the table, the machine, the versions, each command), report.html (the same with its plots
+inline: one self-contained file to share, opened offline), report.json (every step's raw JSON),
+plots/*.svg and logs/*.log (each step's own output). `--readme` rewrites the README's results
 table (between its markers) from it; `--from DIR` renders an existing report again (no run).
-The page links the newest report.md from its header (`GET /lab/report`, `latest()`).
+The page's header links the newest report.html (`GET /lab/report.html`: `latest()`, `html_of()`).
 """
 
 from __future__ import annotations
@@ -127,6 +128,12 @@ def latest(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def html_of(folder: Path) -> str:
+    """A report folder's report.html; one written before there were any is rendered from its report.json."""
+    page = Path(folder) / "report.html"
+    return page.read_text() if page.is_file() else render.html_page(render.load(folder))
+
+
 def run_step(step: Step, argv: list[str], folder: Path, timeout: float, tick) -> dict:
     """Run one step as `python -m ...`, its output to logs/NAME.log; its last JSON line is its result."""
     log_path = folder / "logs" / f"{step.name}.log"
@@ -191,7 +198,7 @@ def run(args, out):
         render.rewrite_readme(Path(args.readme), report, README_BEGIN, README_END)
         out(f"rewrote the results table in {args.readme}")
     out(md)
-    out(f"report: {folder / 'report.md'}")
+    out(f"report: {folder / 'report.md'}; to share: {folder / 'report.html'} (one file, plots inline)")
     return {"report_dir": str(folder), "ok": all(s["rc"] == 0 for s in report["steps"]),
             "ratio": None, "steps": {s["name"]: s["rc"] for s in report["steps"]}}
 

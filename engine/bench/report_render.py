@@ -1,6 +1,7 @@
 """`latency-lab report`'s output from its report.json: the table (one line per step), report.md, the
-plots, and the README's results table. Apart from the driver (report.py) so that a report can be
-rendered again (`--from DIR`) without measuring.
+plots, report.html (all of it in one self-contained file, the plots inline: no network, nothing
+beside it, to attach or open anywhere) and the README's results table. Apart from the driver
+(report.py) so that a report can be rendered again (`--from DIR`) without measuring.
 
 Plots are SVG written here by hand: matplotlib is not a dependency, and two bar charts do not
 justify one (nor plotly's static export, which needs a browser engine).
@@ -128,20 +129,56 @@ def markdown(report: dict, plots: list[str]) -> str:
     parts += ["## Each step", ""]
     for s in report["steps"]:
         parts += [f"- **{s['name']}** ({s['seconds']} s, exit {s['rc']}): `{s['command']}`; output: `{s['log']}`"]
-    m = report["machine"]
-    parts += ["", "## Machine and versions", "", f"- CPU: {m['cpu']}", f"- GPU: {m.get('gpu') or 'none'}",
-              f"- OS: {m.get('os')}", f"- cores {m.get('cores')}, torch threads {m.get('threads')}",
-              f"- load average at start {report.get('load_avg_start')}, at end {report.get('load_avg_end')} "
-              "(1, 5, 15 min): above the core count, other jobs shared the machine",
-              "- versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
+    parts += ["", "## Machine and versions", "", *(f"- {line}" for line in machine_lines(report)), ""]
     return "\n".join(parts)
+
+
+def machine_lines(report: dict) -> list[str]:
+    m = report["machine"]
+    return [f"CPU: {m['cpu']}", f"GPU: {m.get('gpu') or 'none'}", f"OS: {m.get('os')}",
+            f"cores {m.get('cores')}, torch threads {m.get('threads')}",
+            f"load average at start {report.get('load_avg_start')}, at end {report.get('load_avg_end')} "
+            "(1, 5, 15 min): above the core count, other jobs shared the machine",
+            "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items())]
 
 
 def write(folder: Path, report: dict) -> str:
     plots = write_plots(folder, report)
     md = markdown(report, plots)
     (folder / "report.md").write_text(md)
+    (folder / "report.html").write_text(html_page(report))
     return table(report)
+
+
+# --- report.html: one file, nothing fetched --------------------------------------------------------------
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#222}
+table{border-collapse:collapse;width:100%;margin:12px 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;
+vertical-align:top}th{background:#f3f3f3}code{background:#f4f4f4;padding:0 3px;font-size:12px}
+figure{margin:16px 0}"""
+
+
+def _inline(text: str) -> str:
+    """The table's Markdown marks (**bold**, `code`) as HTML, everything else escaped."""
+    out = html.escape(text, quote=False)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", out)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
+
+
+def html_page(report: dict) -> str:
+    """report.md's content as one HTML page: its plots inline (SVG), no script, no link, no fetch."""
+    esc = html.escape
+    rows = "".join(f"<tr><td>{esc(s['what'])}</td><td>{_inline(step_line(s))}</td>"
+                   f"<td><code>{esc(s['command'].replace(' --json', ''))}</code></td></tr>" for s in report["steps"])
+    figures = "".join(f"<figure>{svg}</figure>" for svg in plots(report).values())
+    steps = "".join(f"<li><strong>{esc(s['name'])}</strong> ({s['seconds']} s, exit {s['rc']}): "
+                    f"<code>{esc(s['command'])}</code>; output: <code>{esc(s['log'])}</code></li>" for s in report["steps"])
+    machine = machine_lines(report)
+    title = f"Latency Lab report, {report['started'][:10]}"
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+            f"<style>{STYLE}</style></head><body>\n<h1>{esc(title)}</h1>\n<p>{_inline(header(report))}</p>\n"
+            f"<table><tr><th>what</th><th>result</th><th>command</th></tr>{rows}</table>\n{figures}\n"
+            f"<h2>Each step</h2><ul>{steps}</ul>\n<h2>Machine and versions</h2><ul>"
+            + "".join(f"<li>{esc(line)}</li>" for line in machine) + "</ul>\n</body></html>\n")
 
 
 def rewrite_readme(path: Path, report: dict, begin: str, end: str) -> None:
@@ -186,7 +223,15 @@ def bars_svg(title: str, labels: list[str], series: dict[str, list[float | None]
 
 def write_plots(folder: Path, report: dict) -> list[str]:
     (folder / "plots").mkdir(exist_ok=True)
-    written = []
+    drawn = plots(report)
+    for name, svg in drawn.items():
+        (folder / "plots" / name).write_text(svg)
+    return list(drawn)
+
+
+def plots(report: dict) -> dict[str, str]:
+    """{file name: SVG} of each step that has a plot."""
+    written = {}
     for s in report["steps"]:
         r = s.get("result") or {}
         if s["name"].startswith("bandwidth") and r.get("variants"):
@@ -206,8 +251,7 @@ def write_plots(folder: Path, report: dict) -> list[str]:
                            "GB/s")
         else:
             continue
-        (folder / "plots" / f"{s['name']}.svg").write_text(svg)
-        written.append(f"{s['name']}.svg")
+        written[f"{s['name']}.svg"] = svg
     return written
 
 

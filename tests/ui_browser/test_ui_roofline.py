@@ -44,7 +44,7 @@ def test_a_reply_shows_its_prefill_rate_context_and_roofline_bars(page_server, m
     page = browser_page
     open_page(page, page_server)
     assert "machine limits" in page.inner_text("#lab-limits")
-    assert page.locator("#lab-report-link").get_attribute("href") == "/lab/report"  # the newest latency-lab report
+    assert page.locator("#lab-report-link").get_attribute("href") == "/lab/report.html"  # the newest report
     send(page, "Name three colors.")
     row = page.evaluate("() => window.lab.panes.chat.runs.at(-1).row")
     assert row["prefill_tps"] > 0 and row["context_tokens"] == row["prompt_tokens"] + row["output_tokens"]
