@@ -242,6 +242,22 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("connection_reused", "connection reused", "", "",
        "true when the request opened no connection (a kept-alive one served it: no DNS, connect or TLS)",
        better=""),
+    # KV reuse under load (server/load/reuse.py): multi-turn conversations with think time, per load level.
+    _M("think_time_s", "think time", "s", "a client's reply ended",
+       "it sends its conversation's next turn (drawn per turn from the run's distribution, around its mean)",
+       better=""),
+    _M("kv_budget_mb", "KV budget", "MB", "", "the prefix cache's budget during the run (MiB)", better=""),
+    _M("follow_up_reuse_rate", "history reused", "%", "",
+       "follow-up turns (KV reuse on, in a session) whose cached tokens cover the previous turn's prompt, all but "
+       "its last token (their conversation's KV survived the think time), / such follow-up turns", better="higher"),
+    _M("prefix_hit_rate", "prefix-cache hit rate", "%", "",
+       "prompt tokens served from the prefix cache / prompt tokens looked up during the level (vLLM's definition; "
+       "the chat template's shared preamble counts)", better="higher"),
+    _M("kv_evictions", "evictions", "", "",
+       "entries the prefix cache evicted (least recently used first) to make room during the level", better="lower"),
+    _M("follow_up_ttft_ratio", "follow-up / first-turn TTFT", "ratio", "",
+       "p50 server TTFT of follow-up turns / p50 of first turns: near 1 while reuse holds (only new tokens are "
+       "prefilled), growing with the history once it collapses (the whole history prefilled again)"),
 ]}
 
 

@@ -220,6 +220,23 @@ class PrefixCache:
             self._counts["inserts"] += 1
             return True
 
+    def set_budget(self, budget_mb: float, source: str) -> tuple[float, str]:
+        """A new budget, at once: least-recently-used unpinned entries go until it holds (pinned ones
+        stay until released; inserts then evict). Returns the old (MiB, source), to put it back: a
+        load run's KV budget knob (server/load/reuse.py)."""
+        if budget_mb < 0:
+            raise ValueError(f"the KV cache budget must be >= 0 MiB, not {budget_mb}")
+        with self._lock:
+            old = (self.budget_bytes / 2**20, self.budget_source)
+            self.budget_bytes, self.budget_source = int(budget_mb * 2**20), source
+            for victim in sorted((e for b in self._entries.values() for e in b if e.pins == 0),
+                                 key=lambda e: e.last_used):
+                if self._bytes <= self.budget_bytes:
+                    break
+                self._remove(victim)
+                self._counts["evictions"] += 1
+            return old
+
     def _make_room(self, size: int) -> bool:
         """Evict least-recently-used unpinned entries until `size` more bytes fit (caller holds the lock)."""
         if size > self.budget_bytes:

@@ -20,6 +20,11 @@ Figures per level (server `timings`, the glossary's): p50/p90/p99 of `queue_ms`,
 time. fp32 by default: greedy output with KV reuse equals output without only in fp32 (docs/engine.md,
 "Exactness"); in bf16 a reused prefix can change a near-tie and would show as a mismatch.
 
+KV reuse under load (`--turns`, `--think-time`, `--think-dist`, `--kv-budgets`, `--reuse-only`;
+server/load/reuse.py): conversations of N turns with user think time between them, every level once
+per prefix-cache budget; per level the cache's hit rate and evictions and follow-up turns' TTFT
+against first turns', and one sentence naming the load or budget at which reuse collapses.
+
 Here: the flags, and the figures printed. The load itself (pool and judge, clients, the run loop,
 the engines it serves, the figures): the server/load package, which the page's Load tab runs too.
 """
@@ -37,6 +42,7 @@ from server.load.figures import (
     totals_line,
     trade_off,
 )
+from server.load.reuse import DISTRIBUTIONS, ThinkTime, collapse_sentence, reuse_table
 from server.load.scenario import LoadSettings, run_one, run_side_by_side
 
 LEVELS = (1, 2, 4, 8, 16)
@@ -64,6 +70,16 @@ def add_args(p):
     p.add_argument("--compare-max-batch", default=None, metavar="N,M",
                    help="run the whole load once per --max-batch value, side by side in this process "
                         "(e.g. 1,8), and print the throughput/latency trade-off between them")
+    g = p.add_argument_group("KV reuse under load (closed loop; server/load/reuse.py)")
+    g.add_argument("--turns", type=int, default=2, help="turns per conversation (each follow-up extends its history)")
+    g.add_argument("--think-time", type=float, default=0.0, metavar="S",
+                   help="mean seconds a client thinks between a reply and its conversation's next turn")
+    g.add_argument("--think-dist", choices=DISTRIBUTIONS, default="exponential",
+                   help="how think times spread around their mean (seeded by --seed)")
+    g.add_argument("--kv-budgets", default=None, metavar="MB,MB",
+                   help="run every level once per prefix-cache budget in MiB (e.g. 4,16,64); default: --kv-cache-mb")
+    g.add_argument("--reuse-only", action="store_true",
+                   help="every conversation greedy with KV reuse in a session (no toggle mix): the reuse study's pool")
     load_open.add_args(p)
 
 
@@ -77,11 +93,17 @@ def run(args, out):
     if args.duration is None:
         args.duration = CLOSED_DURATION_S
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
-    settings = LoadSettings(**{f.name: getattr(args, f.name) for f in fields(LoadSettings)})
+    settings = load_settings(args)
     if not args.compare_max_batch:
         result = run_one(load_model(args), settings, levels, args.max_batch, out)
         print_one(result, out)
+        if reuse_study(args):
+            out(reuse_table(result["rows"]))
+            result["reuse_sentence"] = collapse_sentence(result["rows"])
+            out(result["reuse_sentence"])
         return result
+    if settings.kv_budgets:
+        raise SystemExit("--kv-budgets and --compare-max-batch each run the whole load several times: give one")
     batches = [int(x) for x in args.compare_max_batch.split(",") if x.strip()]
     by_batch = run_side_by_side(load_model(args), settings, levels, batches, out)
     for mb, r in by_batch.items():
@@ -101,9 +123,30 @@ def run(args, out):
             "ok": all(v["ok"] for v in by_batch.values()), "ratio": rows[-1]["tok_per_s_ratio"]}
 
 
+def load_settings(args) -> LoadSettings:
+    """The flags → LoadSettings; a bad knob is a clear error, not a traceback."""
+    given = {f.name: getattr(args, f.name) for f in fields(LoadSettings) if hasattr(args, f.name)}
+    try:
+        budgets = tuple(float(x) for x in (args.kv_budgets or "").split(",") if x.strip())
+        think = ThinkTime(args.think_time, args.think_dist, args.seed) if args.think_time else None
+    except ValueError as exc:
+        raise SystemExit(f"--kv-budgets / --think-time: {exc}") from None
+    if args.turns < 1 or any(b < 0 for b in budgets):
+        raise SystemExit("--turns must be at least 1 and --kv-budgets at least 0 MiB each")
+    return LoadSettings(**{**given, "think": think, "kv_budgets": budgets})
+
+
+def reuse_study(args) -> bool:
+    return bool(args.kv_budgets or args.think_time or args.turns > 2 or args.reuse_only)
+
+
 def print_one(result: dict, out) -> None:
-    """One engine's load: its table, the judge's totals, memory run over run."""
-    out(table(result["rows"]))
+    """One engine's load: its table (one per KV budget), the judge's totals, memory run over run."""
+    budgets = list(dict.fromkeys(r.get("kv_budget_mb") for r in result["rows"]))
+    for mb in budgets:
+        if len(budgets) > 1:
+            out(f"KV budget {mb:g} MiB:")
+        out(table([r for r in result["rows"] if r.get("kv_budget_mb") == mb]))
     out(totals_line(result["totals"]) + f"; 5xx counted by the server {result['server_5xx']}; worker left busy "
         f"{result['stuck_workers']} times")
     out(f"memory: RSS settled per run {[r['rss_mb_settled'] for r in result['runs']]} MiB (growth "

@@ -4,9 +4,11 @@ judged against the same request alone. `python -m server.bench load` runs it fro
 (server/bench/load.py: the flags and the printout); the page's Load tab runs it too (ui/load/).
 
 Module map, in the order a load runs:
-    pool.py      the two-turn conversations (mixed toggles), their references (each request alone,
-                 in-process, first) and the judge (exact, differs, cancelled, lost, crossed,
+    pool.py      the conversations (two turns, or N; mixed toggles), their references (each request
+                 alone, in-process, first) and the judge (exact, differs, cancelled, lost, crossed,
                  mismatched, stuck); one request streamed (`one_request`)
+    reuse.py     KV reuse under load: think time between turns, the KV budget knob, per level the
+                 prefix cache's hit rate and evictions, follow-up vs first-turn TTFT, the sentence
     clients.py   `drive`: the clients on an event loop; `drive_elsewhere`: the same in a child process
                  (`python -m server.load.clients`), as real clients are
     drive.py     `run_load`: every level, `repeat` times, the worker idle after each, memory sampled

@@ -23,16 +23,18 @@ import time
 from dataclasses import asdict
 
 from .pool import Result, ScriptedConversation, Turn, judge, one_request
+from .reuse import ThinkTime
 
 CHILD = "server.load.clients"  # this module, as `drive_elsewhere` runs it in a process of its own
 
 
 async def drive(url: str, pool: list[ScriptedConversation], clients: int, duration: float, max_requests: int,
                 cancel_every: int, deadline: float, api_key: str | None = None, headers: dict | None = None,
-                on_result=None) -> tuple[list[Result], float]:
+                on_result=None, think: ThinkTime | None = None) -> tuple[list[Result], float]:
     """`clients` clients play conversations until `duration` is up (then finish what they sent).
     `headers`: sent with every request (the page forwards its own auth); `on_result(result)`: called
-    as each request is judged (the page's live plots)."""
+    as each request is judged (the page's live plots); `think`: the pause between a reply's end and
+    its conversation's next turn (server/load/reuse.py; none before a conversation's first turn)."""
     import httpx
 
     references = {t.key: t.ref_text for c in pool for t in c.turns}
@@ -48,6 +50,7 @@ async def drive(url: str, pool: list[ScriptedConversation], clients: int, durati
         async def client(c: int) -> None:
             nonlocal sent
             i = 0
+            rng = think.rng(c) if think is not None else None
             while time.perf_counter() < end and sent < max_requests:
                 conv = pool[(c + i * clients) % len(pool)]
                 i += 1
@@ -55,7 +58,10 @@ async def drive(url: str, pool: list[ScriptedConversation], clients: int, durati
                 if conv.with_session:
                     resp = await http.post(url + "/v1/sessions")
                     session = resp.json()["id"]
-                for turn in conv.turns:
+                for j, turn in enumerate(conv.turns):
+                    pause = think.draw(rng) if think is not None and j else None
+                    if pause:
+                        await asyncio.sleep(pause)
                     if sent >= max_requests:
                         return
                     sent += 1
@@ -63,6 +69,7 @@ async def drive(url: str, pool: list[ScriptedConversation], clients: int, durati
                     if cancel_every and sent % cancel_every == 0:
                         cancel = "queued" if (sent // cancel_every) % 2 else "midway"
                     r = await one_request(http, url, turn, session, cancel, deadline, clients)
+                    r.think_s = pause
                     r.outcome = judge(r, turn, references)
                     results.append(r)
                     if on_result is not None:
@@ -74,12 +81,13 @@ async def drive(url: str, pool: list[ScriptedConversation], clients: int, durati
 
 def drive_elsewhere(url: str, pool: list[ScriptedConversation], clients: int, duration: float, max_requests: int,
                     cancel_every: int, deadline: float, api_key: str | None = None, headers: dict | None = None,
-                    on_result=None, stop: threading.Event | None = None) -> tuple[list[Result], float]:
+                    on_result=None, stop: threading.Event | None = None,
+                    think: ThinkTime | None = None) -> tuple[list[Result], float]:
     """`drive` with the same arguments, run by a child process. `stop`: set it to end the
     run early (the child is killed; its open streams close, so the server cancels their generations)."""
     spec = {"mode": "closed", "url": url, "pool": [asdict(c) for c in pool], "clients": clients,
             "duration": duration, "max_requests": max_requests, "cancel_every": cancel_every, "deadline": deadline,
-            "api_key": api_key, "headers": headers or {}}
+            "api_key": api_key, "headers": headers or {}, "think": think.to_dict() if think is not None else None}
     return run_child(spec, on_result, stop)
 
 
@@ -147,8 +155,10 @@ def main() -> None:
                          spec["api_key"], spec["headers"], on_result=on_result, probe=probe,
                          probe_at=spec.get("probe_at"))
     else:
+        think = ThinkTime(**spec["think"]) if spec.get("think") else None
         run = drive(spec["url"], _pool(spec["pool"]), spec["clients"], spec["duration"], spec["max_requests"],
-                    spec["cancel_every"], spec["deadline"], spec["api_key"], spec["headers"], on_result=on_result)
+                    spec["cancel_every"], spec["deadline"], spec["api_key"], spec["headers"], on_result=on_result,
+                    think=think)
     _, wall = asyncio.run(run)
     print(json.dumps({"wall": wall}), flush=True)
 

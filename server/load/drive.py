@@ -11,6 +11,7 @@ import time
 from .clients import drive_elsewhere
 from .figures import BAD, COMPLETE, level_row
 from .pool import Result, ScriptedConversation
+from .reuse import ThinkTime, cache_counts, cache_figures, counts_diff, kv_budget, reuse_figures
 
 # RSS besides the KV cache may grow this much from the first run to the last (allocator noise is far
 # less: docs/reliability.md); a leak of each request's KV (~3 MB fp32 x ~20 requests a run) is far more.
@@ -90,19 +91,35 @@ def wait_idle(engine, timeout: float = 30.0) -> bool:
 
 def run_load(engine, url: str, pool: list[ScriptedConversation], levels, *, duration: float, max_requests: int,
              cancel_every: int, deadline: float, repeat: int, sampler: MemorySampler, out=print,
-             api_key: str | None = None) -> dict:
+             api_key: str | None = None, think: ThinkTime | None = None, kv_budget_mb: float | None = None) -> dict:
     """Every level, `repeat` times; rows per level (all runs pooled), counts, memory run over run. The
-    clients run in a process of their own (clients.py), as real clients do."""
+    clients run in a process of their own (clients.py), as real clients do. `think`: the clients' pause
+    between turns; `kv_budget_mb`: the prefix cache's budget for the run (reuse.py); each row has the
+    level's KV reuse figures (follow-up vs first turns, the cache's hit rate and evictions)."""
+    with kv_budget(engine, kv_budget_mb):
+        return _run_load(engine, url, pool, levels, duration, max_requests, cancel_every, deadline, repeat, sampler,
+                         out, api_key, think)
+
+
+def _run_load(engine, url, pool, levels, duration, max_requests, cancel_every, deadline, repeat, sampler, out,
+              api_key, think) -> dict:
     by_level: dict[int, list[tuple[list[Result], float]]] = {n: [] for n in levels}
+    cache: dict[int, dict | None] = dict.fromkeys(levels)  # the prefix cache's counts over each level
+    kv_peak: dict[int, int] = dict.fromkeys(levels, 0)  # ...and its peak bytes
+    first_sample = len(sampler.samples)  # this load's samples only (several loads may share a sampler)
     runs, stuck_workers, server_errors = [], 0, 0
     for run_i in range(repeat):
         sampler.phase = f"run{run_i + 1}"
         for n in levels:
-            errors_before = server_5xx(url)
-            results, wall = drive_elsewhere(url, pool, n, duration, max_requests, cancel_every, deadline, api_key)
+            at = len(sampler.samples)
+            errors_before, counts_before = server_5xx(url), cache_counts(engine)
+            results, wall = drive_elsewhere(url, pool, n, duration, max_requests, cancel_every, deadline, api_key,
+                                            think=think)
             if not wait_idle(engine):
                 stuck_workers += 1
             server_errors += server_5xx(url) - errors_before
+            cache[n] = counts_diff(counts_before, cache_counts(engine), cache[n])
+            kv_peak[n] = max([kv_peak[n], *(sample[2] for sample in sampler.samples[at:])])
             by_level[n].append((results, wall))
             row = level_row(n, results, wall)
             out(f"run {run_i + 1}, {n:>2} clients: {row['requests']} requests, {row['exact']} exact, "
@@ -113,13 +130,19 @@ def run_load(engine, url: str, pool: list[ScriptedConversation], levels, *, dura
         runs.append({"run": run_i + 1, "rss_mb_settled": round(rss / 2**20, 1), "kv_cache_mb": round(kv / 2**20, 1),
                      "rss_mb_besides_kv_cache": round((rss - kv) / 2**20, 1)})
     rows = []
+    budget = getattr(getattr(engine, "prefix_cache", None), "budget_bytes", None)
     for n in levels:
         results = [r for rs, _ in by_level[n] for r in rs]
-        rows.append(level_row(n, results, sum(w for _, w in by_level[n])))
+        row = level_row(n, results, sum(w for _, w in by_level[n]))
+        row.update(cache_figures(cache[n], kv_peak[n] if cache[n] is not None else None, budget),
+                   **reuse_figures(results, pool))
+        pauses = [r.think_s for r in results if r.think_s is not None]
+        row["think_time_s_mean"] = round(sum(pauses) / len(pauses), 2) if pauses else None
+        rows.append(row)
     totals = {k: sum(row[k] for row in rows) for k in ("requests", *COMPLETE, "cancelled", "429", "4xx", *BAD)}
-    budget = getattr(getattr(engine, "prefix_cache", None), "budget_bytes", None)
-    kv_max = max((s[2] for s in sampler.samples), default=0)
-    rss = [s[1] for s in sampler.samples if s[0].startswith("run")]
+    mine = sampler.samples[first_sample:]
+    kv_max = max((s[2] for s in mine), default=0)
+    rss = [s[1] for s in mine if s[0].startswith("run")]
     def growth(key):  # last run vs first: a leak grows every run; the KV cache grows only up to its budget
         return round(runs[-1][key] - runs[0][key], 1) if len(runs) > 1 else None
 

@@ -1,5 +1,5 @@
-"""The load's conversations and their judge: a fixed pool of two-turn conversations with mixed
-toggles, each turn's reference reply (the same request alone, first), and the verdict on a reply
+"""The load's conversations and their judge: a fixed pool of conversations (two turns, or --turns)
+with mixed toggles, each turn's reference reply (the same request alone, first), and the verdict on a reply
 streamed under load (exact, a cancelled prefix, crossed with another's, mismatched or, where the
 server does not promise exact replies, differs, lost, stuck). clients.py drives the pool through the API."""
 
@@ -25,6 +25,11 @@ PROMPTS = [
     ("What do bees make?", "How do they make it?"),
     ("Say hello in Spanish.", "Now in German."),
 ]
+
+# Turns 3 and on of a longer conversation (--turns): short follow-ups, so each turn adds a little to a
+# history the prefix cache either still holds or must prefill again.
+FOLLOW_UPS = ("Tell me more.", "Give an example.", "Say it in fewer words.", "Why is that?", "Anything else?",
+              "Sum it up in one line.")
 
 
 # --- the pool and its references ---------------------------------------------------------------
@@ -61,13 +66,18 @@ def offered_toggles(engine, probe_tokens: int = 8, variants: str = "auto") -> di
     return offers
 
 
-def build_pool(conversations: int, max_new_tokens: int, offers: dict) -> list[ScriptedConversation]:
-    """Conversations with mixed toggles, cycling: reuse on + session, reuse off + session, seeded
-    sampling + reuse + session, reuse on without a session, then speculation / a quantized variant."""
-    kinds = ["reuse", "no_reuse", "sampled", "no_session"]
-    if offers.get("speculative"):
+def build_pool(conversations: int, max_new_tokens: int, offers: dict, turns: int = 2,
+               reuse_only: bool = False) -> list[ScriptedConversation]:
+    """Conversations of `turns` turns with mixed toggles, cycling: reuse on + session, reuse off +
+    session, seeded sampling + reuse + session, reuse on without a session, then speculation / a
+    quantized variant. `reuse_only`: every conversation greedy with KV reuse in a session (a study
+    of KV reuse under load, server/load/reuse.py)."""
+    if turns < 1:
+        raise ValueError("a conversation has at least 1 turn")
+    kinds = ["reuse", "no_reuse", "sampled", "no_session"] if not reuse_only else ["reuse"]
+    if offers.get("speculative") and not reuse_only:
         kinds.append("speculative")
-    if offers.get("quantization"):
+    if offers.get("quantization") and not reuse_only:
         kinds.append("quantized")
     pool = []
     for i in range(conversations):
@@ -83,8 +93,9 @@ def build_pool(conversations: int, max_new_tokens: int, offers: dict) -> list[Sc
         if kind == "quantized":  # alone, unshared: exactness across reuse is an fp32 promise only
             body.update(quantization=offers["quantization"], kv_reuse=False)
         conv = ScriptedConversation(i, with_session=kind not in ("no_session", "quantized"))
-        conv.turns.append(Turn(f"c{i}t1", {**body, "messages": [{"role": "user", "content": first}]}))
-        conv.turns.append(Turn(f"c{i}t2", {**body, "messages": [{"role": "user", "content": second}]}))
+        texts = [first, second, *(FOLLOW_UPS[(i + j) % len(FOLLOW_UPS)] for j in range(turns - 2))][:turns]
+        for j, text in enumerate(texts):
+            conv.turns.append(Turn(f"c{i}t{j + 1}", {**body, "messages": [{"role": "user", "content": text}]}))
         pool.append(conv)
     return pool
 
@@ -129,6 +140,7 @@ class Result:
     output_tokens: int | None = None  # usage.completion_tokens, else the server's timings
     prompt_tokens: int | None = None  # usage.prompt_tokens
     sent_s: float | None = None  # open loop: when it was sent, seconds after the level started
+    think_s: float | None = None  # closed loop with think time: the client's pause before this turn
 
 
 async def one_request(http, url: str, turn: Turn, session: str | None, cancel: str | None, deadline: float,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .drive import MemorySampler, run_load
 from .figures import failures, merge_rows
 from .pool import build_pool, compute_references, offered_toggles
+from .reuse import ThinkTime
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class LoadSettings:
     shared_prefix_cache: bool
     mix_quantization: str = "auto"  # auto, a variant name, or none
     mix_speculative: str = "auto"  # auto or none
+    turns: int = 2  # turns per conversation
+    reuse_only: bool = False  # every conversation greedy with KV reuse in a session (reuse.py)
+    think: ThinkTime | None = None  # the clients' pause between turns
+    kv_budgets: tuple[float, ...] = ()  # run every level once per prefix-cache budget (MiB); (): the engine's own
 
 
 def _engine(loaded, s: LoadSettings, max_batch: int):
@@ -45,7 +50,7 @@ def _pool(engine, s: LoadSettings) -> tuple[list, dict]:
     offers = offered_toggles(engine, variants=s.mix_quantization)
     if s.mix_speculative == "none":
         offers["speculative"] = None
-    return build_pool(s.conversations, s.max_new_tokens, offers), offers
+    return build_pool(s.conversations, s.max_new_tokens, offers, s.turns, s.reuse_only), offers
 
 
 def run_one(loaded, s: LoadSettings, levels, max_batch: int, out) -> dict:
@@ -64,9 +69,14 @@ def run_one(loaded, s: LoadSettings, levels, max_batch: int, out) -> dict:
             out(f"{engine.info().name} ({engine.info().dtype}) on {url}: {len(pool)} conversations, "
                 f"references in {time.perf_counter() - t0:.1f} s ({len(set(refs))} distinct of {len(refs)}); "
                 f"offered: {offers}")
-            result = run_load(engine, url, pool, levels, duration=s.duration, max_requests=s.max_requests,
-                              cancel_every=s.cancel_every, deadline=s.deadline, repeat=s.repeat,
-                              sampler=sampler, out=out)
+            parts = []
+            for mb in s.kv_budgets or (None,):  # one load per KV budget, the same engine and pool
+                if mb is not None:
+                    out(f"KV budget {mb:g} MiB:")
+                parts.append(run_load(engine, url, pool, levels, duration=s.duration, max_requests=s.max_requests,
+                                      cancel_every=s.cancel_every, deadline=s.deadline, repeat=s.repeat,
+                                      sampler=sampler, out=out, think=s.think, kv_budget_mb=mb))
+            result = merge_loads(parts)
     finally:
         engine.close()
     bad = failures(result["totals"], result["stuck_workers"], result["server_5xx"], s.max_queue is not None)
@@ -75,6 +85,22 @@ def run_one(loaded, s: LoadSettings, levels, max_batch: int, out) -> dict:
             "distinct_references": len(set(refs)), "references": len(refs),
             "ok": bad == 0 and result["kv_within_budget"] and result["memory_ok"],
             "ratio": None}
+
+
+def merge_loads(parts: list[dict]) -> dict:
+    """Loads of the same levels at several KV budgets as one: every budget's rows (each names its
+    `kv_budget_mb`), counts added, every check kept; memory run over run is the first load's."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = {**parts[0], "rows": [row for p in parts for row in p["rows"]]}
+    merged["totals"] = {k: sum(p["totals"][k] for p in parts) for k in parts[0]["totals"]}
+    for k in ("stuck_workers", "server_5xx"):
+        merged[k] = sum(p[k] for p in parts)
+    for k in ("memory_ok", "kv_within_budget"):
+        merged[k] = all(p[k] for p in parts)
+    merged["kv_bytes_max"] = max(p["kv_bytes_max"] for p in parts)
+    merged["kv_budget_bytes"] = max((p["kv_budget_bytes"] or 0) for p in parts) or None
+    return merged
 
 
 def run_side_by_side(loaded, s: LoadSettings, levels, batches, out) -> dict:
@@ -104,7 +130,7 @@ def run_side_by_side(loaded, s: LoadSettings, levels, batches, out) -> dict:
                     engine, url, pool, sampler, _, _ = setups[mb]
                     parts[mb].append(run_load(engine, url, pool, (n,), duration=s.duration,
                                               max_requests=s.max_requests, cancel_every=s.cancel_every,
-                                              deadline=s.deadline, repeat=1, sampler=sampler,
+                                              deadline=s.deadline, repeat=1, sampler=sampler, think=s.think,
                                               out=lambda line, mb=mb: out(f"max batch {mb}, {line}")))
         by_batch = {}
         for mb in batches:
