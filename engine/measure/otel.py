@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from . import clock
+from engine.core import clock
 from .trace import network_phase_spans, server_spans
 
 EPOCH_MINUS_PERF_NS = time.time_ns() - clock.now_ns()  # once per process: one clock
