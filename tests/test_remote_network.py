@@ -142,3 +142,10 @@ def test_our_api_serving_a_remote_backend_puts_the_phases_in_timings(https_port,
     assert timings[0]["connection_reused"] is False and timings[0]["net_tls_ms"] is not None
     assert timings[1]["connection_reused"] is True and timings[1]["net_tls_ms"] is None
     assert timings[1]["net_headers_ms"] is not None
+
+
+def test_every_network_figure_is_in_the_glossary():
+    from ui.glossary import METRICS
+
+    for name in (*OPENING, "net_send_ms", "net_headers_ms", "connection_reused"):
+        assert METRICS[name].end, name

@@ -150,3 +150,21 @@ def test_perceived_thinking_reads_the_paint_log():
     assert figures == {"client_ttft_thought_ms": 120.0, "client_thinking_ms": 30.0, "client_ttfa_ms": 190.0}
     assert perceived_thinking("Yes.", [4], [None]) == {"client_ttft_thought_ms": None, "client_thinking_ms": None,
                                                        "client_ttfa_ms": None}
+
+
+def test_the_local_engine_stamps_its_first_answer_token(bundled_engine):
+    """The engine's chunks pass the same scanner: a reply with no thought answers at its first visible token."""
+    tl = bundled_engine.complete(ask("What is the capital of France?"),
+                                 GenerationConfig(temperature=0.0, max_new_tokens=8)).timeline
+    assert tl.answer_first_ns == tl.token_ns[0] and tl.ttfa_ms == tl.ttft_ms
+    assert tl.thought_first_ns is None and tl.thinking_ms is None
+
+
+def test_every_thinking_figure_is_in_the_glossary():
+    from ui.glossary import METRICS
+
+    for name in ("ttft_thought_ms", "thinking_ms", "ttfa_ms", "thought_tokens", "thought_source",
+                 "client_ttft_thought_ms", "client_thinking_ms", "client_ttfa_ms"):
+        assert METRICS[name].end, name
+    for name in ("client_ttft_thought_ms", "client_thinking_ms", "client_ttfa_ms"):
+        assert METRICS[name].clock == "browser"

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 class Metric:
     name: str
     label: str
-    unit: str  # ms | tok | tok/s | % | MB | ratio | TFLOP/s | GB/s | ""
+    unit: str  # ms | s | tok | tok/s | req/s | % | MB | ratio | TFLOP/s | GB/s | ""
     start: str  # start event ("" for counts)
     end: str  # end event, or what is counted
     clock: str = "server"  # server | browser | both (a difference of two intervals) | estimated
@@ -255,6 +255,13 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "the chat template's shared preamble counts)", better="higher"),
     _M("kv_evictions", "evictions", "", "",
        "entries the prefix cache evicted (least recently used first) to make room during the level", better="lower"),
+    _M("kv_rejected", "refused", "", "",
+       "entries the prefix cache could not keep during the level (larger than its budget, or the room held by "
+       "running requests)", better="lower"),
+    _M("kv_peak_mb", "KV peak", "MB", "", "the prefix cache's largest size sampled during the level (MiB, every "
+       "0.25 s)", better=""),
+    _M("follow_ups", "follow-ups", "", "", "follow-up turns (turn 2 and on) completed in the level, in conversations "
+       "that can reuse (KV reuse on, in a session)", better=""),
     _M("follow_up_ttft_ratio", "follow-up / first-turn TTFT", "ratio", "",
        "p50 server TTFT of follow-up turns / p50 of first turns: near 1 while reuse holds (only new tokens are "
        "prefilled), growing with the history once it collapses (the whole history prefilled again)"),
