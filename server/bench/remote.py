@@ -7,7 +7,9 @@ returns (ours: the glossary's `timings`). `transport_overhead_ms` = client ttft 
 Without --base-url the bench serves the local model itself, through our API on a free loopback
 port, and measures that: the difference is then the cost of HTTP + SSE + JSON alone. It also
 runs each prompt once in-process and reports whether the text through the API is `identical`.
-`ratio` = client ttft / server ttft (medians).
+`ratio` = client ttft / server ttft (medians). Each request's network phases too (DNS, connect, TLS,
+request sent, response headers: engine/remote/network.py): the warm-up request's, which opens the
+connection, and how many of the measured ones rode it kept alive.
 """
 
 from __future__ import annotations
@@ -53,11 +55,16 @@ def run(args, out):
             raise InvalidRequest("--base-url needs --remote-model NAME", "remote_model")
         else:
             base_url, model = args.base_url, args.remote_model
-        remote = RemoteEngine(base_url, model, api_key=args.remote_api_key)
+        # self-hosted: ours speaks OpenAI's dialect, so no Ollama probe opens the connection before the warm-up
+        remote = RemoteEngine(base_url, model, api_key=args.remote_api_key,
+                              dialect="openai" if local is not None else "auto")
         stack.callback(remote.close)
         out(f"{model} at {base_url}: {len(prompts)} prompts x {args.runs} runs, greedy, "
             f"{args.max_new_tokens} new tokens")
-        remote.complete(prompts[0], gen)  # warm-up: connection, first-run allocations
+        warm = remote.complete(prompts[0], gen).timeline.counters  # warm-up: connection, first-run allocations
+        opening = {k: warm.get(k) for k in NETWORK}
+        out("first request's network phases (a connection opened, unless the dialect probe opened it): "
+            + ", ".join(f"{k} {_ms(v)}" for k, v in opening.items()))
 
         rows, texts = [], {}
         for run_i in range(args.runs):
@@ -69,7 +76,8 @@ def run(args, out):
                        "transport_overhead_ms": c.get("transport_overhead_ms"),
                        "client_itl_p50_ms": tl.metrics()["itl_p50_ms"], "client_e2e_ms": tl.e2e_ms,
                        "server_e2e_ms": server.get("e2e_ms"), "client_decode_tps": tl.decode_tps,
-                       "chunks": c.get("chunks"), "completion_tokens": c.get("completion_tokens")}
+                       "chunks": c.get("chunks"), "completion_tokens": c.get("completion_tokens"),
+                       **{k: c.get(k) for k in NETWORK}}
                 rows.append(row)
                 texts.setdefault(i, set()).add(done.text)
                 out(f"run {run_i} prompt {i}: " + " | ".join(
@@ -89,6 +97,9 @@ def run(args, out):
               **{f"{k}_p50": med(k) for k in ("client_ttft_ms", "server_ttft_ms", "transport_overhead_ms",
                                                "client_itl_p50_ms", "client_e2e_ms", "server_e2e_ms",
                                                "client_decode_tps")},
+              **{f"{k}_p50": med(k) for k in ("net_send_ms", "net_headers_ms")},
+              "first_request_network": opening,
+              "connections_reused": sum(r["connection_reused"] is True for r in rows),
               "transport_overhead_ms_min": min(overheads) if overheads else None,
               "transport_overhead_ms_max": max(overheads) if overheads else None,
               "identical": identical}
@@ -96,4 +107,14 @@ def run(args, out):
     result["ratio"] = round(c / s, 3) if c and s else None
     out(f"client ttft p50 {c} ms vs server ttft p50 {s} ms; transport overhead p50 "
         f"{result['transport_overhead_ms_p50']} ms; identical {identical}")
+    out(f"{result['connections_reused']} of {len(rows)} requests rode a kept-alive connection; request sent p50 "
+        f"{_ms(result['net_send_ms_p50'])}, response headers p50 {_ms(result['net_headers_ms_p50'])}")
     return result
+
+
+# a remote request's network phases (engine/remote/network.py; null where the phase did not run)
+NETWORK = ("net_dns_ms", "net_connect_ms", "net_tls_ms", "net_send_ms", "net_headers_ms", "connection_reused")
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else str(v) if isinstance(v, bool) else f"{v:.2f} ms"
