@@ -109,6 +109,7 @@ SLOW = {
     "test_auth.py::test_every_route_refuses_a_request_without_the_key": "every route of the whole app",
     "test_auth.py::test_with_the_key_the_routes_are_let_in": "every route of the whole app",
     "test_report.py::test_report_quick_runs_the_suite_and_writes_one_dated_folder": "five benches, each in a subprocess",
+    "test_ui_stats_aa.py::test_the_corrected_tests_alone_hold_alpha_over_thousands_of_aa_draws": "6,000 A/A tables",
 }
 # ...and every test that uses one of these fixtures (a test module's own, by name)
 SLOW_FIXTURES = {

@@ -11,6 +11,7 @@ from . import network
 from .glossary import METRICS, hover
 from .record_view import fmt, metric_label
 from .records import row
+from .stats import beyond_floors
 
 DELTA_METRICS = ["ttft_ms", "client_ttft_ms", "tpot_ms", "e2e_ms", "client_e2e_ms", "decode_tps",
                  "prefill_ms", "prefill_tps", "cached_tokens", "acceptance_rate", "weight_mb", "decode_mb_per_token",
@@ -19,14 +20,14 @@ DELTA_METRICS = ["ttft_ms", "client_ttft_ms", "tpot_ms", "e2e_ms", "client_e2e_m
                  "paint_gap_cv", "paint_gap_max_ms", "reader_wait_ms", "smoothing_hold_ms"]
 
 
-def winner(name: str, a, b, tie_ratio: float = 0.03, tie_ms: float = 1.0) -> str:
-    """The better side of a metric: A, B, tie (within ±3%, or 1 ms for times: noise on a shared
-    machine), or "" (no direction for this metric, or a figure is missing)."""
+def winner(name: str, a, b) -> str:
+    """The better side of a metric in one pair: A, B, tie (inside the metric's practical floors,
+    ui/glossary.py: one pair on a shared machine, and the same floors as every A/B verdict, ui/stats.py),
+    or "" (no direction for this metric, or a figure is missing)."""
     m = METRICS.get(name)
     if m is None or not m.better or a is None or b is None:
         return ""
-    tolerance = max(tie_ratio * max(abs(a), abs(b)), tie_ms if m.unit == "ms" else 0.0)
-    if abs(a - b) <= tolerance:
+    if not beyond_floors(name, a, b):
         return "tie"
     a_wins = a < b if m.better == "lower" else a > b
     return "A" if a_wins else "B"

@@ -9,6 +9,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+# The smallest difference worth reporting between two configs (ui/stats.py): B/A must move by at least
+# FLOOR_REL and the difference be at least the metric's absolute floor, or the A/B verdict reads "no
+# practical difference" however narrow its interval. Per unit here; a metric may declare its own.
+FLOOR_REL = 0.02
+FLOOR_ABS = {"ms": 1.0, "tok/s": 1.0, "tok": 1.0, "%": 0.01}  # 1 ms, 1 tok/s, 1 token, 1 point of a share
+_FLOOR_WORDS = {"ms": "{:g} ms for times", "tok/s": "{:g} tok/s for speeds", "tok": "{:g} token for counts",
+                "%": "{:g} point for shares"}
+
+
+def floors_line() -> str:
+    """The floors in words: "2%, and 1 ms for times, 1 tok/s for speeds, …"."""
+    return f"{100 * FLOOR_REL:g}%, and " + ", ".join(
+        _FLOOR_WORDS[u].format(100 * v if u == "%" else v) for u, v in FLOOR_ABS.items())
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -19,6 +33,15 @@ class Metric:
     end: str  # end event, or what is counted
     clock: str = "server"  # server | browser | both (a difference of two intervals) | estimated
     better: str = "lower"  # lower | higher | "" (no winner)
+    headline: bool = False  # an A/B verdict sentence names it (ui/verdict.py)
+    floor_rel: float | None = None  # None: FLOOR_REL
+    floor_abs: float | None = None  # None: FLOOR_ABS for its unit (0 where none)
+
+    @property
+    def floors(self) -> tuple[float, float]:
+        """(relative, absolute): the smallest difference between two configs worth reporting."""
+        rel = FLOOR_REL if self.floor_rel is None else self.floor_rel
+        return rel, FLOOR_ABS.get(self.unit, 0.0) if self.floor_abs is None else self.floor_abs
 
     @property
     def hover(self) -> str:
@@ -37,12 +60,13 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("queue_ms", "queue", "ms", "request enqueued", "worker starts it"),
     _M("setup_ms", "setup", "ms", "worker starts it", "prompt token ids ready and cache looked up"),
     _M("prefill_ms", "prefill", "ms", "prefill forward begins", "first token id sampled"),
-    _M("ttft_ms", "TTFT (server)", "ms", "request received by the server", "first token id sampled"),
+    _M("ttft_ms", "TTFT (server)", "ms", "request received by the server", "first token id sampled", headline=True),
     _M("decode_ms", "decode", "ms", "first token sampled", "last token sampled"),
-    _M("tpot_ms", "TPOT", "ms", "first token sampled", "last token sampled, divided by (output tokens − 1)"),
+    _M("tpot_ms", "TPOT", "ms", "first token sampled", "last token sampled, divided by (output tokens − 1)",
+       headline=True),
     _M("decode_tps", "decode speed", "tok/s", "first token sampled",
        "last token sampled: (output tokens − 1) per second", better="higher"),
-    _M("e2e_ms", "total (server)", "ms", "request received", "last chunk handed to the transport"),
+    _M("e2e_ms", "total (server)", "ms", "request received", "last chunk handed to the transport", headline=True),
     _M("itl_p50_ms", "ITL p50", "ms", "token i−1 sampled", "token i sampled (median over the reply)"),
     _M("itl_max_ms", "longest gap", "ms", "token i−1 sampled", "token i sampled (the longest gap)"),
     _M("client_ttft_ms", "TTFT (browser)", "ms", "user pressed send", "first generated text painted", "browser"),
@@ -118,16 +142,46 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "token i sampled, over decode tokens whose forward carried no prompt tokens (median)"),
     # Two configs compared over items (ui/stats.py, ui/replies.py): the Sweep and repeated A/B runs.
     _M("ab_ratio", "B / A", "ratio", "",
-       "median of B's values / median of A's, over the items both configs completed (below 1: B is lower)", better=""),
+       "each item's B over its own A, averaged in logs (a geometric mean), the A-first and the B-first items "
+       "weighted equally so an order effect cancels (below 1: B is lower)", "", better=""),
     _M("ab_ratio_ci", "95% interval", "ratio", "",
-       "the 95% confidence interval of B / A: paired bootstrap over items (scipy.stats.bootstrap, BCa, seeded, "
-       "so the same figures give the same interval)", better=""),
-    _M("ab_decision", "decision", "", "",
-       "the better side, only where the 95% interval excludes 1; otherwise 'no difference detected (n = items)'",
+       "the 95% confidence interval of B / A: a t-interval on log(B / A), order-adjusted (df = items − 2), at "
+       "every size: a bootstrap covers less often than it claims at the sizes a page runs (`python -m "
+       "ui.coverage` measures it)", "", better=""),
+    _M("ab_p_holm", "p (Holm)", "", "",
+       "the chance of a difference at least this large if A and B were the same, corrected for the table's "
+       "metrics tested at once (Holm's step-down): a side can win only where it is at most α (stated under the "
+       "table)", "",
        better=""),
+    _M("ab_decision", "decision", "", "",
+       "the better side, only where p (Holm) ≤ α and B / A moves by at least the metric's practical floors; "
+       "inside them 'no practical difference'; otherwise 'no difference detected (n = items)'", "", better=""),
     _M("items_to_detect_5pct", "items for 5%", "", "",
-       "items a paired t-test on log(B / A) needs to detect a 5% difference (α = 0.05 two-sided, 80% power, "
-       "exact noncentral t) at the spread of log(B / A) observed here", better=""),
+       "items a counterbalanced t-test on log(B / A) needs to detect a 5% difference (80% power, exact "
+       "noncentral t) at the spread of log(B / A) observed here, at α / the metrics tested (the correction's "
+       "strictest step)", "", better=""),
+    _M("practical_floor", "practical floor", "", "",
+       "the smallest difference worth reporting, declared once with the metrics (ui/glossary.py): B / A must "
+       "move by at least the relative floor and the difference be at least the absolute one (" + floors_line()
+       + "); a decided difference inside either floor reads 'no practical difference'", "",
+       better=""),
+    _M("holm_correction", "Holm correction", "", "",
+       "testing many metrics at once finds some 'difference' by chance; Holm's step-down procedure sorts the "
+       "p-values and compares the smallest with α / m, the next with α / (m − 1), …, stopping at the first that "
+       "fails, so the chance that a whole table names any false winner stays at most α", "", better=""),
+    _M("order_counterbalanced", "counterbalanced order", "", "",
+       "which config runs first alternates pair by pair (ABBA: AB, BA, BA, AB, …; in each sweep item, each "
+       "repeated A/B pair; recorded as `order` in the exports): whatever the first run of a pair warms up "
+       "(caches, the allocator) helps A and B alike; the order effect (the second run over the first) is "
+       "measured and taken out of B / A", "", better=""),
+    _M("warmup_pair", "warm-up pair", "", "",
+       "the first pair of a run (a sweep's extra first item, the first A/B pair of a prompt): shown and "
+       "exported (`warmup`), not counted, because one-time costs land in it (a weights variant built, a "
+       "compile, first-touch memory)", "", better=""),
+    _M("aa_check", "A/A check", "", "",
+       "the Sweep run with B set to A's settings: every metric should read 'no difference'. A winner there is a "
+       "false positive, so the machine or the method is too noisy to trust an A/B at that size; by design it "
+       "happens in at most α (5%) of A/A checks", "", better=""),
     _M("identical_replies", "identical replies", "", "",
        "pairs whose token ids are the same in A and B; where one differs, its first differing token. Lossless "
        "toggles (declared in engine/core/toggles.py: KV reuse, speculation, chunked prefill, the compiled step; "
