@@ -131,16 +131,18 @@ def test_join_timing_fills_the_timeline_client(paced):
         store.join_timing(s, "req-nope", {})
 
 
-def test_sweep_alternates_a_and_b_over_every_turn(paced):
+def test_sweep_counterbalances_a_and_b_over_every_turn(paced):
     store = ChatStore(paced)
     prompt_set = {"items": [{"history": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
                              "turns": ["one", "two"]}, {"turns": ["three"]}]}
     seen = []
     rows = run(run_sweep(store, prompt_set, {"max_new_tokens": 2}, {"max_new_tokens": 3},
                                  progress=lambda d, t, desc: seen.append((d, t))))
-    assert [(r["item"], r["pane"]) for r in rows] == [(1, "A"), (1, "A"), (1, "B"), (1, "B"), (2, "A"), (2, "B")]
-    assert [r["output_tokens"] for r in rows if r["pane"] == "B"] == [3, 3, 3]
-    assert seen[-1] == (6, 6)
+    # the warm-up pair (item 0: the first item again), then item 1 A first, item 2 B first (ABBA)
+    assert [(r["item"], r["pane"]) for r in rows] == [(0, "A"), (0, "A"), (0, "B"), (0, "B"), (1, "A"), (1, "A"),
+                                                      (1, "B"), (1, "B"), (2, "B"), (2, "A")]
+    assert [r["output_tokens"] for r in rows if r["pane"] == "B"] == [3, 3, 3, 3, 3]
+    assert seen[-1] == (10, 10)
     s = {row["metric"]: row for row in summary(rows)}
     assert s["output_tokens"]["A p50"] == 2 and s["output_tokens"]["B p50"] == 3
     with pytest.raises(InvalidRequest, match="config A"):

@@ -1,4 +1,4 @@
-// Latency Lab A/B tab: one prompt through pane A, then pane B, then the delta table; the teaching
+// Latency Lab A/B tab: one prompt through panes A and B (which runs first alternates), then the delta table; the teaching
 // presets (a seeded history, then their turns). Runs go through page.js's `run` (lab.internal).
 (function () {
   "use strict";
@@ -7,15 +7,30 @@
   const { run, addUser, addAssistant, settingsOf, pressed, busy, pane, errorText, ready } = lab.internal;
   const q = (sel) => document.querySelector(sel);
 
-  // A/B: the same prompt through A, then B; overlays on one time scale; then the delta table.
-  async function abTurn(prompt, sA, sB, transport, pressedAt) {
-    const sendA = pressedAt ?? performance.now();
-    addUser("A", prompt);
-    const a = await run("A", { message: prompt, settings: sA }, sendA, transport, "A");
-    const sendB = performance.now();
-    addUser("B", prompt);
-    const b = await run("B", { message: prompt, settings: sB }, sendB, transport, "B");
-    return [a, b];
+  // Which pane runs first alternates per prompt and settings (CFG.abOrder, ABBA, after CFG.abWarmup
+  // warm-up pairs run A first), so what a pair's first run warms up helps A and B alike; the server reads
+  // each pair's order from its own stamps (ui/ab_stats.py).
+  const pairsRun = new Map(); // [prompt, A's settings, B's settings] → pairs run so far in this tab
+
+  function order(prompt, sA, sB) {
+    const key = JSON.stringify([prompt, sA, sB]);
+    const k = pairsRun.get(key) || 0;
+    pairsRun.set(key, k + 1);
+    return k < CFG.abWarmup ? "AB" : CFG.abOrder[(k - CFG.abWarmup) % CFG.abOrder.length];
+  }
+
+  // A/B: the same prompt through both panes, one after the other; overlays on one time scale; then the delta table.
+  async function abTurn(prompt, sA, sB, transport, pressedAt, what = "") {
+    const first = order(prompt, sA, sB);
+    const settings = { A: sA, B: sB }, out = {};
+    let sendAt = pressedAt ?? performance.now();
+    abStatus(`${what}running ${first[0]}, then ${first[1]}…`);
+    for (const [i, p] of [...first].entries()) {
+      addUser(p, prompt);
+      out[p] = await run(p, { message: prompt, settings: settings[p] }, sendAt, transport, `${p} · ran ${i ? "second" : "first"}`);
+      sendAt = performance.now();
+    }
+    return [out.A, out.B];
   }
 
   async function showDelta(a, b) {
@@ -39,7 +54,6 @@
     const sA = settingsOf(rest.slice(0, n)), sB = settingsOf(rest.slice(n, 2 * n));
     const transport = rest[2 * n];
     pane("A").pace = pane("B").pace = rest[2 * n + 1] || CFG.readingPace;
-    abStatus("running A, then B…");
     abTurn(prompt, sA, sB, transport, pressedAt).then(([a, b]) => { abStatus(""); return showDelta(a, b); });
     return "";
   };
@@ -62,8 +76,7 @@
     }
     let pair = null;
     for (let i = 0; i < preset.turns.length; i++) {
-      abStatus(`${preset.title}: turn ${i + 1} of ${preset.turns.length}, A then B…`);
-      pair = await abTurn(preset.turns[i], sA, sB, transport);
+      pair = await abTurn(preset.turns[i], sA, sB, transport, undefined, `${preset.title}: turn ${i + 1} of ${preset.turns.length}, `);
       if (pair[0].error || pair[1].error) break;
     }
     abStatus("");

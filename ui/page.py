@@ -20,7 +20,7 @@ from engine.core.errors import LatencyLabError
 from engine.core.info import EngineInfo
 from server.load.figures import BAD, COMPLETE
 
-from . import engine_info, glossary, sweep
+from . import engine_info, glossary, stats, sweep
 from .chat import ChatStore
 from .controls import settings_controls
 from .load import tab as load_tab
@@ -34,6 +34,10 @@ HERE = Path(__file__).resolve().parent
 EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the right show where its time went."
 EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
+AA_EXPLAIN = ("**A/A check.** Sets B to A's settings and runs the Sweep (its prompt set and items) through both. "
+              "Every metric should read *no difference*: that is how to check that this machine and the method are "
+              f"quiet enough to trust an A/B. A winner in an A/A check is a false positive (at most {stats.ALPHA:.0%} "
+              "of checks, by design); if you see one, use more items or a quieter machine.")
 LIMITS_HOVER = ("Measured on this machine at first start (engine/measure/machine_limits.py), best of interleaved "
                 "rounds: memory read bandwidth (a sum over a buffer far past the caches), copy bandwidth (for "
                 "reference) and matmul throughput per dtype. Each reply's prefill is shown against the matmul "
@@ -75,6 +79,8 @@ def head(presets: dict, info: EngineInfo) -> str:
         "glossary": glossary.as_json(),
         "presets": {k: {"title": p["title"], "turns": p["turns"], "available": preset_missing(p, info) is None}
                     for k, p in presets.items()},
+        "abOrder": list(stats.COUNTERBALANCE),  # which A/B pane runs first, pair by pair (ui/ab.js)
+        "abWarmup": stats.WARMUP_PAIRS,
         "readingPace": READING_PACE_TPS,
         "smoothMaxHoldMs": SMOOTH_MAX_HOLD_MS,
         "emptyChat": EMPTY_CHAT,
@@ -202,7 +208,7 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                 f'{html.escape((info.capabilities or {}).get("summary") or "")}</span><br>'
                 f'<span id="lab-clock">clock offset: measuring…</span>'
                 f'</div></div>')
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Chat", id="chat"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=5, min_width=420):
@@ -239,6 +245,9 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                                       for name, p in presets.items()}
                 preset_note = gr.Markdown("")
                 with gr.Row(equal_height=True):
+                    aa_run = gr.Button("A/A check: B = A, run the Sweep", size="sm", scale=1, elem_id="lab-aa-run")
+                    gr.Markdown(AA_EXPLAIN, elem_id="lab-aa-explain")
+                with gr.Row(equal_height=True):
                     ab_prompt = gr.Textbox(show_label=False, lines=1, max_lines=6, scale=8, elem_id="lab-ab-msg",
                                            placeholder="A prompt for both panes (Enter to run A, then B)")
                     ab_run = gr.Button("Run A, then B", variant="primary", scale=1, elem_id="lab-ab-run")
@@ -259,10 +268,11 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                     gr.HTML('<div class="lab-table-wrap"></div>' + _exports(None, "Export"), elem_id="lab-table-A")
 
             with gr.Tab("Sweep", id="sweep"):
-                gr.Markdown("Runs a prompt set through the **A and B settings of the A/B tab**, alternating A and B "
-                            "item by item, then shows p50/p90 of each metric and their distributions. Figures are "
-                            "the server's (browser-perceived ones need a page streaming each reply: Chat, A/B), so the "
-                            "panes' *Network*, *Streaming* and smoothing settings do not apply here.")
+                gr.Markdown("Runs a prompt set through the **A and B settings of the A/B tab**, item by item, which "
+                            "config runs first alternating (AB, BA, BA, AB, …) after a warm-up pair that is not "
+                            "counted; then a verdict with a 95% interval per metric, p50/p90 and distributions. "
+                            "Figures are the server's (browser-perceived ones need a page streaming each reply: Chat, "
+                            "A/B), so the panes' *Network*, *Streaming* and smoothing settings do not apply here.")
                 with gr.Row():
                     set_choice = gr.Radio([(s["title"], k) for k, s in prompt_sets.items()] + [("My own prompts", "custom")],
                                           value=next(iter(prompt_sets)), label="Prompt set", scale=3)
@@ -323,6 +333,12 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
 
         sweep_event = sweep_run.click(run_sweep_event, [set_choice, custom, max_items, *both],
                                       [sweep_summary, sweep_plot, sweep_files], api_visibility="private")
-        sweep_stop.click(None, cancels=[sweep_event], **quick)
+        # A/A: B's controls take A's values, the Sweep tab opens, and the sweep runs (its set and items)
+        aa_event = aa_run.click(lambda *v: [*v, gr.Tabs(selected="sweep")], ab_settings["A"],
+                                [*ab_settings["B"], tabs], queue=False, show_progress="hidden",
+                                api_visibility="private").then(
+            run_sweep_event, [set_choice, custom, max_items, *both], [sweep_summary, sweep_plot, sweep_files],
+            api_visibility="private")
+        sweep_stop.click(None, cancels=[sweep_event, aa_event], **quick)
         gr.api(sweep_api, api_name="sweep")
     return page

@@ -1,9 +1,14 @@
-"""Sweeps: a prompt set through config A and config B, then p50/p90 per metric and distributions.
+"""Sweeps: a prompt set through config A and config B, then p50/p90 per metric, distributions and the
+paired statistics (ui/stats.py) with their verdict (ui/verdict.py).
 
 Runs on the server (through the same `ChatStore.run_turn` as the chat), so its figures are
 the server's: browser-perceived metrics come from replies streamed to a page (Chat and A/B).
-A and B alternate item by item, so slow drift of a shared machine hits both alike. Each
-item is one conversation per config: its history is seeded, then its turns run in order.
+Each item is one conversation per config: its history is seeded, then its turns run in order, A's
+and B's back to back, so slow drift of a shared machine hits both alike. Which config runs first
+alternates item by item (stats.COUNTERBALANCE, ABBA), recorded per row as `order` (the item's) and
+`position` (1: ran first), so what the first run of an item warms up helps A and B alike. A warm-up
+pair runs first (the set's first item, `warmup: true`, item 0): shown in the export, not counted,
+because one-time costs land in it (a weights variant built, a compile, first-touch memory).
 """
 
 from __future__ import annotations
@@ -20,34 +25,59 @@ from engine.core.errors import InvalidRequest
 from . import compare, record_view, records, replies, stats, verdict
 from .chat import ChatStore
 from .glossary import METRICS, hover
+from .settings import parse
 
 SWEEP_METRICS = ["ttft_ms", "prefill_ms", "tpot_ms", "decode_tps", "e2e_ms", "queue_ms", "cached_tokens",
                  "acceptance_rate", "output_tokens"]
 PLOT_METRICS = ["ttft_ms", "tpot_ms", "e2e_ms", "decode_tps"]
-SWEEP_COLUMNS = ["item", "turn", "pane", "config", "finish_reason", *SWEEP_METRICS[:-1], "prompt_tokens",
-                 "output_tokens", "drafted", "accepted"]
+SWEEP_COLUMNS = ["item", "turn", "pane", "order", "position", "warmup", "config", "finish_reason",
+                 *SWEEP_METRICS[:-1], "prompt_tokens", "output_tokens", "drafted", "accepted"]
+
+
+def same_on_server(settings_a: dict, settings_b: dict) -> bool:
+    """A and B ask the server for the same thing (they may differ in the page's own settings, network
+    or smoothing, which a sweep does not apply): the sweep is then an A/A check."""
+    try:
+        return (parse(settings_a), (settings_a or {}).get("backend") or "") == (
+            parse(settings_b), (settings_b or {}).get("backend") or "")
+    except InvalidRequest:
+        return False
+
+
+def _plan(items: list[dict]) -> list[tuple[int, dict, str]]:
+    """(item number, item, order): the warm-up pair (item 0: the first item again), then every item
+    in the counterbalanced order."""
+    warm = [(0, items[0], "AB")] * stats.WARMUP_PAIRS if items else []
+    return warm + [(i + 1, item, stats.pair_order(i)) for i, item in enumerate(items)]
 
 
 async def run_sweep(store: ChatStore, prompt_set: dict, settings_a: dict, settings_b: dict, *,
                     max_items: int | None = None, progress: Callable[[int, int, str], None] | None = None
                     ) -> list[dict]:
-    """Every turn of every item through A then B; returns one row per reply (errors included)."""
+    """Every turn of every item through A and B, in the counterbalanced order, after a warm-up pair;
+    returns one row per reply (errors included)."""
     if max_items is not None and (isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1):
         raise InvalidRequest(f"max_items must be a whole number of at least 1, not {max_items!r}", "max_items")
-    items = prompt_set["items"][: max_items or None]
-    total = 2 * sum(len(item["turns"]) for item in items)
-    session, done, rows = store.new_session(), 0, []
-    for i, item in enumerate(items):
-        for pane, settings in (("A", settings_a), ("B", settings_b)):
-            store.seed(session, pane, item.get("history", []))
+    plan = _plan(prompt_set["items"][: max_items or None])
+    total = 2 * sum(len(item["turns"]) for _, item, _ in plan)
+    # the warm-up in a session of its own: its prefix cache scope is not the counted items'
+    warm_session, session, done, rows = store.new_session(), store.new_session(), 0, []
+    settings = {"A": settings_a, "B": settings_b}
+    counted = len(plan) - stats.WARMUP_PAIRS
+    for number, item, order in plan:
+        where = warm_session if number == 0 else session
+        for position, pane in enumerate(order, start=1):
+            store.seed(where, pane, item.get("history", []))
             for turn in item["turns"]:
                 if progress:
-                    progress(done, total, f"item {i + 1}/{len(items)}, {pane}")
-                row = await _one_turn(store, session, pane, turn, settings)
+                    what = "warm-up" if number == 0 else f"item {number}/{counted}"
+                    progress(done, total, f"{what}, {pane} ({order})")
+                row = await _one_turn(store, where, pane, turn, settings[pane])
                 if row.get("finish_reason") not in ("error", "cancelled"):  # the reply as generated, for ui/replies.py
-                    last = store.pane(session, pane).conversation.messages[-1]
-                    row = {**row, "reply": last.content, "token_ids": last.token_ids, "settings": settings}
-                rows.append({"item": i + 1, **row})
+                    last = store.pane(where, pane).conversation.messages[-1]
+                    row = {**row, "reply": last.content, "token_ids": last.token_ids, "settings": settings[pane]}
+                rows.append({"item": number, **row, "order": order, "position": position,
+                             **({"warmup": True} if number == 0 else {})})
                 done += 1
                 if row.get("finish_reason") in ("error", "cancelled"):
                     break  # later turns of this conversation would build on a missing reply
@@ -69,19 +99,26 @@ async def _one_turn(store: ChatStore, session: str, pane: str, message: str, set
     return {"pane": pane, "finish_reason": "error", "error": "the stream ended without a reply"}
 
 
+def counted(rows: list[dict]) -> list[dict]:
+    """The rows the figures count: no warm-up pair."""
+    return [r for r in rows if not r.get("warmup")]
+
+
 def summary(rows: list[dict]) -> list[dict]:
     """p50/p90 per metric and config; no winner here: that takes an interval (`paired`)."""
+    rows = counted(rows)
     by = {"A": [r for r in rows if r.get("pane") == "A"], "B": [r for r in rows if r.get("pane") == "B"]}
     return [{k: v for k, v in s.items() if k != "winner"} for s in compare.summary_rows(by, SWEEP_METRICS)]
 
 
 def paired(rows: list[dict]) -> list[stats.PairedRatio]:
-    """Per metric, B/A of medians with its 95% interval over the items (ui/stats.py)."""
-    return stats.paired_table([r for r in rows if r.get("finish_reason") not in ("error", "cancelled")])
+    """Per metric, B/A with its 95% interval over the items, decided (ui/stats.py)."""
+    return stats.paired_table([r for r in counted(rows) if r.get("finish_reason") not in ("error", "cancelled")])
 
 
 def replies_summary(rows: list[dict], decode=None) -> replies.RepliesSummary | None:
     """Identical replies and where they part, item by item (ui/replies.py)."""
+    rows = counted(rows)
     by = {(r["item"], r.get("turn"), r["pane"]): r for r in rows if "token_ids" in r}
     pairs = [(f"{item}" + (f".{turn}" if turn and turn > 1 else ""), r, by[(item, turn, "B")])
              for (item, turn, pane), r in by.items() if pane == "A" and (item, turn, "B") in by]
@@ -98,37 +135,47 @@ def decoder(store: ChatStore):
     return None if tok is None else (lambda ids: tok.decode(ids))
 
 
+def is_aa(rows: list[dict]) -> bool:
+    """Whether A and B ran the same server settings (an A/A check)."""
+    s = {p: next((r["settings"] for r in rows if r.get("pane") == p and "settings" in r), None) for p in ("A", "B")}
+    return None not in s.values() and same_on_server(s["A"], s["B"])
+
+
 def report(rows: list[dict], decode=None) -> dict:
-    """What the API returns beside the rows: p50/p90, the paired intervals, the replies, the verdict."""
+    """What the API returns beside the rows: p50/p90, the paired intervals, the replies, the verdict,
+    and how it was run and decided."""
     table, same = paired(rows), replies_summary(rows, decode)
     return {"summary": summary(rows), "paired": [p.to_dict() for p in table],
-            "replies": same.to_dict() if same else None, "verdict": verdict.verdict(table, same)}
+            "replies": same.to_dict() if same else None, "verdict": verdict.verdict(table, same),
+            "aa": is_aa(rows), "design": {"order": "".join(o[0] for o in stats.COUNTERBALANCE), "warmup_pairs": stats.WARMUP_PAIRS,
+                                          "items": len({r["item"] for r in counted(rows)})},
+            "decision": {"alpha": stats.ALPHA, "correction": "holm", "confidence": stats.CONFIDENCE,
+                         "interval": "t on log(B/A), order-adjusted", "min_items": stats.MIN_ITEMS,
+                         "floors": {p.metric: dict(zip(("relative", "absolute"), METRICS[p.metric].floors))
+                                    for p in table if p.metric in METRICS}}}
+
+
+AA_NOTE = ("A and B ask the server for the same thing (they may differ only in network, streaming or smoothing, "
+           "which the Sweep does not apply): this is an A/A check. Every metric should read \"no difference\"; "
+           "a winner here is a false positive (by design at most {alpha:.0%} of A/A checks), and says the machine "
+           "or the number of items is not yet enough to trust an A/B.")
 
 
 def paired_html(rows: list[dict], decode=None) -> str:
-    """The verdict, the replies line and the paired table: B/A, its interval, the decision, the items
-    a 5% difference needs."""
+    """The verdict, the replies line, the A/A note, the paired table and how it decides."""
     table, same = paired(rows), replies_summary(rows, decode)
     if not table:
         return ""
     esc = html.escape
-    trs = []
-    for p in table:
-        win = ' class="lab-win"' if p.winner else ""
-        trs.append(f'<tr><th title="{esc(hover(p.metric))}">{esc(METRICS[p.metric].label)}</th>'
-                   f'<td>{stats.fmt_ratio(p.ratio)}</td><td class="lab-ci">{stats.interval_text(p)}</td>'
-                   f'<td{win}>{esc(stats.decision_text(p))}</td>'
-                   f'<td>{"—" if p.items_to_detect is None else f"{p.items_to_detect:,}"}</td></tr>')
-    head = "".join(f'<th title="{esc(hover(k))}">{esc(METRICS[k].label)}</th>'
-                   for k in ("ab_ratio", "ab_ratio_ci", "ab_decision", "items_to_detect_5pct"))
     same_line = (f'<p class="lab-replies-line" title="{esc(hover("identical_replies"))}">Replies: '
                  f'{esc(replies.sentence(same))}.</p>') if same else ""
-    return (f'<p class="lab-verdict"><b>Verdict.</b> {esc(verdict.verdict(table, same))}</p>{same_line}'
-            f'<table class="lab-table lab-paired"><thead><tr><th>metric</th>{head}</tr></thead>'
-            f'<tbody>{"".join(trs)}</tbody></table>'
-            f'<p class="lab-muted">Paired bootstrap over items (scipy.stats.bootstrap, {stats.RESAMPLES:,} '
-            f'resamples, seeded); a winner only where the interval excludes 1. Items for 5%: a paired t-test '
-            f'on log(B/A), α = 0.05 two-sided, 80% power, at the spread observed.</p>')
+    aa = (f'<p class="lab-aa-note" title="{esc(hover("aa_check"))}"><b>A/A check.</b> '
+          f'{esc(AA_NOTE.format(alpha=stats.ALPHA))}</p>') if is_aa(rows) else ""
+    warm = sum(1 for r in rows if r.get("warmup") and r.get("pane") == "A")
+    warm_line = (f'<p class="lab-muted" title="{esc(hover("warmup_pair"))}">A warm-up pair ran first (the first '
+                 'item, A then B): in the export, not counted.</p>') if warm else ""
+    return (f'<p class="lab-verdict"><b>Verdict.</b> {esc(verdict.verdict(table, same))}</p>{same_line}{aa}'
+            f'{verdict.table_html(table)}{warm_line}')
 
 
 def summary_html(rows: list[dict], decode=None) -> str:
@@ -143,7 +190,7 @@ def summary_html(rows: list[dict], decode=None) -> str:
                         f"<td>{record_view.fmt(name, s[f'{side} p90'])}</td>" for side in ("A", "B"))
         trs.append(f'<tr><th title="{html.escape(hover(name))}">{METRICS[name].label}</th>'
                    f'{cells}<td>{s["A n"]} / {s["B n"]}</td></tr>')
-    errors = sum(r.get("finish_reason") == "error" for r in rows)
+    errors = sum(r.get("finish_reason") == "error" for r in counted(rows))
     note = f'<p class="lab-muted">{errors} replies failed and are left out.</p>' if errors else ""
     esc = html.escape
     return (paired_html(rows, decode) + f'<table class="lab-table lab-delta"><thead><tr><th>metric</th>'
@@ -163,7 +210,7 @@ def distributions_figure(rows: list[dict], metrics: list[str] = PLOT_METRICS):
     colors = {"A": "#6366f1", "B": "#f59e0b"}
     for col, m in enumerate(metrics, start=1):
         for pane in ("A", "B"):
-            ys = [r.get(m) for r in rows if r.get("pane") == pane and r.get(m) is not None]
+            ys = [r.get(m) for r in counted(rows) if r.get("pane") == pane and r.get(m) is not None]
             fig.add_trace(go.Box(y=ys, name=pane, marker_color=colors[pane], boxpoints="all", jitter=0.4,
                                  pointpos=0, showlegend=False, hovertemplate=f"{pane}: %{{y:.1f}}<extra></extra>"),
                           row=1, col=col)

@@ -52,7 +52,11 @@ def test_chat_reports_bad_input_as_an_error_event(client, payload, words):
 def test_sweep_runs_a_prompt_list_through_a_and_b(client):
     result = client.predict("custom", "Say yes.\nSay no.", {"temperature": 0, "max_new_tokens": 4, "kv_reuse": False},
                             {"temperature": 0, "max_new_tokens": 4, "kv_reuse": True}, 2, api_name="/sweep")
-    assert [r["pane"] for r in result["rows"]] == ["A", "B", "A", "B"]
+    # a warm-up pair (not counted), then the items, which config runs first alternating (ABBA)
+    assert [(r["item"], r["pane"], r["order"]) for r in result["rows"]] == [
+        (0, "A", "AB"), (0, "B", "AB"), (1, "A", "AB"), (1, "B", "AB"), (2, "B", "BA"), (2, "A", "BA")]
+    assert [bool(r.get("warmup")) for r in result["rows"]] == [True, True, False, False, False, False]
     assert all(r["finish_reason"] in ("stop", "length") for r in result["rows"])
+    assert result["design"]["order"] == "ABBA" and result["decision"]["correction"] == "holm"
     ttft = next(s for s in result["summary"] if s["metric"] == "ttft_ms")
     assert ttft["A n"] == 2 and ttft["B n"] == 2 and ttft["A p50"] > 0 and ttft["B p90"] >= ttft["B p50"]
