@@ -255,3 +255,34 @@ def test_the_page_imports_the_load_package_never_the_bench():
             found += [(path.relative_to(root).as_posix(), n) for n in names if n.startswith("server.")]
     assert ("ui/load/run.py", "server.load.pool") in found  # the walk sees the page's imports
     assert [f for f in found if f[1].startswith("server.bench")] == []
+
+
+def test_each_request_of_run_2_against_the_same_request_in_run_1_gets_the_ab_statistics():
+    """The Load tab's pair through the one statistics module (ui/stats.py): each whole reply of run 2
+    against the same scripted request in run 1, intervals, Holm and the floors; the delta table marks a
+    latency figure only where those statistics decide it."""
+    from ui.load.report import request_pairs
+
+    def run(label, max_batch, ttft, tpot, queue):
+        results = [Result(f"c{i}t{t}", 2, outcome="exact", timings={
+            "output_tokens": 8, "ttft_ms": ttft * (1 + 0.07 * i + 0.01 * t), "tpot_ms": tpot * (1 + 0.01 * ((i + t) % 3)),
+            "queue_ms": queue * (1 + 0.05 * i), "e2e_ms": ttft + 7 * tpot}) for i in range(6) for t in (1, 2)]
+        r = _run(label, max_batch, results, 2.0)
+        r.points = [LoadPoint.of(x, 0.1 * k) for k, x in enumerate(results)]
+        return r
+
+    one, two = run("max batch 1", 1, 900, 20, 800), run("max batch 8", 8, 200, 35, 0.4)
+    table = {p.metric: p for p in request_pairs(one, two)}
+    assert table["ttft_ms"].n == 12 and table["ttft_ms"].winner == "B" and table["tpot_ms"].winner == "A"
+    assert table["ttft_ms"].orders == "AB only"  # run 1 always ran first: said, not hidden
+    page = delta_html(one, two)
+    assert "Per request</b> (run 1 as A, run 2 as B). Run 2 cuts TTFT (server) to 0.22x (" in page
+    assert "12 items, run 1 always first" in page and "an order effect cannot be told from a difference" in page
+    assert '<tr data-metric="ttft_ms_p50"><th title="' in page
+    ttft_row = page.split('<tr data-metric="ttft_ms_p50">')[1].split("</tr>")[0]
+    assert ttft_row.count("lab-win") == 1 and ttft_row.index("lab-win") > ttft_row.index("<td>")  # run 2's cell
+    same = run("max batch 1", 1, 900, 20, 800)
+    page = delta_html(one, same)
+    latency = "".join(page.split(f'<tr data-metric="{m}">')[1].split("</tr>")[0]
+                      for m in ("ttft_ms_p50", "tpot_ms_p50", "queue_ms_p50", "e2e_ms_p50"))
+    assert "lab-win" not in latency and "No difference detected in TTFT (server)" in page

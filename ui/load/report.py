@@ -1,6 +1,8 @@
 """The Load tab's figures: a point per finished request, a run's figures (the load's
 `level_row`, typed), throughput over time, the delta table of two runs and the sentence that
-states their trade-off. Unknown values are None (a dash on the page), never 0."""
+states their trade-off, and each request of run 2 against the same request in run 1 through the
+A/B statistics (ui/stats.py, ui/verdict.py): a verdict with intervals, floors and Holm's correction.
+Unknown values are None (a dash on the page), never 0."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from server.load.figures import COMPLETE, JUDGED, level_row, prefill_clause
 
+from .. import stats, verdict
 from ..glossary import METRICS
 
 
@@ -25,13 +28,14 @@ class LoadPoint:
     queue_ms: float | None
     e2e_ms: float | None
     request_id: str | None = None  # the server's id (its trace: POST /lab/trace, ui/trace.js)
+    key: str | None = None  # which scripted turn ("c3t1"): the same request in the other run
 
     @classmethod
     def of(cls, result, t_s: float) -> LoadPoint:
         """From the load's Result (server/load/pool.py): the server's `timings` of the request."""
         t = result.timings or {}
         return cls(round(t_s, 3), result.outcome, t.get("output_tokens"), t.get("ttft_ms"), t.get("tpot_ms"),
-                   t.get("queue_ms"), t.get("e2e_ms"), t.get("request_id") or None)
+                   t.get("queue_ms"), t.get("e2e_ms"), t.get("request_id") or None, getattr(result, "key", None))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,14 +161,46 @@ def fmt_ratio(r) -> str:
     return "—" if r is None else f"{r:.2f}×" if r >= 0.1 else f"{r:.2g}×"
 
 
+PAIRED = ["ttft_ms", "tpot_ms", "queue_ms", "e2e_ms"]  # per request, run 2 against run 1
+FLOOR_OF = {"output_tok_per_s": "output_throughput", "req_per_s": "request_throughput"}  # one figure per run
+
+
+def request_pairs(one, two) -> list[stats.PairedRatio]:
+    """Each whole reply of run 2 against the same scripted request in run 1 (its n-th play of the same
+    turn), as the A/B statistics' items: run 1 is A, run 2 is B, and run 1 always ran first."""
+    rows = []
+    for pane, run in (("A", one), ("B", two)):
+        seen: dict[str, int] = {}
+        for p in run.points:
+            if p.outcome in COMPLETE and p.key:
+                seen[p.key] = seen.get(p.key, 0) + 1
+                rows.append({**p.to_dict(), "pane": pane, "item": p.key, "turn": seen[p.key], "order": "AB"})
+    return stats.paired_table(rows, PAIRED)
+
+
+def _better(name: str, metric, higher, va, vb, decided: dict) -> str | None:
+    """The side a row marks: a latency figure only where the per-request statistics name that side
+    (and the row agrees); a figure the runs have once each, only beyond its floors; counts exactly."""
+    if higher is None or va is None or vb is None or va == vb:
+        return None
+    side = "b" if (vb > va) == higher else "a"
+    if metric in PAIRED:
+        return side if decided.get(metric) == side.upper() else None
+    if name in FLOOR_OF and not stats.beyond_floors(FLOOR_OF[name], va, vb):
+        return None
+    return side
+
+
 def delta_html(one, two) -> str:
-    """Run 1 against run 2 (RunState), a row per figure, the better of each marked."""
+    """Run 1 against run 2 (RunState), a row per figure, the better of each marked where it is decided;
+    then the per-request verdict and its table."""
     a, b = one.figures, two.figures
+    table = request_pairs(one, two)
+    decided = {p.metric: p.winner for p in table if p.winner}
     trs = []
     for name, label, metric, higher in DELTA_ROWS:
         va, vb = getattr(a, name), getattr(b, name)
-        better = None if higher is None or va is None or vb is None or va == vb else (
-            "b" if (vb > va) == higher else "a")
+        better = _better(name, metric, higher, va, vb, decided)
         show = fmt_share if metric in METRICS and METRICS[metric].unit == "%" else fmt
         cells = "".join(f'<td{" class=lab-win" if better == side else ""}>{show(v)}</td>'
                         for side, v in (("a", va), ("b", vb)))
@@ -172,9 +208,14 @@ def delta_html(one, two) -> str:
         hover = METRICS[metric].hover if metric in METRICS else label
         trs.append(f'<tr data-metric="{name}"><th title="{html.escape(hover)}">{html.escape(label)}</th>{cells}'
                    f'<td>{fmt_ratio(r)}</td></tr>')
+    said = verdict.verdict(table, who="Run 2", first="run 1")
+    paired = (f'<p class="lab-verdict lab-load-verdict"><b>Per request</b> (run 1 as A, run 2 as B). {html.escape(said)}</p>'
+              f'{verdict.table_html(table, first="run 1")}') if said else ""
     return ('<table class="lab-table lab-delta lab-load-delta"><thead><tr><th>figure</th>'
             f"<th>run 1: {html.escape(one.label)}</th><th>run 2: {html.escape(two.label)}</th><th>2 / 1</th></tr>"
-            f'</thead><tbody>{"".join(trs)}</tbody></table>')
+            f'</thead><tbody>{"".join(trs)}</tbody></table>'
+            '<p class="lab-muted">Marked: a latency figure where the per-request statistics below decide it; a '
+            'throughput (one figure per run, no interval) where it differs by at least its floor.</p>' + paired)
 
 
 def pair_sentence(clients: int, one, two) -> str:
