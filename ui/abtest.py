@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     a = {**defaults(), **AB_PANE, **args.a}
     b = dict(a) if args.aa else {**defaults(), **AB_PANE, **args.b}
+    engine = None
     try:
         if args.paced_source:
             from .paced import PacedSource
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code(exc)
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()  # its worker thread ends before the interpreter does
     print(json.dumps({**report, "rows": [{k: v for k, v in r.items() if k != "token_ids"} for r in rows]})
           if args.json else "\n".join(lines(report)))
     claimed = any(p["winner"] or p["decision"] == "different" for p in report["paired"])
