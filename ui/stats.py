@@ -112,7 +112,7 @@ def items_to_detect(sd: float | None, ratio: float = DETECT_RATIO, alpha: float 
     n = max(MIN_ITEMS, math.ceil((z * sd / effect) ** 2))  # the normal approximation: a start, then the exact t
     while n < MAX_ITEMS_SHOWN:
         df, nc = n - 2, effect / sd * math.sqrt(n)
-        if nc > 40:  # power is 1 to many digits (and scipy's noncentral t is slow out there)
+        if nc > 40:  # power is then essentially 1 (and scipy's noncentral t is slow out there)
             return n
         t = sps.t.ppf(1 - alpha / 2, df)
         if sps.nct.sf(t, df, nc) + sps.nct.cdf(-t, df, nc) >= power:
