@@ -238,19 +238,21 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
                             elem_id="lab-table-chat")
 
             with gr.Tab("A/B", id="ab"):
-                gr.Markdown("Two configs, the same prompt: A runs, then B; both stream; the overlays share one "
+                gr.Markdown("Two configs, the same prompt through both (run it again: which pane goes first "
+                            "alternates); both stream; the overlays share one "
                             "time scale. Each pane keeps its own conversation (and prefix-cache scope).")
                 with gr.Row():
                     preset_buttons = {name: gr.Button(p["title"], size="sm", elem_id=f"lab-preset-{name}")
                                       for name, p in presets.items()}
                 preset_note = gr.Markdown("")
-                with gr.Row(equal_height=True):
-                    aa_run = gr.Button("A/A check: B = A, run the Sweep", size="sm", scale=1, elem_id="lab-aa-run")
+                with gr.Row(equal_height=False, elem_classes="lab-aa-row"):
+                    aa_run = gr.Button("A/A check: B = A, run the Sweep", size="sm", scale=0, min_width=240,
+                                       elem_id="lab-aa-run")
                     gr.Markdown(AA_EXPLAIN, elem_id="lab-aa-explain")
                 with gr.Row(equal_height=True):
                     ab_prompt = gr.Textbox(show_label=False, lines=1, max_lines=6, scale=8, elem_id="lab-ab-msg",
-                                           placeholder="A prompt for both panes (Enter to run A, then B)")
-                    ab_run = gr.Button("Run A, then B", variant="primary", scale=1, elem_id="lab-ab-run")
+                                           placeholder="A prompt for both panes (Enter to run A and B)")
+                    ab_run = gr.Button("Run A and B", variant="primary", scale=1, elem_id="lab-ab-run")
                     ab_stop = gr.Button("Stop", variant="stop", scale=1, elem_id="lab-ab-stop")
                     ab_clear = gr.Button("Clear", scale=1, elem_id="lab-ab-clear")
                 gr.HTML('<div id="lab-ab-status" class="lab-muted"></div>')

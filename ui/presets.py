@@ -85,7 +85,8 @@ TEACHING = {
     "network": {
         "title": "Loopback vs 4G",
         "explain": "The same config over loopback (A) and a simulated 4G link (B: 50 ms one way ± 15 ms, 10 Mbit/s). "
-                   "The server's figures match; B's browser figures are later by about one round trip.",
+                   "The server's figures match; B's browser figures are later by about one round trip. The Sweep "
+                   "does not apply the network, so there these two are one config: an A/A check.",
         "set": "open_questions", "item": 1,
         "a": {"network": "loopback"}, "b": {"network": "4g"},
     },

@@ -179,16 +179,16 @@ def request_pairs(one, two) -> list[stats.PairedRatio]:
 
 
 def _better(name: str, metric, higher, va, vb, decided: dict) -> str | None:
-    """The side a row marks: a latency figure only where the per-request statistics name that side
-    (and the row agrees); a figure the runs have once each, only beyond its floors; counts exactly."""
+    """The side a row marks: a per-request latency only where the A/B statistics name that side (and
+    the row agrees); another figure of the glossary, or a throughput (once per run: no interval), only
+    beyond its practical floors; a count exactly."""
     if higher is None or va is None or vb is None or va == vb:
         return None
     side = "b" if (vb > va) == higher else "a"
     if metric in PAIRED:
         return side if decided.get(metric) == side.upper() else None
-    if name in FLOOR_OF and not stats.beyond_floors(FLOOR_OF[name], va, vb):
-        return None
-    return side
+    floors = metric if metric in METRICS else FLOOR_OF.get(name)
+    return side if floors is None or stats.beyond_floors(floors, va, vb) else None
 
 
 def delta_html(one, two) -> str:
@@ -214,8 +214,9 @@ def delta_html(one, two) -> str:
     return ('<table class="lab-table lab-delta lab-load-delta"><thead><tr><th>figure</th>'
             f"<th>run 1: {html.escape(one.label)}</th><th>run 2: {html.escape(two.label)}</th><th>2 / 1</th></tr>"
             f'</thead><tbody>{"".join(trs)}</tbody></table>'
-            '<p class="lab-muted">Marked: a latency figure where the per-request statistics below decide it; a '
-            'throughput (one figure per run, no interval) where it differs by at least its floor.</p>' + paired)
+            '<p class="lab-muted">Marked: TTFT, TPOT, queue and total where the per-request statistics below decide '
+            'them; a figure the runs have once each (no interval) where it differs by at least its practical floor; '
+            'a count as it is.</p>' + paired)
 
 
 def pair_sentence(clients: int, one, two) -> str:
