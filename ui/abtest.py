@@ -54,16 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def lines(report: dict) -> list[str]:
-    """The verdict, then per metric: B/A, interval, corrected p, decision (the page's table, as text)."""
-    from . import stats
+    """The verdict, then per metric: B/A, interval, corrected p, decision (the page's table, as text),
+    then the order line (the order effect measured)."""
+    from . import stats, verdict
     from .glossary import METRICS
 
+    table = [stats.PairedRatio(**p) for p in report["paired"]]
     out = [f"verdict: {report['verdict']}"]
-    for p in report["paired"]:
-        r = stats.PairedRatio(**p)
+    for r in table:
         out.append(f"  {METRICS[r.metric].label:<16} {stats.fmt_ratio(r.ratio):>7}  {stats.interval_text(r):>11}  "
                    f"p(Holm) {stats.p_text(r.p_holm):>7}  {r.method:<5} {stats.decision_text(r)}")
-    return out
+    return out + [verdict.order_line(table)]
 
 
 def main(argv: list[str] | None = None) -> int:

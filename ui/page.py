@@ -175,8 +175,10 @@ def build_page(store: ChatStore, prompt_sets: dict, presets: dict, load_ready: b
     async def sweep_api(prompt_set: str = "open_questions", prompts: str = "", settings_a: dict | None = None,
                         settings_b: dict | None = None, max_items: int = 4) -> dict:
         """Run a prompt set (a preset name, or "custom" with `prompts`, one per line) through
-        settings A and B; returns {"summary": p50/p90 per metric, "paired": B/A with its 95% interval
-        per metric, "replies": identical replies, "verdict": one sentence, "rows": one per reply}."""
+        settings A and B, counterbalanced after a warm-up pair; returns {"summary": p50/p90 per metric,
+        "paired": B/A with its 95% interval and decision per metric, "replies": identical replies,
+        "verdict": one sentence, "aa", "design", "decision": how it ran and decided, "rows": one per
+        reply, with its order}."""
         try:
             chosen = custom_prompt_set(prompts) if prompt_set == "custom" else prompt_sets.get(prompt_set)
             if chosen is None:
