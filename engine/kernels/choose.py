@@ -52,6 +52,9 @@ class Kernel(enum.Enum):
     ATEN_NO_ONEDNN = ("aten-no-onednn", "ATen's own bf16 GEMV, oneDNN bypassed", False)
     WO_OURS = ("wo-ours", "our int8/4-bit weight-only kernels (engine/kernels/cpu_gemm.py)", True)
     WO_TORCH = ("wo-torch", "torch's int8/4-bit weight-only kernels", False)
+    # PROVISIONAL (issue 41, until the plan of issue 40 lands): the w8a layers' integer kernels
+    WO_INT8ACT = ("wo-int8act", "our integer dot-product kernels, activations int8 per block of 32 "
+                                "(engine/kernels/cpu_qdot.py)", True)
     BNB = ("bnb", "bitsandbytes", False)
 
     def __init__(self, short: str, what: str, row_invariant: bool):
@@ -79,6 +82,8 @@ def choose(linear: nn.Module, rows: int, plan: Plan = DEFAULT_PLAN) -> Kernel:
     """The kernel that runs `linear` on `rows` rows of one sequence (see the module's table)."""
     kind = type(linear)
     if kind is not nn.Linear:
+        if getattr(linear, "int8_activations", False):  # engine/quant/w8a.py (PROVISIONAL: a plan entry later)
+            return Kernel.WO_INT8ACT
         if hasattr(linear, "has_ours"):  # engine/quant/weight_only._WeightOnlyLinear (not imported: no cycle)
             return Kernel.WO_OURS if linear.gemv and _on_cpu(linear) else Kernel.WO_TORCH
         return Kernel.BNB if kind.__module__.startswith(("bitsandbytes", "engine.quant.bnb")) else Kernel.ATEN

@@ -50,7 +50,10 @@ GROUP = 32  # the 4-bit kernel's group size (inputs per scale and offset)
 PANEL = 16  # the fp32 kernel's output channels per panel (cpu_gemm.cpp: kPanel)
 # One extension for all our CPU kernels: these products, decode attention (engine/kernels/cpu_attention.py)
 # and the layer loop that calls them (engine/kernels/cpu_layers.py).
-_SOURCES = [str(Path(__file__).with_name(name)) for name in ("cpu_gemm.cpp", "cpu_attention.cpp", "cpu_layers.cpp")]
+# The integer dot-product kernels (engine/kernels/cpu_qdot.py) come in one file per ISA (cpu_qdot.cpp says why).
+_SOURCES = [str(Path(__file__).with_name(name)) for name in (
+    "cpu_gemm.cpp", "cpu_attention.cpp", "cpu_layers.cpp",
+    "cpu_qdot.cpp", "cpu_qdot_avx2.cpp", "cpu_qdot_vnni512.cpp", "cpu_qdot_avxvnni.cpp")]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
 log = logging.getLogger(__name__)
 _build_lock = threading.Lock()  # the worker may build a variant while the API asks for engine info
@@ -121,6 +124,14 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("latency_lab_gemv::int4_gemv")
     def _(x, w, scale, offset, group_size):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("latency_lab_gemv::qdot_int8")
+    def _(x, w, scale, isa):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("latency_lab_gemv::qdot_int4")
+    def _(x, w, scale, offset, isa):
         return x.new_empty(x.shape[0], w.shape[0])
 
 

@@ -14,6 +14,9 @@ Methods (`METHODS`):
   int8wo+head, int4wo+head   the same, with `lm_head` quantized too (see below)
   int4wo+head8   int4wo blocks, `lm_head` in int8wo: SmolLM2's blocks survive 4 bits (its GGUF
                  is already 4-bit), its lm_head (8-bit in the GGUF) does not
+  int8w8a, int4w8a (and +head)   int8wo's / int4wo's weights with the activations quantized to int8
+          per block of 32 in every product: integer dot products (engine/quant/w8a.py,
+          engine/kernels/cpu_qdot.py), CPU only; other bits than the wo variants, hence other names
 
 The weight-only kernels and their activation dtype: engine/quant/weight_only.py; bitsandbytes: engine/quant/bnb.py.
 
@@ -46,7 +49,8 @@ from torch import nn
 from engine.core.errors import InvalidRequest, LoadError
 from engine.platform import capabilities
 from engine.model.loaded import DTYPE_NAMES, LoadedModel, first_line, warm_up
-from engine.quant import bnb
+from engine.kernels import cpu_qdot
+from engine.quant import bnb, w8a
 from engine.quant.weight_only import (
     INT4_CUDA_INNER_K_TILES,
     INT4_GROUP_SIZE,
@@ -69,10 +73,16 @@ QUANTIZED = {
     "int4wo": "4-bit weights, scale+zero per group of 32 (torch._weight_int4pack_mm), activations in its fast dtype",
     "int4wo+head": "int4wo with lm_head quantized too (its own 4-bit copy; the embedding stays)",
     "int4wo+head8": "int4wo with lm_head in int8 (int8wo's kernel): most of +head's speed, little of its error",
+    # int8 activations: the products quantize x per block of 32 (engine/quant/w8a.py), so the bits change: the name says so
+    "int8w8a": "int8wo's weights, activations quantized to int8 per block of 32: integer dot products (CPU)",
+    "int8w8a+head": "int8w8a with lm_head quantized too (its own int8 copy; the embedding stays)",
+    "int4w8a": "int4wo's weights, activations quantized to int8 per block of 32: integer dot products (CPU)",
+    "int4w8a+head": "int4w8a with lm_head quantized too (its own 4-bit copy; the embedding stays)",
 }
 # What `+suffix` does to lm_head: quantize it with the variant's own method, or with int8wo.
 HEAD_SUFFIXES = {"head": None, "head8": "int8wo"}
 WEIGHT_ONLY = ("int8wo", "int4wo")  # torch's own kernels (below)
+INT8_ACTIVATIONS = ("int8w8a", "int4w8a")  # our integer dot-product kernels (engine/quant/w8a.py), CPU only
 METHODS = {**{name: f"unquantized {name}" for name in DTYPE_NAMES}, **QUANTIZED}
 
 
@@ -97,6 +107,9 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
     extra = ""
     if method in WEIGHT_ONLY:  # refused here, before building, if its kernel is missing
         extra = f" (here: {dtype_name(_check_weight_only(method, base, head == method))})"
+    if method in INT8_ACTIVATIONS:
+        _check_w8a(base, head is not None)
+        extra = f" (here: {cpu_qdot.describe()})"
     if head not in (None, method):
         _check_weight_only(head, base, True)
     try:
@@ -146,6 +159,8 @@ def precheck(base: LoadedModel, name: str) -> str | None:
             _check_weight_only(method, base, head == method)
             if head not in (None, method):
                 _check_weight_only(head, base, True)
+        elif method in INT8_ACTIVATIONS:
+            _check_w8a(base, head is not None)
         else:
             bnb.check(method, base, quantizable_linears(base.model))
     except LoadError as exc:
@@ -173,11 +188,12 @@ def _cast(base: LoadedModel, dtype: torch.dtype) -> nn.Module:
 
 
 _BUILDERS = {"int8": bnb.int8_linear, "nf4": bnb.four_bit_linear, "fp4": bnb.four_bit_linear,
-             "int8wo": Int8WeightOnlyLinear.from_linear, "int4wo": Int4WeightOnlyLinear.from_linear}
+             "int8wo": Int8WeightOnlyLinear.from_linear, "int4wo": Int4WeightOnlyLinear.from_linear,
+             "int8w8a": w8a.Int8W8ALinear.from_linear, "int4w8a": w8a.Int4W8ALinear.from_linear}
 
 
 def _quantized(base: LoadedModel, name: str, head: str | None) -> nn.Module:
-    if name not in WEIGHT_ONLY:
+    if name not in WEIGHT_ONLY + INT8_ACTIVATIONS:
         bnb.check(name, base, quantizable_linears(base.model))
     # New module objects that share every tensor with the base; the linears are then replaced.
     src = base.model
@@ -202,6 +218,12 @@ def quantizable_linears(model: nn.Module, include_lm_head: bool = False):
                     continue
             found.append((parent, attr, child))
     return found
+
+
+def _check_w8a(base: LoadedModel, include_lm_head: bool) -> None:
+    """Refuse, before building, an int8-activation variant this device or these layer shapes cannot run."""
+    w8a.check(base.device, [(lin.in_features, lin.out_features)
+                            for _, _, lin in quantizable_linears(base.model, include_lm_head=include_lm_head)])
 
 
 def _check_weight_only(method: str, base: LoadedModel, include_lm_head: bool) -> torch.dtype:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.core.errors import LoadError
-from engine.kernels import cpu_gemm
+from engine.kernels import cpu_gemm, cpu_qdot
 from engine.kernels.choose import ONEDNN_FLAG_LOCK
 from engine.platform import capabilities
 from engine.model.loaded import DTYPE_NAMES, first_line
@@ -207,6 +207,11 @@ def decode_kernels(model: nn.Module) -> str | None:
     layers = [m for m in model.modules() if isinstance(m, _WeightOnlyLinear)]
     if not layers:
         return None
+    if any(getattr(m, "int8_activations", False) for m in layers):  # engine/quant/w8a.py
+        forms = dict.fromkeys(m.isa for m in layers if getattr(m, "int8_activations", False))
+        return ("int8 activations per block of 32: " + "; ".join(
+            f"our integer kernels, {i}: {cpu_qdot.ISAS[i][2]}" if i else cpu_qdot.REFERENCE for i in forms)
+            + " (engine/kernels/cpu_qdot.py)")
     if all(m.gemv for m in layers):
         return cpu_gemm.NAME
     chosen = getattr(model, "weight_only_kernels", None)

@@ -1,0 +1,200 @@
+"""Integer dot-product kernels (engine/kernels/cpu_qdot.cpp): int8 and 4-bit weights times
+activations quantized to int8 per block of 32, on the fly.
+
+What they compute (the `w8a` variants, engine/quant/w8a.py): each row of x is cut into blocks of 32
+inputs; a block gets the scale s = max|x| / 127 and the values round(x / s) in -127..127 (llama.cpp's
+Q8_0; ONNX Runtime's MatMulNBits at accuracy level 4). The weights' integers meet them in exact
+integer dot products, 32 at a time, and one float multiply-add per block applies the scales:
+  int8 weights (one scale per output channel):  y = scale[n] * sum_g s[g] * (w . xq)_g
+  4-bit weights (scale and offset per 32 inputs): y = sum_g scale[n,g] s[g] (q . xq)_g + offset[n,g] * sum_g(x)
+(the offset term takes the exact fp32 sums of x). So they change the bits of the weight-only
+variants, whose activations stay fp32: the variants that use them say so by their name.
+
+Why: widening every weight to fp32 (cpu_gemm.cpp's int8 kernel) or int16 (its 4-bit one) made
+those kernels bound by arithmetic, not by memory; integer dot products do 32 products in one or two
+instructions (`python -m engine.bench gemv` prints both at each row count).
+
+The forms, best first (`ISAS`), chosen from the detected capabilities (engine/platform/capabilities.py)
+and confirmed by cpuid in the kernel itself (an emulator may show the host's flags in /proc/cpuinfo):
+- `avx512-vnni`: vpdpbusd, EVEX on 256-bit vectors (AVX-512 VNNI + VL + BW: Ice Lake and later Xeons, Zen 4/5);
+- `avx-vnni`: the same instruction VEX-encoded (Alder Lake and later client cores, Zen 5);
+- `avx2`: vpmaddubsw + vpmaddwd (every x86-64 CPU torch dispatches AVX2 on).
+Each int32 lane sums the same 4 products in every form, so all forms give the same bits (the check
+below holds them to it). AMX-INT8 (Sapphire Rapids and later) is not written: this machine (Zen 4) has
+no AMX, and neither qemu-user nor any emulator we can install offline executes AMX tiles, so it could
+not be tested honestly. Where none of these runs (no AVX2, no compiler, a switch off, a failed
+check), `reference` serves: the same arithmetic in torch ops (the integer sums exact in fp32: every
+partial sum stays below 2^24), only the float sums' order differs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.core.errors import first_line
+from engine.kernels import cpu_gemm
+from engine.platform import capabilities
+
+BLOCK = 32  # inputs per activation scale (and per 4-bit weight scale)
+# name -> (the kernel's code for it (cpu_qdot.cpp `Isa`), capabilities flags it needs, its instructions)
+ISAS = {
+    "avx512-vnni": (2, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw"), "vpdpbusd (AVX-512 VNNI, 256-bit)"),
+    "avx-vnni": (4, ("avx2", "fma", "avx_vnni"), "vpdpbusd (AVX-VNNI)"),
+    "avx2": (1, ("avx2", "fma"), "vpmaddubsw + vpmaddwd (AVX2)"),
+}
+REFERENCE = "torch reference (int8 activations, exact integer sums in fp32)"
+
+
+def cpu_isas() -> frozenset[str]:
+    """The forms this CPU executes, by cpuid (empty where our extension is not built here)."""
+    if cpu_gemm.built_reason() is not None:
+        return frozenset()
+    mask = torch.ops.latency_lab_gemv.qdot_isas()
+    return frozenset(name for name, (code, _, _) in ISAS.items() if mask & code)
+
+
+def choose_isa() -> str | None:
+    """The best form that the detected capabilities and cpuid both allow and that passed its check
+    (None: the torch reference serves). Read per call: `capabilities.forced` in tests reaches it."""
+    if unavailable_reason() is not None:
+        return None
+    have, runs = set(capabilities.detect().isa), cpu_isas()
+    for name, (_, flags, _) in ISAS.items():
+        if name in runs and set(flags) <= have and _checked().get(name) is None:
+            return name
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why none of our integer kernels runs here (None: at least one does)."""
+    reason = cpu_gemm.unavailable_reason()
+    if reason:
+        return reason
+    failed = _checked()
+    if failed and all(failed.values()):
+        return "; ".join(f"{k}: {v}" for k, v in failed.items())
+    if not failed:
+        return "this CPU runs none of their forms (" + ", ".join(ISAS) + ")"
+    return None
+
+
+def describe() -> str:
+    """What serves the w8a variants' products here, for engine info."""
+    isa = choose_isa()
+    if isa is None:
+        return f"{REFERENCE}; our kernels not used: {unavailable_reason() or 'the capabilities allow none'}"
+    return f"latency_lab integer kernels, {isa}: {ISAS[isa][2]} (engine/kernels/cpu_qdot.py)"
+
+
+def int8_w8a(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, isa: str | None = "auto") -> torch.Tensor:
+    """x [M, K] fp32 @ (w [N, K] int8 * scale [N] fp32).T with x quantized per block: [M, N] fp32."""
+    isa = choose_isa() if isa == "auto" else isa
+    if isa is None:
+        return int8_reference(x, w, scale)
+    return torch.ops.latency_lab_gemv.qdot_int8(x, w, scale, ISAS[isa][0])
+
+
+def int4_w8a(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+             isa: str | None = "auto") -> torch.Tensor:
+    """x [M, K] fp32 @ the 4-bit weights of cpu_gemm.pack_int4 (fp16 scale and offset per block).T."""
+    isa = choose_isa() if isa == "auto" else isa
+    if isa is None:
+        return int4_reference(x, packed, scale, offset)
+    return torch.ops.latency_lab_gemv.qdot_int4(x, packed, scale, offset, ISAS[isa][0])
+
+
+# --- the reference: the same arithmetic in torch (the fallback, and what the kernels are checked against)
+def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] fp32 -> (xq int8 [M, K], scale [M, K/32], fp32 sum [M, K/32]): the kernel's own rounding
+    (round half to even of x * (1 / s)), so xq matches it bit for bit."""
+    m, k = x.shape
+    blocks = x.float().reshape(m, k // BLOCK, BLOCK)
+    s = blocks.abs().amax(dim=2) / 127.0
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    xq = torch.round(blocks * inv[..., None]).to(torch.int8).reshape(m, k)
+    return xq, s, blocks.sum(dim=2)
+
+
+def _block_dots(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
+    """[M, N, G] exact integer dot products per block (fp32 holds every partial sum exactly)."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    return torch.einsum("mgk,ngk->mng", xq.float().reshape(m, k // BLOCK, BLOCK),
+                        wq.float().reshape(n, k // BLOCK, BLOCK))
+
+
+def _chunks(n: int, m: int, g: int):
+    step = max(1, (1 << 24) // max(1, m * g))  # at most ~16M elements of block sums at once
+    return range(0, n, step), step
+
+
+def int8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    xq, xs, _ = quantize_reference(x)
+    starts, step = _chunks(w.shape[0], x.shape[0], xs.shape[1])
+    parts = [(_block_dots(xq, w[i:i + step]) * xs[:, None, :]).sum(dim=2) * scale[i:i + step].float()
+             for i in starts]
+    return torch.cat(parts, dim=1)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """q in 0..15 [N, K] from cpu_gemm.pack_int4's bytes (byte j of a block: q[j] low, q[j + 16] high)."""
+    n, half = packed.shape
+    b = packed.reshape(n, half // 16, 16)
+    return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, half * 2)
+
+
+def int4_reference(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    xq, xs, xsum = quantize_reference(x)
+    q = unpack_int4(packed)
+    starts, step = _chunks(q.shape[0], x.shape[0], xs.shape[1])
+    parts = [(_block_dots(xq, q[i:i + step]) * (scale[i:i + step].float()[None] * xs[:, None, :])).sum(dim=2)
+             + xsum @ offset[i:i + step].float().T for i in starts]
+    return torch.cat(parts, dim=1)
+
+
+@functools.lru_cache(maxsize=1)
+def _checked() -> dict[str, str | None]:
+    """Each form this CPU executes against the reference, and all of them against each other bit for
+    bit, at row counts inside and across the 4-row blocks: {form: None (passed) or why it failed}."""
+    if cpu_gemm.built_reason() is not None:
+        return {}
+    gen = torch.Generator().manual_seed(0)
+    n, k = 72, 320  # not a multiple of the 64-channel tiles; 10 blocks: the 8-block offset loop and a tail
+    w = torch.randn(n, k, generator=gen)
+    q8, s8 = cpu_gemm.quantize_int8(w)
+    q4 = torch.randint(0, 16, (n, k), generator=gen)
+    packed, s16, o16 = cpu_gemm.pack_int4(q4, torch.rand(n, k // BLOCK, generator=gen) * 0.1,
+                                          torch.randn(n, k // BLOCK, generator=gen) * 0.1)
+    xs = [torch.randn(m, k, generator=gen) * 3 for m in (1, 2, 3, 4, 5, 9)]
+    xs[0][0, :BLOCK] = 0  # an all-zero block: scale 0
+    results, out = {}, {}
+    for name in ISAS:
+        if name not in cpu_isas():
+            continue
+        try:
+            got = []
+            for x in xs:
+                xq, _, _ = torch.ops.latency_lab_gemv.qdot_quantize(x)
+                if not torch.equal(xq, quantize_reference(x)[0]):
+                    raise RuntimeError("activation quantization differs from the reference")
+                a = int8_w8a(x, q8, s8, name)
+                b = int4_w8a(x, packed, s16, o16, name)
+                _close(a, int8_reference(x, q8, s8), "int8")
+                _close(b, int4_reference(x, packed, s16, o16), "4-bit")
+                got.append((a, b))
+            results[name], out[name] = None, got
+        except Exception as exc:  # a wrong result or a missing instruction: this form does not serve
+            results[name] = f"{type(exc).__name__}: {first_line(exc)}"
+    forms = list(out)
+    for name in forms[1:]:
+        if not all(torch.equal(a, b) for pa, pb in zip(out[forms[0]], out[name]) for a, b in zip(pa, pb)):
+            results[name] = f"differs in its bits from {forms[0]}"
+    return results
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    err = float((got - want).abs().max() / want.abs().max())
+    if not err < 1e-5:  # the same integers; only the float sums' order differs
+        raise RuntimeError(f"{what} kernel: relative error {err:.2g} at {got.shape[0]} rows")

@@ -1,0 +1,96 @@
+"""Weight-only layers whose products quantize the activations to int8 per block of 32 (the `int8w8a`
+and `int4w8a` variants, engine/quant/quantize.py): integer dot products, engine/kernels/cpu_qdot.py.
+
+PROVISIONAL WIRING (issue 41, before the execution plan of issue 40 lands): each layer is told its
+kernel form (`isa`: 'avx512-vnni', 'avx-vnni', 'avx2', or None for the torch reference) when it is
+built, from the capabilities then (cpu_qdot.choose_isa); engine/kernels/choose.py names the kernel
+`WO_INT8ACT` from the layer's `int8_activations` mark. Both become a plan entry when the plan lands.
+
+The weights are stored once, in the integer kernels' own layout (persistent buffers, so
+`weight_bytes` counts them): int8 [N, K] with one fp32 scale per output channel (int8wo's
+quantization); 4-bit, 16 bytes per block of 32 inputs and an fp16 scale and offset per block
+(int4wo's quantization, cpu_gemm.pack_int4's layout: no torch-packed copy beside it).
+CPU only: on another device the variant is refused before it is built (`check`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.core.errors import LoadError
+from engine.kernels import cpu_gemm, cpu_qdot
+from engine.quant.weight_only import INT4_GROUP_SIZE, _WeightOnlyLinear, int4_quantize
+
+
+def check(device, shapes) -> None:
+    """Refuse a w8a variant this device or these (in, out) shapes cannot run, before building it."""
+    if torch.device(device).type != "cpu":
+        raise LoadError(f"the int8-activation variants (int8w8a, int4w8a) run on CPU only, not {device}; "
+                        "pick int8wo or int4wo")
+    odd = sorted({k for k, _ in shapes if k % cpu_qdot.BLOCK})
+    if odd:
+        raise LoadError(f"the int8-activation variants need input sizes divisible by {cpu_qdot.BLOCK} "
+                        f"(their activation blocks); this model has {odd}. Pick int8wo.")
+
+
+class _W8ALinear(_WeightOnlyLinear):
+    int8_activations = True  # engine/kernels/choose.py: Kernel.WO_INT8ACT (provisional, see the module)
+
+    def __init__(self, in_features, out_features, bias):
+        super().__init__(in_features, out_features, bias, torch.float32)
+        self.isa = cpu_qdot.choose_isa()  # told once, at build: the plan's job once it lands
+        self.gemv = True  # compute() sends every product to _gemv on CPU
+
+    def _matmul(self, x):  # not reached on CPU (gemv); other devices are refused by `check`
+        return self._gemv(x.float().contiguous())
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 activations, isa={self.isa}"
+
+
+class Int8W8ALinear(_W8ALinear):
+    """y = x @ (W_int8 * scale).T + b with x quantized to int8 per block of 32."""
+
+    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight_int8.shape[1], weight_int8.shape[0], bias)
+        self.register_buffer("weight_int8", weight_int8.contiguous())
+        self.register_buffer("scale", scale.float().contiguous())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **_) -> Int8W8ALinear:
+        q, scale = cpu_gemm.quantize_int8(linear.weight.detach())
+        return cls(q, scale, None if linear.bias is None else linear.bias.detach().clone())
+
+    def _gemv(self, x):
+        return cpu_qdot.int8_w8a(x, self.weight_int8, self.scale, self.isa)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight_int8.float() * self.scale[:, None]
+
+
+class Int4W8ALinear(_W8ALinear):
+    """4-bit weights (int4wo's asymmetric groups of 32) times x quantized to int8 per block of 32."""
+
+    def __init__(self, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(packed.shape[1] * 2, packed.shape[0], bias)
+        self.register_buffer("weight_q4", packed)
+        self.register_buffer("scale", scale)
+        self.register_buffer("offset", offset)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **_) -> Int4W8ALinear:
+        w = linear.weight.detach()
+        q, sz = int4_quantize(w, INT4_GROUP_SIZE)
+        layout = cpu_gemm.pack_int4(q, sz[..., 0].T, sz[..., 1].T)
+        if layout is None:
+            raise LoadError(f"a {w.shape[1]} -> {w.shape[0]} layer's 4-bit scales overflow fp16; pick int8w8a")
+        return cls(*layout, None if linear.bias is None else linear.bias.detach().clone())
+
+    def _gemv(self, x):
+        return cpu_qdot.int4_w8a(x, self.weight_q4, self.scale, self.offset, self.isa)
+
+    def dequantized(self) -> torch.Tensor:
+        g = cpu_qdot.BLOCK
+        q = cpu_qdot.unpack_int4(self.weight_q4).float()
+        return q * self.scale.float().repeat_interleave(g, 1) + self.offset.float().repeat_interleave(g, 1)

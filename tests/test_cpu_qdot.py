@@ -1,0 +1,167 @@
+"""Our integer dot-product kernels (engine/kernels/cpu_qdot.py) and the w8a variants built on them:
+every form this CPU runs equals the reference arithmetic and the other forms bit for bit, a row's
+result does not depend on the rows beside it, the form is chosen from the capabilities with each
+fallback reachable (forced here for the CPU classes this machine is not), and a w8a variant's greedy
+output is the same alone and batched."""
+
+import pytest
+import torch
+from torch import nn
+
+from engine.core.errors import LoadError
+from engine.kernels import choose, cpu_gemm, cpu_qdot
+from engine.platform import capabilities
+from engine.model.forward import forward
+from engine.quant.quantize import build_variant, precheck
+from engine.quant.w8a import Int4W8ALinear, Int8W8ALinear
+from engine.quant.weight_only import decode_kernels
+
+CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
+             and bool(capabilities.detect().cpp_compiler))
+needs_kernels = pytest.mark.skipif(not CAN_BUILD, reason="needs AVX2 and a C++ compiler (test_cpu_gemm asserts they build)")
+AVX2_ONLY = ("avx2", "fma", "f16c")  # a Zen 3 / Haswell-class CPU's flags, as capabilities names them
+
+
+def _forms():
+    return [f for f in cpu_qdot.ISAS if f in cpu_qdot.cpu_isas()]
+
+
+def _weights(n, k, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    q8, s8 = cpu_gemm.quantize_int8(w)
+    q4 = torch.randint(0, 16, (n, k), generator=gen)
+    packed = cpu_gemm.pack_int4(q4, torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3,
+                                torch.randn(n, k // 32, generator=gen) * 0.01)
+    return (q8, s8), packed
+
+
+@needs_kernels
+def test_every_form_this_cpu_runs_passed_its_check_and_the_best_is_chosen():
+    forms = _forms()
+    assert "avx2" in forms  # every CPU our extension builds on
+    assert all(cpu_qdot._checked()[f] is None for f in forms)
+    want = next(f for f in cpu_qdot.ISAS if f in forms and set(cpu_qdot.ISAS[f][1]) <= set(capabilities.detect().isa))
+    assert cpu_qdot.choose_isa() == want
+
+
+@needs_kernels
+@pytest.mark.parametrize("k", [64, 96, 576, 1536])  # pairs of blocks, a lone last block, the model's sizes
+def test_each_form_equals_the_reference_and_the_others_bit_for_bit(k):
+    (q8, s8), (p4, sc, off) = _weights(136, k)
+    x = torch.randn(6, k) * 2
+    x[1, :32] = 0  # an all-zero block
+    for what, run, ref in (("int8", lambda f: cpu_qdot.int8_w8a(x, q8, s8, f), cpu_qdot.int8_reference(x, q8, s8)),
+                           ("int4", lambda f: cpu_qdot.int4_w8a(x, p4, sc, off, f),
+                            cpu_qdot.int4_reference(x, p4, sc, off))):
+        results = [run(f) for f in _forms()]
+        for got in results:
+            assert float((got - ref).abs().max() / ref.abs().max()) < 1e-5, what
+            assert torch.equal(got, results[0]), f"{what}: the forms differ in their bits"
+
+
+@needs_kernels
+def test_activations_are_quantized_as_the_reference_does_bit_for_bit():
+    x = torch.randn(5, 320) * torch.logspace(-3, 2, 320)
+    got = torch.ops.latency_lab_gemv.qdot_quantize(x)
+    want = cpu_qdot.quantize_reference(x)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.allclose(got[2], want[2], rtol=1e-6, atol=1e-5)  # the block sums: summation order
+
+
+@needs_kernels
+@pytest.mark.parametrize("form", ["avx2", "avx512-vnni"])
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(form):
+    if form not in _forms():
+        pytest.skip(f"this CPU does not run {form} (test_forced_* covers the choice)")
+    (q8, s8), (p4, sc, off) = _weights(200, 576, seed=1)
+    x = torch.randn(11, 576)
+    for run in (lambda a: cpu_qdot.int8_w8a(a, q8, s8, form), lambda a: cpu_qdot.int4_w8a(a, p4, sc, off, form)):
+        full = run(x)
+        for m in (1, 2, 3, 4, 5, 9):
+            assert torch.equal(run(x[:m].contiguous()), full[:m])
+        assert torch.equal(run(x[7:8].contiguous()), full[7:8])  # a decode row == the same row in a prefill
+
+
+@needs_kernels
+def test_forced_avx2_cpu_takes_the_avx2_form_and_a_layer_is_told_it():
+    with capabilities.forced(isa=AVX2_ONLY):
+        assert cpu_qdot.choose_isa() == "avx2"
+        layer = Int4W8ALinear.from_linear(nn.Linear(96, 40, bias=False))
+    assert layer.isa == "avx2"
+    x = torch.randn(3, 96)
+    assert torch.equal(layer(x), cpu_qdot.int4_w8a(x, layer.weight_q4, layer.scale, layer.offset, "avx2"))
+
+
+@needs_kernels
+def test_forced_avx_vnni_is_taken_only_where_cpuid_confirms_it():
+    """AVX-VNNI (Alder Lake, Zen 5) is chosen only where the CPU itself runs it: /proc/cpuinfo may show a
+    host's flags under an emulator. On a CPU without it the forced flag falls back to AVX2."""
+    with capabilities.forced(isa=(*AVX2_ONLY, "avx_vnni")):
+        got = cpu_qdot.choose_isa()
+    assert got == ("avx-vnni" if "avx-vnni" in cpu_qdot.cpu_isas() else "avx2")
+
+
+def test_forced_cpu_without_avx2_serves_the_reference_and_says_so(monkeypatch):
+    monkeypatch.setenv("LATENCY_LAB_GEMM", "off")  # as where the extension cannot build (no AVX2)
+    assert cpu_qdot.choose_isa() is None
+    layer = Int8W8ALinear.from_linear(nn.Linear(64, 24, bias=False))
+    assert layer.isa is None
+    assert "torch reference" in decode_kernels(nn.Sequential(layer))
+    assert "LATENCY_LAB_GEMM=off" in cpu_qdot.describe()
+    x = torch.randn(2, 64)
+    assert torch.equal(layer(x), cpu_qdot.int8_reference(x, layer.weight_int8, layer.scale))
+
+
+def test_the_reference_is_the_dequantized_product_up_to_activation_rounding():
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 48, bias=False)
+    x = torch.randn(4, 128)
+    for cls in (Int8W8ALinear, Int4W8ALinear):
+        layer = cls.from_linear(linear)
+        want = x @ layer.dequantized().T
+        ref = {Int8W8ALinear: lambda: cpu_qdot.int8_reference(x, layer.weight_int8, layer.scale),
+               Int4W8ALinear: lambda: cpu_qdot.int4_reference(x, layer.weight_q4, layer.scale, layer.offset)}[cls]()
+        err = float((ref - want).abs().max() / want.abs().max())
+        assert 0 < err < 0.02  # int8 activations: not the fp32 product's bits, but close to it
+
+
+def test_a_w8a_variant_is_refused_off_the_cpu_with_advice(tiny):
+    from dataclasses import replace
+
+    meta = replace(tiny, device=torch.device("meta"))
+    reason = precheck(meta, "int4w8a")
+    assert reason and "CPU only" in reason and "int4wo" in reason
+    with pytest.raises(LoadError):
+        build_variant(meta, "int8w8a")
+
+
+@needs_kernels
+def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled):
+    """int4w8a+head: every projection through the integer kernel (choose says so), its weights counted
+    once, and a sequence's greedy tokens the same decoded alone and beside others."""
+    from engine.model.loaded import weight_bytes
+
+    v = build_variant(bundled, "int4w8a+head")
+    model = v.model
+    assert choose.used(model, 1) == "wo-int8act" and choose.used(model, 64) == "wo-int8act"
+    layers = [m for m in model.modules() if isinstance(m, Int4W8ALinear)]
+    assert len(layers) == 30 * 4 + 1
+    int4wo = build_variant(bundled, "int4wo+head")
+    # counted once, as int4wo's: half a byte a weight, an fp16 scale and offset per 32 (its one layout)
+    assert weight_bytes(model) == weight_bytes(int4wo.model)
+    prompts = [[1, 504, 3458, 30], [1, 2683, 314], [1, 11, 17, 19, 23, 29]]
+
+    def greedy(batch, steps=8):
+        caches = [model.new_cache(32) for _ in batch]
+        with torch.inference_mode():
+            logits = torch.stack([forward(model, [p], [c])[0] for p, c in zip(batch, caches)])  # prefill alone
+            out = [[int(t)] for t in logits.argmax(-1)]
+            for _ in range(steps - 1):
+                logits = forward(model, [[o[-1]] for o in out], caches)
+                for o, t in zip(out, logits.argmax(-1)):
+                    o.append(int(t))
+        return out
+
+    together = greedy(prompts)
+    assert together == [greedy([p])[0] for p in prompts]
