@@ -13,7 +13,7 @@ namespace qdot {
 
 constexpr int64_t kBlock = 32;      // activations and 4-bit weights: one scale per 32 inputs
 constexpr int kMaxRows = 4;         // rows per kernel pass: their accumulators fit 16 ymm registers
-constexpr int64_t kMaxGroups = 1024;  // K up to 32,768 (the per-row scale buffer lives on the stack)
+constexpr int64_t kMaxGroups = 512;  // K up to 16,384 (a row block's scales, 32 KB, live on the stack)
 
 struct Args {
   const int8_t* xq;     // [M, K] activations quantized to int8 (-127..127)
