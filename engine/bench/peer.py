@@ -12,6 +12,12 @@ Figures per engine, medians over alternating rounds (ours, then the peer, in eac
 - warm TTFT: the same conversation plus one new turn, its history's KV already cached (llama.cpp
   keeps the previous prompt's KV and reuses the longest common prefix; we use the prefix cache).
 `ratio` = our best decode tok/s (short prompt) / llama.cpp's.
+
+ONNX Runtime GenAI is the second peer where `--ort-python` and `--ort-models` are given (its venv and
+the models its builder exported from the bundled model's cached transformers folder, offline:
+engine/bench/peer_ort.py gives the commands): the same token ids, in the same rounds, after llama.cpp.
+Its int4 export quantizes the activations to int8 per block of 32 (accuracy level 4), as our `w8a`
+variants do. Each peer's ratio is printed; `ratio` stays llama.cpp's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import platform
 import subprocess
 
-from engine.bench import CHAT_PROMPTS, load_model, median, run_request
+from engine.bench import CHAT_PROMPTS, load_model, median, peer_ort, run_request
 from engine.bench.kv import ARTICLE
 
 # The peer side, run by the peer venv's python: token ids in, per-token timestamps out.
@@ -61,6 +67,7 @@ def add_args(p):
                    help="also measure these weight variants of ours (comma-separated, e.g. int8wo)")
     p.add_argument("--compiled", action="store_true",
                    help="run ours with the compiled decode step too (compiled once, before the rounds)")
+    peer_ort.add_args(p)
 
 
 def conversation() -> tuple[list[dict], list[dict]]:
@@ -142,11 +149,14 @@ def run(args, out):
             out(f"  {label} compiled in {step.info['compile_s']} s (top-1 agreement with its eager "
                 f"step {step.info['top1_agreement']:.0%})")
             configs[f"{label} compiled"] = (loaded, True)
-    runs = {"llama.cpp": [], **{name: [] for name in configs}}
+    ort_jobs = peer_ort.jobs(args, job)
+    runs = {"llama.cpp": [], **{name: [] for name in ort_jobs}, **{name: [] for name in configs}}
     for r in range(args.rounds):
         for name, (loaded, compiled) in configs.items():
             runs[name].append(ours(loaded, ids, args, compiled))
         runs["llama.cpp"].append(peer(args, job))
+        for name, ort_job in ort_jobs.items():
+            runs[name].append(peer_ort.run_peer(args, ort_job))
         out(f"  round {r + 1}: " + "; ".join(
             f"{name} decode {x[-1]['short']['decode_tps']:.1f} tok/s, warm TTFT {x[-1]['warm']['ttft_ms']:.0f} ms"
             for name, x in runs.items()))
@@ -160,7 +170,12 @@ def run(args, out):
     for name, row in table.items():
         out(f"{name:>20}: decode {row['decode_tps_short']:.1f} tok/s short, {row['decode_tps_long']:.1f} after "
             f"{len(ids['long'])} tokens; cold TTFT {row['cold_ttft_ms']:.0f} ms; warm TTFT {row['warm_ttft_ms']:.0f} ms")
-    best = max((n for n in table if n != "llama.cpp"), key=lambda n: table[n]["decode_tps_short"])
+    peers = ["llama.cpp", *ort_jobs]
+    best = max((n for n in table if n not in peers), key=lambda n: table[n]["decode_tps_short"])
+    for name in ort_jobs:
+        out(f"ours ({best}) ÷ {name}: decode {table[best]['decode_tps_short'] / table[name]['decode_tps_short']:.2f}x "
+            f"short, {table[best]['decode_tps_long'] / table[name]['decode_tps_long']:.2f}x long; cold TTFT "
+            f"{table[name]['cold_ttft_ms'] / table[best]['cold_ttft_ms']:.2f}x faster")
     ratios = {
         "decode_short": table[best]["decode_tps_short"] / theirs["decode_tps_short"],
         "decode_long": table[best]["decode_tps_long"] / theirs["decode_tps_long"],
@@ -172,4 +187,5 @@ def run(args, out):
     return {"ratio": round(ratios["decode_short"], 3), "ratios": {k: round(v, 3) for k, v in ratios.items()},
             "table": table, "best": best, "cpu": caps.cpu_model, "isa": caps.isa_level, "threads": threads,
             "machine": platform.machine(), "peer_version": runs["llama.cpp"][0].get("version"),
+            "ort_genai_version": runs[next(iter(ort_jobs))][0].get("version") if ort_jobs else None,
             "prompt_tokens": {k: len(v) for k, v in ids.items()}}
