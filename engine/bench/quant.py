@@ -13,6 +13,7 @@ Every variant is built from the loaded model (engine/quant/quantize.py) and meas
                   two done-stamps of the one clock, engine/core/clock.py)
   decode_tps      greedy chat replies: (tokens - 1) / (last - first token time), median
   top1_agreement, mean_kl   against the loaded (unquantized) model, engine/quant/quality.py
+  perplexity      on the quality set's answers (teacher-forced; the loaded model's own beside it)
   decode_vs_default, prefill_vs_default   those speeds over the loaded (default) variant's
 Runs alternate between the variants, and medians are reported. `ratio` = nf4 weight bytes /
 bf16 weight bytes. `+head` rows also quantize lm_head (its own copy; the embedding stays):
@@ -61,19 +62,23 @@ def run(args, out):
     for name in names:
         v = variants.get(name)
         rows[name] = {"method": v.method, "weight_bytes": v.weight_bytes, "build_s": round(v.build_s, 2),
-                      "top1_agreement": v.quality["top1_agreement"], "mean_kl": v.quality["mean_kl"]}
+                      "top1_agreement": v.quality["top1_agreement"], "mean_kl": v.quality["mean_kl"],
+                      "perplexity": v.quality.get("perplexity")}
         models[name] = v.loaded
         out(f"  built {name} in {v.build_s:.1f} s: {v.loaded.notes[-1] if v.loaded.notes else ''}")
+    ref_ppl = next((v.quality.get("reference_perplexity") for n in names[1:] if (v := variants.get(n)).quality), None)
+    rows[names[0]]["perplexity"] = rows[names[0]]["perplexity"] or ref_ppl  # the loaded model's own
     inputs = quality_inputs(lm.tokenizer)
     reference = next_token_logits(lm.model, inputs)
     for name in [h.strip() for h in args.head_rows.split(",") if h.strip() and f"{h.strip()}+head" not in rows]:
         t0 = clock.now_ns()
         loaded = build_variant(lm, name, quantize_lm_head=True)
         build_s = (clock.done_ns(lm.device) - t0) / 1e9
-        q = compare(reference, next_token_logits(loaded.model, inputs))
+        q = compare(reference, next_token_logits(loaded.model, inputs), inputs)
         rows[f"{name}+head"] = {"method": f"{QUANTIZED[name]}; lm_head quantized too (untied)", "adhoc": True,
                                 "weight_bytes": loaded.weight_bytes(), "build_s": round(build_s, 2),
-                                "top1_agreement": q["top1_agreement"], "mean_kl": q["mean_kl"]}
+                                "top1_agreement": q["top1_agreement"], "mean_kl": q["mean_kl"],
+                                "perplexity": q["perplexity"]}
         models[f"{name}+head"] = loaded
 
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
@@ -106,7 +111,8 @@ def run(args, out):
         out(f"{name:>12}: {row['weight_bytes'] / 1e6:6.1f} MB ({row['bytes_vs_bf16']} of bf16)  build "
             f"{row['build_s']:5.2f} s  peak {row['memory'] or 'memory'} {peak} MB  prefill {row['prefill_tps']:6.1f} tok/s  decode "
             f"{row['decode_tps']:5.1f} tok/s ({row['decode_vs_default']:.2f}x {default})  top-1 "
-            f"{row['top1_agreement']:.1%}  KL {row['mean_kl']:.4f}")
+            f"{row['top1_agreement']:.1%}  KL {row['mean_kl']:.4f}  perplexity "
+            + (f"{row['perplexity']:.3f}" if row.get("perplexity") else "-"))
     out("weight-only kernels' one-time activation check (min µs of one 576 -> 1536 matmul): "
         + ", ".join(f"{k[0]} {k[2]} {v}" for k, v in probe_results.items()))
     ratio = round(rows["nf4"]["weight_bytes"] / bf16_bytes, 3) if "nf4" in rows and bf16_bytes else None

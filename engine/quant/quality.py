@@ -6,6 +6,8 @@ answer, where the model does its work — we compare the next-token distribution
 
   top1_agreement  share of positions where both models rank the same token first
   mean_kl         mean KL(reference || variant) in nats: how much probability mass moved
+  perplexity      exp of the mean negative log-likelihood the variant gives the exchange's actual
+                  next tokens (beside `reference_perplexity`, the reference model's own)
 
 Greedy decoding follows top-1, so agreement predicts how long greedy outputs stay identical;
 KL also sees the changes below the top token that sampling would feel.
@@ -71,13 +73,30 @@ def next_token_logits(model, inputs: list[list[int]], positions: int = POSITIONS
     return out
 
 
-def compare(reference: list[torch.Tensor], candidate: list[torch.Tensor]) -> dict:
-    """top1_agreement and mean_kl of `candidate` against `reference` (same inputs, same order)."""
+def compare(reference: list[torch.Tensor], candidate: list[torch.Tensor],
+            inputs: list[list[int]] | None = None) -> dict:
+    """top1_agreement and mean_kl of `candidate` against `reference` (same inputs, same order); with
+    `inputs` (the token ids both ran), each model's perplexity on the tokens that actually follow."""
     ref, cand = torch.cat(reference), torch.cat(candidate)
     ref_logp, cand_logp = ref.log_softmax(-1), cand.log_softmax(-1)
     kl = (ref_logp.exp() * (ref_logp - cand_logp)).sum(-1).clamp(min=0)
-    return {
+    out = {
         "top1_agreement": (ref.argmax(-1) == cand.argmax(-1)).float().mean().item(),
         "mean_kl": kl.mean().item(),
         "positions": ref.shape[0],
     }
+    if inputs is not None:
+        out["perplexity"] = perplexity(candidate, inputs)
+        out["reference_perplexity"] = perplexity(reference, inputs)
+    return out
+
+
+def perplexity(logits: list[torch.Tensor], inputs: list[list[int]]) -> float:
+    """exp(mean NLL) of each input's next tokens under `logits` (next_token_logits of those inputs:
+    the last position of each predicts past the input, so it is left out)."""
+    nll = []
+    for lg, ids in zip(logits, inputs):
+        n = lg.shape[0]
+        targets = torch.tensor(ids[len(ids) - n + 1:], dtype=torch.long)
+        nll.append(-lg[:-1].float().log_softmax(-1).gather(1, targets[:, None]).squeeze(1))
+    return float(torch.cat(nll).mean().exp())

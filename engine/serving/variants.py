@@ -72,6 +72,7 @@ class Variant:
             "top1_agreement": q.get("top1_agreement"),
             "mean_kl": q.get("mean_kl"),
             "quality_positions": q.get("positions"),
+            "perplexity": q.get("perplexity"),  # on the quality set's answers (the default's: reference_perplexity)
         }
 
 
@@ -228,7 +229,7 @@ class VariantSet:
         inputs = quality_inputs(self.default.loaded.tokenizer, self.quality_texts)
         if self._reference is None:
             self._reference = next_token_logits(self.default.loaded.model, inputs)
-        return compare(self._reference, next_token_logits(model, inputs))
+        return compare(self._reference, next_token_logits(model, inputs), inputs)
 
     def _fit_budget(self, new: Variant) -> None:
         while self.resident_bytes() > self.budget_bytes:
