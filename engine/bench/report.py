@@ -6,7 +6,8 @@ recorded, and each starts from a fresh process, as a user running it would): the
 decode per weights variant against the read bandwidth (`bench bandwidth`); KV reuse (`bench kv`);
 prompt lookup (`bench lookup`); continuous batching at max batch 1 and 8 (`python -m server.bench
 load`: a subprocess, as engine/ imports no server code); ours against llama.cpp where its venv is
-given (`--peer-python`, or $LLAMA_CPP_PYTHON: `bench peer`); and, where CUDA is present, the prepared
+given (`--peer-python`, or $LLAMA_CPP_PYTHON: `bench peer`), and against ONNX Runtime GenAI too where
+$ORT_GENAI_PYTHON and $ORT_GENAI_MODELS name its venv and exported models (engine/bench/peer_ort.py); and, where CUDA is present, the prepared
 GPU check (`bench gpu`, docs/gpu.md: the GPU's limits, decode per variant, the graph step, its targets). About 10 minutes on 2 cores; `--quick` runs each step at its smallest
 (the tests' mode: figures too short to quote).
 
@@ -62,7 +63,7 @@ def suite(peer_python: str | None, cuda: bool) -> list[Step]:
              load_flags=False),
         Step("bandwidth", "decode per weights variant, against the read bandwidth", "engine.bench",
              ["bandwidth", "--dtype", "fp32", "--rounds", "4", "--steps", "4",  # fp32 loaded: every
-              "--variants", "bf16,int8wo,int8wo+head,int4wo,int4wo+head"],          # variant is a downcast
+              "--variants", "bf16,int8wo,int8wo+head,int4wo,int4wo+head,int8w8a+head,int4w8a+head"],  # a downcast
              ["bandwidth", "--rounds", "1", "--steps", "1",
                                                                 "--variants", "int8wo"]),
         Step("kv", "KV reuse: a 6-turn chat's last-turn TTFT", "engine.bench", ["kv", "--runs", "3"],
@@ -79,7 +80,10 @@ def suite(peer_python: str | None, cuda: bool) -> list[Step]:
     ]
     if peer_python:
         steps.append(Step("peer", "ours vs llama.cpp, same GGUF and token ids", "engine.bench",
-                          ["peer", "--peer-python", peer_python, "--rounds", "2", "--compare-variants", "int4wo+head"],
+                          # ONNX Runtime GenAI joins where $ORT_GENAI_PYTHON and $ORT_GENAI_MODELS name its venv
+                          # and exported models (engine/bench/peer_ort.py)
+                          ["peer", "--peer-python", peer_python, "--rounds", "2", "--compare-variants",
+                           "int4wo+head,int4w8a+head"],
                           ["peer", "--peer-python", peer_python, "--rounds", "1", "--max-tokens", "8",
                            "--warm-tokens", "2"]))
     if cuda:  # the prepared GPU check (engine/bench/gpu.py): the GPU's limits, decode per variant, its targets

@@ -68,7 +68,15 @@ def peer_line(r: dict) -> str:
     return (f"decode {_f(ours.get('decode_tps_short'))} vs {_f(theirs.get('decode_tps_short'))} tok/s "
             f"(**{_f(q.get('decode_short'), 2)}x**, ours {best}), after a long prompt {_f(q.get('decode_long'), 2)}x; "
             f"cold TTFT {_f(q.get('cold_ttft_speedup'), 2)}x faster, warm TTFT {_f(q.get('warm_ttft_ratio'), 2)}x "
-            f"theirs; llama-cpp-python {r.get('peer_version')}")
+            f"theirs; llama-cpp-python {r.get('peer_version')}" + "".join(
+                f"; vs {name}: decode {_f(ours.get('decode_tps_short'))} vs {_f(row.get('decode_tps_short'))} tok/s "
+                f"(**{_f(_ratio(ours.get('decode_tps_short'), row.get('decode_tps_short')), 2)}x**), after a long prompt "
+                f"{_f(_ratio(ours.get('decode_tps_long'), row.get('decode_tps_long')), 2)}x"
+                for name, row in t.items() if name.startswith("ort-genai")))
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
 
 
 def gpu_line(r: dict) -> str:
