@@ -14,7 +14,7 @@ Methods (`METHODS`):
   int8wo+head, int4wo+head   the same, with `lm_head` quantized too (see below)
   int4wo+head8   int4wo blocks, `lm_head` in int8wo: SmolLM2's blocks survive 4 bits (its GGUF
                  is already 4-bit), its lm_head (8-bit in the GGUF) does not
-  int8w8a, int4w8a (and +head)   int8wo's / int4wo's weights with the activations quantized to int8
+  int8w8a, int4w8a (and +head, int4w8a+head8: lm_head int8w8a)   int8wo's / int4wo's weights with the activations quantized to int8
           per block of 32 in every product: integer dot products (engine/quant/w8a.py,
           engine/kernels/cpu_qdot.py), CPU only; other bits than the wo variants, hence other names
 
@@ -78,6 +78,7 @@ QUANTIZED = {
     "int8w8a+head": "int8w8a with lm_head quantized too (its own int8 copy; the embedding stays)",
     "int4w8a": "int4wo's weights, activations quantized to int8 per block of 32: integer dot products (CPU)",
     "int4w8a+head": "int4w8a with lm_head quantized too (its own 4-bit copy; the embedding stays)",
+    "int4w8a+head8": "int4w8a with lm_head in int8w8a: most of +head's speed, less of its error",
 }
 # What `+suffix` does to lm_head: quantize it with the variant's own method, or with int8wo.
 HEAD_SUFFIXES = {"head": None, "head8": "int8wo"}
@@ -111,7 +112,7 @@ def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) 
         _check_w8a(base, head is not None)
         extra = f" (here: {cpu_qdot.describe()})"
     if head not in (None, method):
-        _check_weight_only(head, base, True)
+        _check_w8a(base, True) if head in INT8_ACTIVATIONS else _check_weight_only(head, base, True)
     try:
         model = _cast(base, DTYPE_NAMES[method]) if method in DTYPE_NAMES else _quantized(base, method, head)
     except LoadError:
@@ -159,7 +160,7 @@ def precheck(base: LoadedModel, name: str) -> str | None:
             _check_weight_only(method, base, head == method)
             if head not in (None, method):
                 _check_weight_only(head, base, True)
-        elif method in INT8_ACTIVATIONS:
+        elif method in INT8_ACTIVATIONS:  # (a +head8 head is int8w8a too: the same check)
             _check_w8a(base, head is not None)
         else:
             bnb.check(method, base, quantizable_linears(base.model))
@@ -174,6 +175,8 @@ def _split(name: str) -> tuple[str, str | None]:
     method, plus, suffix = name.partition("+")
     if not plus:
         return method, None
+    if method in INT8_ACTIVATIONS and suffix == "head8":  # the int8 head with int8 activations too
+        return method, "int8w8a"
     return method, HEAD_SUFFIXES[suffix] or method
 
 
