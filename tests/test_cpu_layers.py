@@ -130,3 +130,24 @@ def test_a_bench_can_measure_the_python_loop_side_by_side(ours_plan):
         assert not cpu_layers.serves(bundled.model)
         assert cpu_layers.describe(bundled.model).startswith(cpu_layers.PYTHON)
     assert cpu_layers.serves(bundled.model) == CAN_BUILD
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", ["int4w8a", "int8w8a"])
+def test_a_w8a_variants_layers_run_in_the_cpp_loop_with_the_python_loops_bits(bundled, variant, monkeypatch):
+    """The w8a layers (engine/quant/w8a.py, one kind and form for every projection) take the C++ loop
+    too: the same integer-kernel calls on the same rows, so the same bits as the Python loop."""
+    from engine.quant.quantize import build_variant
+
+    model = build_variant(bundled, variant).model
+    _layers(monkeypatch, True)
+    assert cpu_layers.serves(model) and cpu_layers.describe(model) == cpu_layers.NAME
+    cpp = _batched_run(model), _alone_run(model)
+    _layers(monkeypatch, False)
+    python = _batched_run(model), _alone_run(model)
+    (cpp_logits, cpp_kv), cpp_alone = cpp
+    (py_logits, py_kv), py_alone = python
+    assert all(torch.equal(a, b) for a, b in zip(cpp_logits + cpp_kv + cpp_alone, py_logits + py_kv + py_alone))
+    _layers(monkeypatch, True)
+    model.blocks[3].o.isa = None  # one layer served by the torch reference: the loop must not take it
+    assert not cpu_layers.serves(model)

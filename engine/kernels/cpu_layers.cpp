@@ -8,8 +8,10 @@
 // batched forward took longer in the server than alone (docs/batching.md). Here the lock is
 // released once for the whole forward.
 //
-// weights: per layer, 6 tensors: attention norm weight, q/k/v panels, o panels, MLP norm weight,
-// gate/up panels, down panels (engine/kernels/cpu_gemm.py: fp32_panels). biases: per layer 4 (q/k/v, o,
+// weights: per layer, the attention norm weight, q/k/v's weights, o's, the MLP norm weight, gate/up's,
+// down's; a projection's weights are `kind`'s: 0, fp32 panels (engine/kernels/cpu_gemm.py:
+// fp32_panels); 1, int8 weights and fp32 scales; 2, 4-bit weights, fp16 scales and offsets (the w8a
+// layers of engine/quant/w8a.py, through cpu_qdot.cpp's ops in form `isa`). biases: per layer 4 (q/k/v, o,
 // gate/up, down), undefined where none. outs: the 4 projections' output sizes. Sequence b brings
 // lengths[b] rows from row offsets[b], at positions from starts[b]; `decode` lists the sequences
 // whose single row goes through our decode attention kernel, `others` those through SDPA with
@@ -20,12 +22,28 @@
 
 namespace {
 
-at::Tensor mm(const at::Tensor& x, const at::Tensor& panels, int64_t n, const std::optional<at::Tensor>& bias,
-              bool wide) {  // cpu_gemm.ours: x [1, R, K] -> [1, R, n]
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("latency_lab_gemv::fp32_mm", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool)>();
-  at::Tensor y = op.call(x.reshape({-1, x.size(-1)}).contiguous(), panels, n, wide);
+struct Kind {
+  int64_t kind, isa;
+  bool wide;
+  int64_t tensors() const { return kind == 0 ? 1 : kind + 1; }  // a projection's weight tensors
+};
+
+// cpu_gemm.ours, or a w8a layer's compute (engine/quant/w8a.py): x [1, R, K] -> [1, R, n]
+at::Tensor mm(const at::Tensor& x, const at::Tensor* w, int64_t n, const std::optional<at::Tensor>& bias, Kind k) {
+  static auto fp32 = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("latency_lab_gemv::fp32_mm", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool)>();
+  static auto int8 = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("latency_lab_gemv::qdot_int8", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
+  static auto int4 = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("latency_lab_gemv::qdot_int4", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           int64_t)>();
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
+  at::Tensor y = k.kind == 0   ? fp32.call(x2, w[0], n, k.wide)
+                 : k.kind == 1 ? int8.call(x2, w[0], w[1], k.isa)
+                               : int4.call(x2, w[0], w[1], w[2], k.isa);
   if (bias.has_value() && bias->defined()) y = at::add(y, *bias);
   return y.view({x.size(0), x.size(1), y.size(-1)});
 }
@@ -56,11 +74,15 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
                         int64_t H, int64_t KV, int64_t D, int64_t q_size, int64_t kv_size, double scale,
                         at::TensorList k_caches, at::TensorList v_caches, at::IntArrayRef starts,
                         at::IntArrayRef lengths, at::IntArrayRef offsets, at::IntArrayRef decode,
-                        at::IntArrayRef others, const c10::List<std::optional<at::Tensor>>& masks, bool wide) {
-  const int64_t L = static_cast<int64_t>(weights.size()) / 6, R = x.size(1), hidden = x.size(2);
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 6 * L && static_cast<int64_t>(biases.size()) == 4 * L &&
+                        at::IntArrayRef others, const c10::List<std::optional<at::Tensor>>& masks, bool wide,
+                        int64_t kind, int64_t isa) {
+  TORCH_CHECK(kind >= 0 && kind <= 2, "batch_layers: kind 0 (fp32 panels), 1 (int8w8a) or 2 (int4w8a)");
+  const Kind how{kind, isa, wide};
+  const int64_t T = how.tensors(), per = 2 + 4 * T;  // two norms and four projections a layer
+  const int64_t L = static_cast<int64_t>(weights.size()) / per, R = x.size(1), hidden = x.size(2);
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == per * L && static_cast<int64_t>(biases.size()) == 4 * L &&
                   outs.size() == 4 && static_cast<int64_t>(masks.size()) == static_cast<int64_t>(starts.size()),
-              "batch_layers: 6 weights and 4 biases a layer, 4 output sizes, a mask (or None) per sequence");
+              "batch_layers: ", per, " weights and 4 biases a layer, 4 output sizes, a mask (or None) per sequence");
   std::vector<at::Tensor> dk, dv;  // the decode sequences' caches, rows and positions
   std::vector<int64_t> drows, dpos;
   for (int64_t b : decode) {
@@ -72,9 +94,11 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
   const at::Tensor decode_rows = at::tensor(drows, at::TensorOptions().dtype(at::kLong));
   const bool gqa = H != KV;
   for (int64_t i = 0; i < L; ++i) {
-    const at::Tensor* w = weights.data() + 6 * i;
+    const at::Tensor* w = weights.data() + per * i;  // [attn norm, qkv (T), o (T), mlp norm, gate/up (T), down (T)]
+    const at::Tensor *qkv_w = w + 1, *o_w = w + 1 + T, &mlp_norm = w[1 + 2 * T], *gate_up_w = w + 2 + 2 * T,
+                     *down_w = w + 2 + 3 * T;
     auto bias = [&](int64_t j) { return biases.get(4 * i + j); };
-    at::Tensor qkv = mm(at::rms_norm(x, {hidden}, w[0], eps), w[1], outs[0], bias(0), wide);
+    at::Tensor qkv = mm(at::rms_norm(x, {hidden}, w[0], eps), qkv_w, outs[0], bias(0), how);
     at::Tensor qk = rope(qkv.slice(-1, 0, q_size + kv_size).view({1, R, H + KV, D}).transpose(1, 2), cos, sin);
     at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);
     at::Tensor v = qkv.slice(-1, q_size + kv_size).view({1, R, KV, D}).transpose(1, 2);
@@ -97,10 +121,10 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
                        .transpose(0, 1));
       }
     }
-    x = at::add(x, mm(attn.reshape({1, R, H * D}), w[2], outs[1], bias(1), wide));
-    at::Tensor gate_up = mm(at::rms_norm(x, {hidden}, w[3], eps), w[4], outs[2], bias(2), wide);
+    x = at::add(x, mm(attn.reshape({1, R, H * D}), o_w, outs[1], bias(1), how));
+    at::Tensor gate_up = mm(at::rms_norm(x, {hidden}, mlp_norm, eps), gate_up_w, outs[2], bias(2), how);
     auto halves = gate_up.chunk(2, -1);
-    x = at::add(x, mm(at::mul(at::silu(halves[0]), halves[1]), w[5], outs[3], bias(3), wide));
+    x = at::add(x, mm(at::mul(at::silu(halves[0]), halves[1]), down_w, outs[3], bias(3), how));
   }
   return x;
 }
@@ -110,8 +134,8 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("batch_layers(Tensor x, Tensor cos, Tensor sin, Tensor[] weights, Tensor?[] biases, int[] outs, float eps, "
         "int H, int KV, int D, int q_size, int kv_size, float scale, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
-        "int[] starts, int[] lengths, int[] offsets, int[] decode, int[] others, Tensor?[] masks, bool wide) "
-        "-> Tensor");
+        "int[] starts, int[] lengths, int[] offsets, int[] decode, int[] others, Tensor?[] masks, bool wide, "
+        "int kind=0, int isa=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) { m.impl("batch_layers", &batch_layers); }

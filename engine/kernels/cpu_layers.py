@@ -11,7 +11,9 @@ the Python loop), and lets go of the lock once a forward.
 
 Where: where our kernels build (engine/kernels/cpu_gemm.py) and every projection of the model is a plain
 fp32 Linear they serve and the kernel decision (engine/kernels/choose.py) sends every row to our
-kernel; else the Python loop runs. Its switch (engine/kernels/switches.py, `LATENCY_LAB_LAYERS=off`)
+kernel, or every projection is a w8a layer of one kind (engine/quant/w8a.py: int8w8a or int4w8a) told
+one form of our integer kernels (engine/kernels/cpu_qdot.py; PROVISIONAL, with the w8a wiring, until
+the execution plan of issue 40 lands); else the Python loop runs. Its switch (engine/kernels/switches.py, `LATENCY_LAB_LAYERS=off`)
 forces the Python loop; `switches.forced_off("layers")` does for a block of code.
 """
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels import cpu_gemm, switches
+from engine.kernels import cpu_gemm, cpu_qdot, switches
 from engine.kernels.cpu_gemm import panels, plain_fp32_cpu
 
 NAME = "one C++ call a forward (engine/kernels/cpu_layers.py)"
@@ -36,11 +38,29 @@ def _projections(blk) -> tuple:
     return blk.qkv, blk.o, blk.gate_up, blk.down
 
 
+def _kind(lin) -> tuple[int, int] | None:
+    """(kind, form code) of a projection the loop runs (cpu_layers.cpp: 0 fp32 panels, 1 int8w8a, 2 int4w8a),
+    None where it cannot. The w8a layers are known by their attributes (engine/quant/w8a.py: quant is above)."""
+    if plain_fp32_cpu(lin):
+        return 0, 0
+    isa = getattr(lin, "isa", None) if getattr(lin, "int8_activations", False) else None
+    if isa is None:  # not a w8a layer, or one the torch reference serves
+        return None
+    return (1 if hasattr(lin, "weight_int8") else 2), cpu_qdot.ISAS[isa][0]
+
+
+def _tensors(lin, kind: int) -> list:
+    return [panels(lin)] if kind == 0 else [lin.weight_int8, lin.scale] if kind == 1 else \
+        [lin.weight_q4, lin.scale, lin.offset]
+
+
 def serves(model) -> bool:
     """Whether `model`'s (a FastLlama) layers can run here: every projection a plain fp32 Linear our
-    kernel serves. The caller also checks that its rows are ones it sends through our kernel."""
+    kernel serves, or every one a w8a layer of one kind and form. The caller also checks that its rows
+    are ones it sends through those kernels."""
     # the projections first: on a GPU model that answers, and our kernels are never built for it
-    return all(plain_fp32_cpu(lin) for blk in model.blocks for lin in _projections(blk)) and unavailable_reason() is None
+    kinds = {_kind(lin) for blk in model.blocks for lin in _projections(blk)}
+    return len(kinds) == 1 and None not in kinds and unavailable_reason() is None
 
 
 def describe(model) -> str:
@@ -49,7 +69,7 @@ def describe(model) -> str:
 
     if serves(model):
         kernel = choose.choose(model.blocks[0].qkv, 1, choose.plan_of(model))
-        if kernel is choose.Kernel.OURS_FP32:
+        if kernel in (choose.Kernel.OURS_FP32, choose.Kernel.WO_INT8ACT):
             return NAME
         return f"{PYTHON} (the kernel decision sends one-row products to {kernel.short}, not our kernel)"
     if model.device.type != "cpu":  # asked before unavailable_reason, which builds our kernels
@@ -65,15 +85,18 @@ def layer_weights(model) -> tuple[list, list] | None:
     it only where our kernel runs the rows."""
     if model.device.type != "cpu" or unavailable_reason() is not None:  # never built for a GPU model
         return None
-    weights, biases = [], []
+    weights, biases, kinds = [], [], set()
     for blk in model.blocks:
         lins = _projections(blk)
-        if not all(plain_fp32_cpu(lin) for lin in lins):
+        kinds |= {_kind(lin) for lin in lins}
+        if None in kinds or len(kinds) > 1:
             return None
-        qkv, o, gate_up, down = (panels(lin) for lin in lins)
-        weights += [blk.attn_norm.weight, qkv, o, blk.mlp_norm.weight, gate_up, down]
+        kind = next(iter(kinds))[0]
+        qkv, o, gate_up, down = (_tensors(lin, kind) for lin in lins)
+        weights += [blk.attn_norm.weight, *qkv, *o, blk.mlp_norm.weight, *gate_up, *down]
         biases += [lin.bias for lin in lins]
-    return weights, biases
+    kind, isa = next(iter(kinds))
+    return weights, biases, kind, isa
 
 
 def run_layers(model, layers: tuple[list, list], x, cos, sin, caches, starts, lengths, offsets, decode, others,
@@ -81,10 +104,10 @@ def run_layers(model, layers: tuple[list, list], x, cos, sin, caches, starts, le
     """engine/model/forward.py's layer loop (`blocks`) over x [1, R, hidden] in one call. `layers`:
     layer_weights(model); the rest are forward.forward's (`decode` the sequences whose row takes our
     attention kernel, `others` the ones through SDPA with masks[b]). Returns x after the last layer."""
-    weights, biases = layers
+    weights, biases, kind, isa = layers
     blk = model.blocks[0]
     outs = [blk.qkv.out_features, blk.o.out_features, blk.gate_up.out_features, blk.down.out_features]
     return torch.ops.latency_lab_gemv.batch_layers(
         x, cos, sin, weights, biases, outs, blk.attn_norm.eps, model.n_heads, model.n_kv_heads, model.head_dim,
         blk.q_size, blk.kv_size, blk.scaling, [c.k for c in caches], [c.v for c in caches], starts, lengths, offsets,
-        decode, others, masks, cpu_gemm.wide())
+        decode, others, masks, cpu_gemm.wide(), kind, isa)

@@ -94,7 +94,8 @@ def _prefix_causal(start: int, n: int, device: torch.device):
 def _all_ours(model, lengths, plan) -> bool:
     """Whether every projection row of this forward goes to our fp32 kernel (the C++ loop's condition;
     cpu_layers.layer_weights checks the projections and the switch)."""
-    return choose.choose(model.blocks[0].qkv, max(lengths), plan) is Kernel.OURS_FP32
+    # WO_INT8ACT: the w8a layers (PROVISIONAL, issue 41: a plan entry once issue 40's plan lands)
+    return choose.choose(model.blocks[0].qkv, max(lengths), plan) in (Kernel.OURS_FP32, Kernel.WO_INT8ACT)
 
 
 def _attention(model, caches, starts, lengths, offsets, decode, others, masks):
