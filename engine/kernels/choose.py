@@ -55,6 +55,8 @@ class Kernel(enum.Enum):
     # PROVISIONAL (issue 41, until the plan of issue 40 lands): the w8a layers' integer kernels
     WO_INT8ACT = ("wo-int8act", "our integer dot-product kernels, activations int8 per block of 32 "
                                 "(engine/kernels/cpu_qdot.py)", True)
+    WO_DEQUANT_FP32 = ("wo-dequant-fp32", "a w8a layer's weights dequantized once, then the fp32 GEMM (MKL): "
+                                          "long prompts", False)
     BNB = ("bnb", "bitsandbytes", False)
 
     def __init__(self, short: str, what: str, row_invariant: bool):
@@ -83,7 +85,8 @@ def choose(linear: nn.Module, rows: int, plan: Plan = DEFAULT_PLAN) -> Kernel:
     kind = type(linear)
     if kind is not nn.Linear:
         if getattr(linear, "int8_activations", False):  # engine/quant/w8a.py (PROVISIONAL: a plan entry later)
-            return Kernel.WO_INT8ACT
+            # past OURS_ROWS rows (as fp32's rows go to MKL) the fp32 GEMM over dequantized weights wins
+            return Kernel.WO_DEQUANT_FP32 if rows > OURS_ROWS and _on_cpu(linear) else Kernel.WO_INT8ACT
         if hasattr(linear, "has_ours"):  # engine/quant/weight_only._WeightOnlyLinear (not imported: no cycle)
             return Kernel.WO_OURS if linear.gemv and _on_cpu(linear) else Kernel.WO_TORCH
         return Kernel.BNB if kind.__module__.startswith(("bitsandbytes", "engine.quant.bnb")) else Kernel.ATEN
@@ -112,6 +115,8 @@ def _on_cpu(module: nn.Module) -> bool:
 def per_sequence(kernel: Kernel, linear: nn.Module) -> bool:
     """Whether a batched forward must call `kernel` once per sequence: it is not row-invariant and
     the layer is a plain fp32 Linear, whose greedy output is promised the same alone and batched."""
+    if kernel is Kernel.WO_DEQUANT_FP32:  # its layers promise a row the same bits alone and batched too
+        return True
     return not kernel.row_invariant and type(linear) is nn.Linear and linear.weight.dtype == torch.float32
 
 
@@ -126,6 +131,8 @@ def run(kernel: Kernel, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return linear(x)  # oneDNN refused this weight once (packed_weight): the plain call, every time
     if kernel is Kernel.ATEN_NO_ONEDNN:
         return _without_onednn(linear, x)
+    if kernel is Kernel.WO_DEQUANT_FP32:
+        return linear.prefill(x)
     return linear(x)
 
 

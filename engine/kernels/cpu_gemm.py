@@ -126,6 +126,10 @@ def _register_fakes() -> None:
     def _(x, w, scale, offset, group_size):
         return x.new_empty(x.shape[0], w.shape[0])
 
+    @torch.library.register_fake("latency_lab_gemv::qdot_dequantize")
+    def _(w, scale, offset):
+        return w.new_empty(w.shape[0], w.shape[1] * (2 if offset is not None else 1), dtype=torch.float32)
+
     @torch.library.register_fake("latency_lab_gemv::qdot_int8")
     def _(x, w, scale, isa):
         return x.new_empty(x.shape[0], w.shape[0])

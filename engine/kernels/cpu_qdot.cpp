@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cmath>
 #include <tuple>
+#include <immintrin.h>
 #include <torch/library.h>
 
 #include "cpu_qdot.h"
@@ -137,6 +138,48 @@ at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return y;
 }
 
+// The weights back in fp32 [N, K], for a long prefill's fp32 GEMM (cpu_qdot.py: `dequantized`): int8,
+// w * scale[n]; 4-bit, fma(q, scale, offset) per block (byte j of a block: q[j] low, q[j + 16] high).
+at::Tensor qdot_dequantize(const at::Tensor& w, const at::Tensor& scale, const std::optional<at::Tensor>& offset) {
+  const bool four = offset.has_value();
+  const int64_t N = w.size(0), K = four ? w.size(1) * 2 : w.size(1), G = K / kBlock;
+  TORCH_CHECK(w.is_contiguous() && w.scalar_type() == (four ? at::kByte : at::kChar) && K % kBlock == 0,
+              "w: contiguous int8 [N, K] or 4-bit uint8 [N, K / 2], K a multiple of 32");
+  TORCH_CHECK(scale.is_contiguous() && scale.numel() == (four ? N * G : N) &&
+                  scale.scalar_type() == (four ? at::kHalf : at::kFloat) &&
+                  (!four || (offset->is_contiguous() && offset->numel() == N * G && offset->scalar_type() == at::kHalf)),
+              "scale: fp32 [N] (int8), or fp16 scale and offset [N, K / 32] (4-bit)");
+  at::Tensor out = at::empty({N, K}, w.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float* row = op + n * K;
+      if (!four) {
+        const int8_t* wr = w.data_ptr<int8_t>() + n * K;
+        const __m256 s = _mm256_set1_ps(scale.data_ptr<float>()[n]);
+        for (int64_t k = 0; k < K; k += 8)
+          _mm256_storeu_ps(row + k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + k)))), s));
+        continue;
+      }
+      const uint8_t* wr = w.data_ptr<uint8_t>() + n * (K / 2);
+      const uint16_t* sr = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()) + n * G;
+      const uint16_t* orow = reinterpret_cast<const uint16_t*>(offset->data_ptr<at::Half>()) + n * G;
+      for (int64_t g = 0; g < G; ++g) {
+        const __m256 s = _mm256_set1_ps(_cvtsh_ss(sr[g])), o = _mm256_set1_ps(_cvtsh_ss(orow[g]));
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + g * 16));
+        const __m128i q[2] = {_mm_and_si128(b, _mm_set1_epi8(0x0F)), _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F))};
+        for (int h = 0; h < 2; ++h) {  // q[0..15], then q[16..31]
+          float* at = row + g * kBlock + h * 16;
+          _mm256_storeu_ps(at, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q[h])), s, o));
+          _mm256_storeu_ps(at + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q[h], 8))), s, o));
+        }
+      }
+    }
+  });
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qdot_quantize(const at::Tensor& x) {
   Quantized q = quantize(x, false);
   return {q.xq, q.xs, q.xsum};
@@ -147,12 +190,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qdot_quantize(const at::Tensor& x
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("qdot_isas() -> int", &supported_isas);  // no tensor to dispatch on: one kernel for every backend
   m.def("qdot_quantize(Tensor x) -> (Tensor, Tensor, Tensor)");
+  m.def("qdot_dequantize(Tensor w, Tensor scale, Tensor? offset) -> Tensor");
   m.def("qdot_int8(Tensor x, Tensor w, Tensor scale, int isa) -> Tensor");
   m.def("qdot_int4(Tensor x, Tensor w, Tensor scale, Tensor offset, int isa) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) {
   m.impl("qdot_quantize", &qdot_quantize);
+  m.impl("qdot_dequantize", &qdot_dequantize);
   m.impl("qdot_int8", &qdot_int8);
   m.impl("qdot_int4", &qdot_int4);
 }

@@ -105,6 +105,18 @@ def int4_w8a(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset:
     return torch.ops.latency_lab_gemv.qdot_int4(x, packed, scale, offset, ISAS[isa][0])
 
 
+def dequantized(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+    """The weights in fp32 [N, K] (int8 with fp32 scales per channel, or cpu_gemm.pack_int4's 4-bit
+    layout with fp16 scale and offset): a long prefill multiplies them by fp32 activations in the fp32
+    GEMM (engine/quant/w8a.py `prefill`), where that beats the integer kernels."""
+    if cpu_gemm.built_reason() is None:
+        return torch.ops.latency_lab_gemv.qdot_dequantize(w, scale, offset)
+    if offset is None:
+        return w.float() * scale.float()[:, None]
+    return (unpack_int4(w).float() * scale.float().repeat_interleave(BLOCK, 1)
+            + offset.float().repeat_interleave(BLOCK, 1))
+
+
 # --- the reference: the same arithmetic in torch (the fallback, and what the kernels are checked against)
 def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] fp32 -> (xq int8 [M, K], scale [M, K/32], fp32 sum [M, K/32]): the kernel's own rounding

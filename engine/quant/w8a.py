@@ -16,6 +16,7 @@ CPU only: on another device the variant is refused before it is built (`check`).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.core.errors import LoadError
@@ -45,6 +46,13 @@ class _W8ALinear(_WeightOnlyLinear):
     def _matmul(self, x):  # not reached on CPU (gemv); other devices are refused by `check`
         return self._gemv(x.float().contiguous())
 
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        """x (many rows of one sequence: a long prompt) times the weights dequantized to fp32, in the fp32
+        GEMM (F.linear: MKL): at that many rows it outruns the integer kernels, and the dequantization
+        is paid once per call (engine/kernels/choose.py `WO_DEQUANT_FP32`; `python -m engine.bench gemv`)."""
+        y = F.linear(x.float(), self.dequantized(), self.bias)
+        return y.to(x.dtype)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 activations, isa={self.isa}"
 
@@ -66,7 +74,7 @@ class Int8W8ALinear(_W8ALinear):
         return cpu_qdot.int8_w8a(x, self.weight_int8, self.scale, self.isa)
 
     def dequantized(self) -> torch.Tensor:
-        return self.weight_int8.float() * self.scale[:, None]
+        return cpu_qdot.dequantized(self.weight_int8, self.scale)
 
 
 class Int4W8ALinear(_W8ALinear):
@@ -91,6 +99,4 @@ class Int4W8ALinear(_W8ALinear):
         return cpu_qdot.int4_w8a(x, self.weight_q4, self.scale, self.offset, self.isa)
 
     def dequantized(self) -> torch.Tensor:
-        g = cpu_qdot.BLOCK
-        q = cpu_qdot.unpack_int4(self.weight_q4).float()
-        return q * self.scale.float().repeat_interleave(g, 1) + self.offset.float().repeat_interleave(g, 1)
+        return cpu_qdot.dequantized(self.weight_q4, self.scale, self.offset)
