@@ -8,6 +8,7 @@ from engine.model.kv_cache import KVCache
 from engine.serving.decoding import Decoding
 from engine.serving.generate import generate
 from engine.serving.prefix_cache import PrefixCache
+from engine.bench import runner_for
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=10)
 
@@ -16,7 +17,7 @@ def run(lm, cache, *, messages=None, prompt_ids=None, session="s", config=GREEDY
         decoding_factory=Decoding):
     tl = Timeline()
     tl.enqueued_ns = tl.started_ns = tl.received_ns
-    events = generate(lm.model, lm.tokenizer, lm.eos_token_ids,
+    events = generate(runner_for(lm), lm.tokenizer, lm.eos_token_ids,
                       Request(messages=messages, prompt_ids=prompt_ids, config=config, session=session), tl,
                       should_stop=should_stop, decoding_factory=decoding_factory, prefix_cache=cache)
     for event in events:

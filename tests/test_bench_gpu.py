@@ -179,19 +179,25 @@ def test_the_cuda_event_clock_records_events_and_reads_them_after_a_sync(monkeyp
     assert clock.ms("a", "never") is None
 
 
-def test_a_refused_compiled_step_is_a_skip_with_the_reason(monkeypatch):
+def test_a_refused_compiled_step_is_a_skip_with_the_reason(tiny):
     from engine.bench import gpu_stages as st
-    from engine.model import compiled_step
+    from engine.platform import capabilities
 
-    def refuse(model):
-        raise compiled_step.refusal("torch.compile needs Triton on CUDA; it does not import here")
-
-    monkeypatch.setattr(compiled_step, "for_model", refuse)
     ctx = st.Context(device=__import__("torch").device("cpu"), tiny=True, cache_dir=None, prompt_tokens=8,
                      new_tokens=2)
-    ctx.small = type("Loaded", (), {"model": None})()
-    with pytest.raises(st.Skip, match="needs Triton"):
-        st.compiled(ctx)
+    with capabilities.forced(cpp_compiler=None):  # the plan made here refuses the compiled step, with why
+        ctx.small = _fresh(tiny)
+        with pytest.raises(st.Skip, match="C\\+\\+ compiler"):
+            st.compiled(ctx)
+
+
+def _fresh(loaded):
+    """A LoadedModel over a copy of `loaded`'s module: a model object no runner was made for yet."""
+    import copy
+
+    fresh = copy.copy(loaded)
+    fresh.model = copy.deepcopy(loaded.model)
+    return fresh
 
 
 def test_the_bundled_shape_is_the_ggufs_and_the_tokenizer_travels_as_a_folder(tmp_path, tokenizer):

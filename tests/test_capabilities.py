@@ -6,24 +6,25 @@ import pytest
 import torch
 from torch import nn
 
+from engine.bench import runner_for
 from engine.core.errors import LoadError
-from engine.kernels.choose import DEFAULT_PLAN, Plan, choose, packed_weight, run
-from engine.platform import capabilities
+from engine.kernels.catalogue import packed_weight, run
 from engine.model.loader import resolve_dtype
+from engine.platform import capabilities
 from engine.quant import quantize, weight_only
-from engine.quant.quantize import (
-    Int4WeightOnlyLinear,
-    Int8WeightOnlyLinear,
-    build_variant,
-)
+from engine.quant.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+from engine.runtime import plan as kernel_plan
+from engine.runtime.plan import probe_results, weight_only_activations
+from engine.serving.variants import build
 
 CAPS = capabilities.detect()
-PACKED_ONE_ROW = Plan(one_row="packed", source="injected")  # every fp32 row through the packed copy
 
 
-def project(linear, x, plan=DEFAULT_PLAN):
-    """linear(x) through the kernel the one decision names for x's rows."""
-    return run(choose(linear, x.shape[-2], plan), linear, x)
+def project(linear, x, one_row="gemv"):
+    """linear(x) through the kernel the plan's table names for x's rows (capabilities as detected now;
+    `one_row` 'packed': every fp32 row through the packed copy)."""
+    lp = kernel_plan._linear_plan(linear, "cpu", capabilities.detect(), one_row, None, False)
+    return run(lp.kernel(x.shape[-2]), linear, x)
 
 
 def test_detect_reports_this_machine_and_forced_changes_it_only_inside():
@@ -70,62 +71,60 @@ def test_fp32_packed_weights_from_two_rows_on_give_each_row_the_same_bits_at_any
     assert torch.equal(project(lin, x[:, :1]), lin(x[:, :1]))  # one row: MKL's GEMV, as before
     rows = project(lin, x)
     for i in range(9):  # what batching's exactness rests on
-        assert torch.equal(project(lin, x[:, i : i + 1], PACKED_ONE_ROW), rows[:, i : i + 1])
+        assert torch.equal(project(lin, x[:, i : i + 1], "packed"), rows[:, i : i + 1])
 
 
 @pytest.mark.skipif(not CAPS.packed_fp32_weights, reason="this torch build has no oneDNN; the test below covers "
                     "the model without packed weights")
 def test_the_one_row_path_is_measured_cached_and_either_choice_keeps_greedy_exact(tiny, tmp_path):
-    """engine/kernels/plan.py: where our kernel builds it takes one-row products by rule (nothing
-    measured or cached); without it (switched off here) GEMV and the packed copy are measured, the
+    """engine/runtime/plan.py: where our kernel builds it takes one-row products by rule (nothing
+    measured or cached); without it (switched off here) GEMV and the packed copy are raced, the
     packed copy kept only with a 5% lead, the choice written to the per-machine cache and read back
     the next time; whichever serves, greedy decoding is unchanged, and a lone sequence gets the bits
     of the same sequence in a batch."""
     from engine.kernels import cpu_gemm, switches
-    from engine.kernels import plan as kernel_plan
-    from engine.model.forward import forward as forward_batch
+    from engine.platform import decisions
+    from engine.runtime.plan import make_plan
+    from engine.runtime.runner import Batch, Runner
 
     model = tiny.model
-    saved = model.kernel_plan
-    try:
-        if cpu_gemm.available():
-            ruled = kernel_plan.load_or_measure(model, tmp_path)
-            assert ruled.one_row == "ours" and ruled.source.startswith("rule") and ruled.measured is None
-            assert not (tmp_path / "kernel-plans").exists()
-        with switches.forced_off("gemm"):
-            choice = kernel_plan.load_or_measure(model, tmp_path)
-            m = choice.measured
-            assert choice.source == "measured" and m["packed_ms"] > 0 and m["gemv_ms"] > 0 and m["ours_ms"] is None
-            assert choice.one_row in ("packed", "gemv")
-            assert (choice.one_row == "packed") == (m["ratio"] <= kernel_plan.ONE_ROW_PACKED_IF)
-            assert len(list((tmp_path / "kernel-plans").iterdir())) == 1
-            again = kernel_plan.load_or_measure(model, tmp_path)  # a restart: the cached decision, not a new race
-            assert again.one_row == choice.one_row and again.source.startswith("cached") and again.measured == m
-        ids = torch.tensor([5, 9, 13])
-        outs = {}
-        for path in kernel_plan.candidates(model):  # forced
-            kernel_plan.inject(model, path)
-            cache, other = model.new_cache(16), model.new_cache(16)
-            forward_batch(model, [ids.tolist()], [cache])  # the same prompt KV for every path
-            forward_batch(model, [[3, 4]], [other])
-            outs[path] = model.forward(torch.tensor([21]), cache)
-            cache.crop(3)
-            batched = forward_batch(model, [[21], [8]], [cache, other])  # the same row beside another
-            assert torch.equal(outs[path], batched[:1])
-        for path in outs:
-            torch.testing.assert_close(outs["packed"], outs[path], atol=1e-4, rtol=1e-4)
-            assert outs["packed"].argmax() == outs[path].argmax()
-    finally:
-        model.kernel_plan = saved
+    if cpu_gemm.available():
+        ruled = make_plan(model, cache_dir=tmp_path).decision("fp32 one-row")
+        assert ruled.choice == "ours" and ruled.source.startswith("rule") and ruled.measured is None
+        assert not (tmp_path / "kernel-plans").exists()
+    with switches.forced_off("gemm"):
+        choice = make_plan(model, cache_dir=tmp_path).decision("fp32 one-row")
+        m = choice.measured
+        assert choice.source == "measured" and m["packed_ms"] > 0 and m["gemv_ms"] > 0 and m["ours_ms"] is None
+        assert choice.choice in ("packed", "gemv")
+        assert (choice.choice == "packed") == (m["ratio"] <= kernel_plan.ONE_ROW_PACKED_IF)
+        assert len(list((tmp_path / "kernel-plans").iterdir())) == 1
+        decisions.forget()  # a restart: a new process has only the cache folder
+        again = make_plan(model, cache_dir=tmp_path).decision("fp32 one-row")  # the cached decision, not a new race
+        assert again.choice == choice.choice and again.source.startswith("cached") and again.measured == m
+    ids = torch.tensor([5, 9, 13])
+    outs = {}
+    for path in ["gemv", "packed"] + (["ours"] if cpu_gemm.available() else []):
+        runner = Runner(model, make_plan(model, one_row=path))
+        cache, other = runner.new_cache(16), runner.new_cache(16)
+        runner.run(Batch([ids.tolist()], [cache]))  # the same prompt KV for every path
+        runner.run(Batch([[3, 4]], [other]))
+        outs[path] = runner.forward(torch.tensor([21]), cache)
+        cache.crop(3)
+        batched = runner.run(Batch([[21], [8]], [cache, other]))  # the same row beside another
+        assert torch.equal(outs[path], batched[:1])
+    for path in outs:
+        torch.testing.assert_close(outs["packed"], outs[path], atol=1e-4, rtol=1e-4)
+        assert outs["packed"].argmax() == outs[path].argmax()
 
 
 def test_fast_llama_forward_is_right_without_packed_weights(tiny):
     """The whole bf16 forward on the plain path gives the logits of the fp32 model, to bf16 precision."""
     ids = torch.arange(100, 112)
-    want = tiny.model.forward(ids, tiny.model.new_cache(16), all_logits=True)
+    want = runner_for(tiny).forward(ids, tiny.model.new_cache(16), all_logits=True)
     with capabilities.forced(onednn_bf16=False):
-        bf16 = build_variant(tiny, "bf16")
-        got = bf16.model.forward(ids, bf16.model.new_cache(16), all_logits=True)
+        _, bf16 = build(tiny, "bf16")  # its plan made with the capabilities forced
+        got = bf16.forward(ids, bf16.new_cache(16), all_logits=True)
     assert (got - want).abs().max() < 0.05 * want.abs().max()
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
@@ -154,8 +153,10 @@ def _layer(seed=0, n=96, k=128):
 @pytest.mark.parametrize("cls", [Int8WeightOnlyLinear, Int4WeightOnlyLinear])
 def test_weight_only_kernels_are_right_in_every_activation_dtype(cls, activations):
     lin, x = _layer()
+    method = "int8wo" if cls is Int8WeightOnlyLinear else "int4wo"
     with capabilities.forced(weight_only_activations=activations):
-        q = cls.from_linear(lin, keep_unpacked=True, gemv=False)  # torch's kernels; ours: tests/test_cpu_gemm.py
+        dtype = weight_only_activations(method, "cpu", torch.float32)  # the plan's decision
+    q = cls.from_linear(lin, compute_dtype=dtype, keep_unpacked=True, ours_layout=False)  # torch's; ours: test_cpu_gemm
     if activations == "model":
         assert q.compute_dtype == torch.float32  # the fallback: the model's own dtype
     if activations == "bf16":
@@ -167,52 +168,58 @@ def test_weight_only_kernels_are_right_in_every_activation_dtype(cls, activation
     assert (y - want).abs().max() <= tol * want.abs().max()
 
 
-def test_weight_only_activation_dtype_measured_once_and_reported():
-    first = quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.float32)
-    assert quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.float32) is first
+def test_weight_only_activation_dtype_measured_once_and_reported(tmp_path):
+    from engine.platform import decisions
+
+    first = weight_only_activations("int8wo", "cpu", torch.float32, cache_dir=tmp_path)
+    assert weight_only_activations("int8wo", "cpu", torch.float32, cache_dir=tmp_path) is first
     assert first in (torch.bfloat16, torch.float32)
-    assert ("int8wo", "cpu", quantize.dtype_name(first)) in quantize.probe_results
+    assert ("int8wo", "cpu", quantize.dtype_name(first)) in probe_results
+    if CAPS.weight_only_activations == "auto":  # a race was run: kept per machine, a restart reads it
+        assert len(list((tmp_path / "weight-only-activations").iterdir())) == 1
+        decisions.forget()
+        assert weight_only_activations("int8wo", "cpu", torch.float32, cache_dir=tmp_path) is first
     # a bf16 model needs no choice: its own dtype is the kernel's fast one
-    assert quantize.weight_only_compute_dtype("int8wo", torch.device("cpu"), torch.bfloat16) == torch.bfloat16
+    assert weight_only_activations("int8wo", "cpu", torch.bfloat16) == torch.bfloat16
 
 
 @pytest.mark.parametrize("method, field", [("int8wo", "int8_weight_only_kernel"), ("int4wo", "int4_weight_only_kernel")])
 def test_a_weight_only_variant_without_its_kernel_is_refused_with_advice(tiny, method, field):
     with capabilities.forced(**{field: False}):
         with pytest.raises(LoadError, match="lacks") as err:
-            build_variant(tiny, method)
+            build(tiny, method)
     assert "pick" in str(err.value)
-    assert build_variant(tiny, method).model.forward(torch.arange(4), tiny.model.new_cache(8)).isfinite().all()
+    assert build(tiny, method)[1].forward(torch.arange(4), tiny.model.new_cache(8)).isfinite().all()
 
 
 def test_a_kernel_that_fails_its_check_is_refused_before_building(tiny, monkeypatch):
     def broken(*args):
         raise RuntimeError("no kernel for this CPU")
 
-    weight_only._probe.cache_clear()
+    kernel_plan._layers_for.cache_clear()
     monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", broken)
     try:
         with pytest.raises(LoadError, match="int4wo kernel cannot run.*no kernel for this CPU"):
-            build_variant(tiny, "int4wo")
+            build(tiny, "int4wo")
     finally:
         monkeypatch.undo()
-        weight_only._probe.cache_clear()
-    assert build_variant(tiny, "int4wo") is not None
+        kernel_plan._layers_for.cache_clear()
+    assert build(tiny, "int4wo") is not None
 
 
 def test_int4_needs_input_sizes_divisible_by_its_group(odd_model):
-    with pytest.raises(LoadError, match=f"divisible by {quantize.INT4_GROUP_SIZE}.*Try int8wo"):
-        build_variant(odd_model, "int4wo")
-    assert build_variant(odd_model, "int8wo") is not None  # no such rule
+    with pytest.raises(LoadError, match=f"divisible by {weight_only.INT4_GROUP_SIZE}.*Try int8wo"):
+        build(odd_model, "int4wo")
+    assert build(odd_model, "int8wo") is not None  # no such rule
 
 
 def test_lm_head_variants_quantize_a_copy_and_keep_the_embedding(tiny):
-    v = build_variant(tiny, "int8wo+head")
+    v, runner = build(tiny, "int8wo+head")
     assert isinstance(v.model.lm_head, Int8WeightOnlyLinear)
     assert v.model.embed.weight is tiny.model.embed.weight  # the lookup reads the original
     ids = torch.arange(100, 110)
-    want = tiny.model.forward(ids, tiny.model.new_cache(16), all_logits=True)
-    got = v.model.forward(ids, v.model.new_cache(16), all_logits=True)
+    want = runner_for(tiny).forward(ids, tiny.model.new_cache(16), all_logits=True)
+    got = runner.forward(ids, v.model.new_cache(16), all_logits=True)
     assert (got - want).abs().max() < 0.1 * want.abs().max()
 
 
@@ -235,15 +242,15 @@ def test_bnb_4bit_shape_rule_is_checked_where_its_avx512bf16_kernel_runs(odd_mod
     """Forced on, the rule refuses before any kernel runs, on any CPU."""
     with capabilities.forced(bnb_cpu_avx512bf16=True):
         with pytest.raises(LoadError, match="divisible by 32.*Try int8"):
-            build_variant(odd_model, "nf4")
+            build(odd_model, "nf4")
 
 
 @pytest.mark.skipif(CAPS.bnb_cpu_avx512bf16 or CAPS.bnb_unusable is not None,
                     reason="this CPU has AVX512-BF16, where bitsandbytes' 4-bit kernel has the shape rule (the forced "
                     "test above covers it), or no AVX2, where bitsandbytes cannot load (refused up front, tested)")
 def test_bnb_4bit_generic_kernel_takes_any_shape(odd_model):
-    v = build_variant(odd_model, "nf4")
-    logits = v.model.forward(torch.arange(4), v.model.new_cache(8))
+    v, runner = build(odd_model, "nf4")
+    logits = runner.forward(torch.arange(4), v.model.new_cache(8))
     assert logits.isfinite().all()
 
 

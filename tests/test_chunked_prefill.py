@@ -10,13 +10,14 @@ from engine.core.request import Request
 from engine.core.timeline import Timeline
 from engine.serving.decoding import Decoding
 from engine.serving.generate import generate
+from engine.bench import runner_for
 
 
 def run(lm, ids, should_stop=lambda: False, **cfg):
     tl = Timeline()
     tl.enqueued_ns = tl.started_ns = tl.received_ns
     request = Request(prompt_ids=ids, config=GenerationConfig(temperature=0.0, **cfg))
-    return list(generate(lm.model, lm.tokenizer, lm.eos_token_ids, request, tl, should_stop=should_stop))
+    return list(generate(runner_for(lm), lm.tokenizer, lm.eos_token_ids, request, tl, should_stop=should_stop))
 
 
 def progress_of(events):
@@ -59,11 +60,11 @@ def test_chunked_prefill_counts_only_the_tokens_not_already_cached(tiny):
     ids = list(range(100, 400))
     config = GenerationConfig(temperature=0.0, max_new_tokens=4)
     cache = tiny.model.new_cache(400)
-    tiny.model.forward(Decoding(tiny.model, ids, config)._tensor(ids[:120]), cache)  # a cached prefix
-    dec = Decoding(tiny.model, ids, config, cache=cache, cached_tokens=120)
+    runner_for(tiny).forward(Decoding(runner_for(tiny), ids, config)._tensor(ids[:120]), cache)  # a cached prefix
+    dec = Decoding(runner_for(tiny), ids, config, cache=cache, cached_tokens=120)
     assert list(dec.prefill_chunks(64)) == [184, 248, 300]
     chunked = dec.prefill()
-    plain = Decoding(tiny.model, ids, config).prefill()
+    plain = Decoding(runner_for(tiny), ids, config).prefill()
     assert chunked == plain
 
 
@@ -78,7 +79,7 @@ def test_stop_during_a_chunked_prefill_ends_before_the_first_token(tiny):
     tl = Timeline()
     request = Request(prompt_ids=ids, config=GenerationConfig(temperature=0.0, max_new_tokens=8, chunked_prefill=True,
                                                               prefill_chunk_tokens=64))
-    for e in generate(tiny.model, tiny.tokenizer, tiny.eos_token_ids, request, tl, should_stop=stop):
+    for e in generate(runner_for(tiny), tiny.tokenizer, tiny.eos_token_ids, request, tl, should_stop=stop):
         events.append(e)
         if e.kind == "status" and "prefilled_tokens" in e.detail:
             seen.append(e.detail["prefilled_tokens"])

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine.core import clock
+from engine.bench import runner_for
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,23 +43,23 @@ def own_tiny(tiny_model_dir):
 
 
 class OnMeta:
-    """A model-like that says it is on the "meta" device, over a real CPU model: it records the device
-    of every input it is given, and the real model computes with CPU ids of the same shape."""
+    """A runner-like that says its model is on the "meta" device, over a real CPU runner: it records the
+    device of every input it is given, and the real runner computes with CPU ids of the same shape."""
 
     device = META
 
-    def __init__(self, model):
-        self.model, self.inputs = model, []
+    def __init__(self, runner):
+        self.runner, self.model, self.inputs = runner, getattr(runner, "model", None), []
 
     def new_cache(self, capacity: int):
-        return self.model.new_cache(capacity)
+        return self.runner.new_cache(capacity)
 
-    def forward(self, ids, cache, all_logits: bool = False):
+    def forward(self, ids, cache, all_logits: bool = False, mode: str = "eager"):
         self.inputs.append(ids.device)
-        return self.model.forward(torch.full(tuple(ids.shape), 7, dtype=torch.long), cache, all_logits)
+        return self.runner.forward(torch.full(tuple(ids.shape), 7, dtype=torch.long), cache, all_logits, mode)
 
-    def __getattr__(self, name):  # dtype, lm_head, modules(), kernel_plan...: the real model's
-        return getattr(self.model, name)
+    def __getattr__(self, name):  # plan, vocab_size...: the real runner's
+        return getattr(self.runner, name)
 
 
 def parse(scenario: str, *flags: str, model_dir=None):
@@ -145,7 +146,7 @@ def test_no_bench_reads_the_time_but_through_the_clock():
 def test_bench_quant_steps_times_each_step_between_done_stamps_on_the_models_device(tiny, waits):
     from engine.bench.quant_steps import step_times
 
-    model = OnMeta(tiny.model)
+    model = OnMeta(runner_for(tiny))
     times = step_times({"a": model, "b": model}, context=6, rounds=2, steps=2, device=model.device)
     intervals = sum(len(t) for t in times.values())
     assert intervals == 8 and len(waits) >= 2 * intervals and set(waits) == {META}
@@ -155,14 +156,18 @@ def test_bench_quant_steps_times_each_step_between_done_stamps_on_the_models_dev
 def test_bench_verify_feeds_the_models_device_and_stamps_it(own_tiny, monkeypatch, waits):
     from engine.bench import verify
 
-    model = OnMeta(own_tiny.model)
-    monkeypatch.setattr(verify, "load_model", lambda args: dataclasses.replace(own_tiny, model=model))
+    made = []
+    real = verify.runners_for
+    monkeypatch.setattr(verify, "load_model", lambda args: own_tiny)
+    monkeypatch.setattr(verify, "runners_for", lambda model, names: {
+        n: made.append(OnMeta(r)) or made[-1] for n, r in real(model, names).items()})
     args, _ = parse("verify", "--context", "8", "--tokens", "1,2", "--rounds", "2")
     result = verify.run(args, lambda *a: None)
     plans = (len(result["rows"][0]) - 1) // 2  # each plan's ms and steps beside "tokens"
     intervals = 2 * 2 * plans  # rounds x sizes x plans
-    assert set(model.inputs) == {META}, "a CUDA model would be fed CPU ids"
-    assert len(model.inputs) == 1 + intervals  # the context, then each timed forward
+    inputs = [d for m in made for d in m.inputs]
+    assert len(made) == plans and set(inputs) == {META}, "a CUDA model would be fed CPU ids"
+    assert len(inputs) == 1 + intervals  # the context, then each timed forward
     assert len(waits) >= 2 * intervals and set(waits) == {META}
 
 

@@ -1,5 +1,5 @@
-"""The compiled decode step (engine/model/compiled_step.py, the `compiled_decode` toggle): the same
-tokens as the eager step where it runs, a clear refusal where it cannot, its fallback paths."""
+"""The compiled decode step (engine/runtime/compiled.py, the `compiled_decode` toggle, a step mode of the
+runner): the same tokens as the eager step where it runs, a clear refusal where it cannot, its fallback paths."""
 
 import os
 
@@ -11,18 +11,21 @@ from engine.core.config import GenerationConfig, LoadConfig
 from engine.core.errors import InvalidRequest
 from engine.core.request import Request
 from engine.core.timeline import Timeline
+from engine.bench import runner_for
 from engine.platform import capabilities
-from engine.model import compiled_step
+from engine.runtime import compiled as compiled_step
+from engine.runtime.plan import make_plan
+from engine.runtime.runner import Runner
 from engine.serving.generate import generate
 
 NO_COMPILER = "no C++ compiler on PATH: torch.compile cannot build CPU code here (the refusal is tested below)"
 needs_compiler = pytest.mark.skipif(not capabilities.detect().cpp_compiler, reason=NO_COMPILER)
 
 
-def run(lm, messages, **cfg):
+def run(lm, messages, runner=None, **cfg):
     tl = Timeline()
     tl.enqueued_ns = tl.started_ns = tl.received_ns
-    events = list(generate(lm.model, lm.tokenizer, lm.eos_token_ids,
+    events = list(generate(runner or runner_for(lm), lm.tokenizer, lm.eos_token_ids,
                            Request(messages=messages, config=GenerationConfig(**cfg)), tl))
     return events[-1]
 
@@ -38,9 +41,9 @@ def test_compiled_greedy_is_the_eager_greedy_in_fp32(bundled):
         assert compiled.token_ids == eager.token_ids
         counters = compiled.timeline.counters
         assert counters["decode_step"] == "compiled"
-        assert ("compile_ms" in counters) == (i == 0 and compiled_step.info_for(bundled.model)["compile_s"] > 0)
+        assert ("compile_ms" in counters) == (i == 0 and runner_for(bundled).compiled_info()["compile_s"] > 0)
         assert "decode_step" not in eager.timeline.counters
-    info = compiled_step.info_for(bundled.model)
+    info = runner_for(bundled).compiled_info()
     assert info["top1_agreement"] == 1.0 and info["positions"] >= 16
     assert info["max_logit_diff"] < 1e-2  # fp32 rounding in another order, not a different computation
 
@@ -70,10 +73,10 @@ def test_compiled_int4_step_measures_its_agreement_and_serves(bundled):
     step is measured at compile time, and a request through it streams a normal reply."""
     from engine.serving.variants import VariantSet
 
-    variant = VariantSet(bundled, quality_texts=0).get("int4wo+head").loaded
-    done = run(variant, ask("List three fruits that are red."), temperature=0.0, max_new_tokens=24,
-               compiled_decode=True)
-    info = compiled_step.info_for(variant.model)
+    variant = VariantSet(bundled, quality_texts=0).get("int4wo+head")
+    done = run(variant.loaded, ask("List three fruits that are red."), runner=variant.runner, temperature=0.0,
+               max_new_tokens=24, compiled_decode=True)
+    info = variant.runner.compiled_info()
     assert done.output_tokens == 24 or done.detail["finish_reason"] == "stop"
     assert done.timeline.counters["decode_step"] == "compiled"
     assert info["top1_agreement"] >= 0.9, info  # measured on a real text; the eager step is the reference
@@ -91,7 +94,7 @@ def test_without_a_compiler_the_request_is_refused_and_the_model_keeps_serving(t
             run(lm, ask("hi"), temperature=0.0, max_new_tokens=4, compiled_decode=True)
     assert err.value.param == "compiled_decode"
     assert "C++ compiler" in str(err.value) and "Compiled step off" in str(err.value)
-    assert compiled_step.info_for(lm.model) is None  # nothing half-built was kept
+    assert runner_for(lm).compiled_info() is None  # nothing half-built was kept
     assert run(lm, ask("hi"), temperature=0.0, max_new_tokens=4).output_tokens == 4
 
 
@@ -99,13 +102,13 @@ def test_models_the_graph_cannot_trace_are_refused_with_the_reason(tiny_model_di
     from engine.model.loader import load
 
     generic = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False, fast_path=False))
-    assert "generic transformers" in compiled_step.unavailable_reason(generic.model)
+    assert "generic transformers" in make_plan(generic.model).compiled_reason
     with pytest.raises(InvalidRequest, match="generic transformers"):
-        compiled_step.for_model(generic.model)
+        runner_for(generic).prepare("compiled", generic.tokenizer)
     bf16 = load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False))
-    # a bf16 model's plain linears take one-row matmuls with oneDNN off (choose.Kernel.ATEN_NO_ONEDNN),
+    # a bf16 model's plain linears take one-row matmuls with oneDNN off (Kernel.ATEN_NO_ONEDNN),
     # which a graph cannot switch: refused with what to pick instead, whatever the CPU
-    assert "int4wo+head" in compiled_step.unavailable_reason(bf16.model)
+    assert "int4wo+head" in make_plan(bf16.model).compiled_reason
 
 
 @needs_compiler
@@ -113,15 +116,15 @@ def test_a_bf16_model_whose_every_linear_is_weight_only_compiles(tiny_model_dir)
     """What an AVX-512 BF16 machine loads by default (bf16): its int8wo+head variant has no plain
     linear left, so its step compiles, and picks the eager step's tokens."""
     from engine.model.loader import load
-    from engine.quant.quantize import build_variant
+    from engine.serving.variants import build
 
     bf16 = load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False))
-    variant = build_variant(bf16, "int8wo+head")
-    assert compiled_step.unavailable_reason(variant.model) is None
-    compiled_step.for_model(variant.model).prepare(variant.tokenizer)
-    assert compiled_step.info_for(variant.model)["top1_agreement"] >= 0.9
-    eager = run(variant, ask("hi"), temperature=0.0, max_new_tokens=8)
-    compiled = run(variant, ask("hi"), temperature=0.0, max_new_tokens=8, compiled_decode=True)
+    variant, runner = build(bf16, "int8wo+head")
+    assert runner.plan.compiled_reason is None
+    runner.prepare("compiled", variant.tokenizer)
+    assert runner.compiled_info()["top1_agreement"] >= 0.9
+    eager = run(variant, ask("hi"), runner=runner, temperature=0.0, max_new_tokens=8)
+    compiled = run(variant, ask("hi"), runner=runner, temperature=0.0, max_new_tokens=8, compiled_decode=True)
     assert compiled.timeline.counters["decode_step"] == "compiled" and compiled.output_tokens == eager.output_tokens
 
 
@@ -129,16 +132,15 @@ def test_a_bf16_model_whose_every_linear_is_weight_only_compiles(tiny_model_dir)
 def test_a_grown_cache_keeps_the_graph_and_the_tokens(tiny):
     """The cache's capacity is dynamic in the graph: a cache that grows mid-reply (reallocated)
     keeps the compiled step and gives the tokens of the eager step."""
-    step = compiled_step.for_model(tiny.model)
-    step.prepare(tiny.tokenizer)
-    m = tiny.model
+    m = Runner(tiny.model, make_plan(tiny.model))
+    m.prepare("compiled", tiny.tokenizer)
     ids = torch.arange(5, 25)
     eager, compiled = m.new_cache(21), m.new_cache(21)
     m.forward(ids, eager)
     m.forward(ids, compiled)
     for tok in range(30, 45):  # past the capacity of 21: both caches grow
         t = torch.tensor([tok])
-        want, got = m.forward(t, eager), step.forward(t, compiled)
+        want, got = m.forward(t, eager), m.forward(t, compiled, mode="compiled")
         assert int(got.argmax()) == int(want.argmax())
         assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
     assert compiled.capacity > 21 and compiled.length == eager.length
@@ -171,11 +173,11 @@ def test_a_compile_failure_is_an_error_once_and_the_eager_step_keeps_serving(tin
 
 @needs_compiler
 def test_a_variant_built_after_compiling_gets_its_own_step(tiny):
-    """Variants are deep copies of the loaded model: one built after the loaded model compiled its
-    step must build (a graph cannot be copied) and start without a compiled step of its own."""
-    from engine.quant.quantize import build_variant
+    """Variants are deep copies of the loaded model: one built after the loaded model's runner compiled
+    its step must build (nothing compiled hangs on the model to copy) and start without a compiled step."""
+    from engine.serving.variants import build
 
-    compiled_step.for_model(tiny.model).prepare(tiny.tokenizer)
-    variant = build_variant(tiny, "int8wo")
-    assert compiled_step.info_for(variant.model) is None
-    assert compiled_step.info_for(tiny.model)["positions"] > 0
+    runner_for(tiny).prepare("compiled", tiny.tokenizer)
+    _, variant = build(tiny, "int8wo")
+    assert variant.compiled_info() is None
+    assert runner_for(tiny).compiled_info()["positions"] > 0

@@ -196,14 +196,22 @@ def test_every_preset_sets_only_declared_fields_with_values_the_page_offers(bund
             assert preset_missing(preset, info) is None, name
 
 
-def test_a_toggle_the_machine_cannot_run_is_shown_disabled_with_its_reason(bundled_engine):
-    """No C++ compiler (forced): engine info says why compiled_decode cannot run, the page's checkbox
-    is disabled with that reason, and the preset that needs it says so instead of failing."""
+def test_a_toggle_the_machine_cannot_run_is_shown_disabled_with_its_reason(tiny_model_dir):
+    """No C++ compiler (forced while the engine, so its plan, is made): engine info says why
+    compiled_decode cannot run, the page's checkbox is disabled with that reason, and the preset that
+    needs it says so instead of failing."""
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
     from engine.platform import capabilities
+    from engine.serving.service import Engine
     from ui.controls import toggle_control
 
     with capabilities.forced(cpp_compiler=None):
-        info = bundled_engine.info()
+        engine = Engine(load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False)))
+    try:
+        info = engine.info()
+    finally:
+        engine.close()
     why = info.unavailable_toggles["compiled_decode"]
     assert "C++ compiler" in why
     assert EngineInfo.from_dict(info.to_dict()).unavailable_toggles == {"compiled_decode": why}
@@ -220,7 +228,6 @@ def test_weights_that_cannot_compile_leave_the_toggle_on_offer_for_the_variants_
     weights, the preset that compiles int4wo+head runs, and a request on the loaded weights is refused
     with what to pick."""
     from engine.core.config import LoadConfig
-    from engine.model import compiled_step
     from engine.model.loader import load
     from engine.serving.service import Engine
     from ui.controls import toggle_control
@@ -228,7 +235,7 @@ def test_weights_that_cannot_compile_leave_the_toggle_on_offer_for_the_variants_
     engine = Engine(load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False)))
     try:
         info = engine.info()
-        if compiled_step.machine_reason(engine.loaded.model):  # no C++ compiler here: the test above covers it
+        if engine.variants.default.runner.plan.compiled_machine_reason:  # no C++ compiler: the test above covers it
             assert "compiled_decode" in info.unavailable_toggles
             return
         assert "compiled_decode" not in info.unavailable_toggles

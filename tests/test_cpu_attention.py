@@ -7,8 +7,9 @@ import torch.nn.functional as F
 
 from engine.kernels import cpu_attention
 from engine.platform import capabilities
-from engine.model.forward import forward as forward_batch
 from engine.model.kv_cache import KVCache
+from engine.runtime.plan import make_plan
+from engine.runtime.runner import Batch, Runner
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
              and bool(capabilities.detect().cpp_compiler))
@@ -25,9 +26,8 @@ def test_the_kernel_serves_wherever_this_machine_can_build_it():
     reason = cpu_attention.unavailable_reason()
     if CAN_BUILD:
         assert reason is None
-        assert cpu_attention.kernel_name() == cpu_attention.NAME
     else:
-        assert reason and cpu_attention.kernel_name().startswith(cpu_attention.SDPA)
+        assert reason
 
 
 def _caches(lengths, layers, kv, d, gen):
@@ -88,38 +88,41 @@ def test_the_kernel_refuses_what_it_cannot_take():
 
 @needs_kernel
 def test_the_model_decodes_through_it_as_through_sdpa_and_a_batch_keeps_each_sequences_bits(tiny, monkeypatch):
-    """FastLlama's decode step and forward_batch's decode rows (next to another sequence's prompt rows)."""
+    """One sequence's decode step and a batch's decode rows (next to another sequence's prompt rows)."""
     model = tiny.model
     prompts = [list(range(5, 40)), list(range(50, 61))]
 
-    def run(batched: bool):
-        caches = [model.new_cache(64) for _ in prompts]
+    def run(runner, batched: bool):
+        caches = [runner.new_cache(64) for _ in prompts]
         for c, p in zip(caches, prompts):
-            model.forward(torch.tensor(p), c)
+            runner.forward(torch.tensor(p), c)
         if batched:  # sequence 0 decodes while a third sequence's prompt rides along
-            third = model.new_cache(64)
-            return forward_batch(model, [[7], list(range(70, 79)), [9]], [caches[0], third, caches[1]])[[0, 2]]
-        return torch.cat([forward_batch(model, [[t]], [c]) for t, c in zip((7, 9), caches)])
+            third = runner.new_cache(64)
+            return runner.run(Batch([[7], list(range(70, 79)), [9]], [caches[0], third, caches[1]]))[[0, 2]]
+        return torch.cat([runner.run(Batch([[t]], [c])) for t, c in zip((7, 9), caches)])
 
-    ours_alone, ours_batched = run(False), run(True)
+    ours = Runner(model, make_plan(model))
+    assert ours.plan.attention == cpu_attention.PLAN_NAME
+    ours_alone, ours_batched = run(ours, False), run(ours, True)
     assert torch.equal(ours_alone, ours_batched)  # the batching promise: same bits (packed matmuls both ways)
     monkeypatch.setenv("LATENCY_LAB_ATTENTION", "off")
-    assert not cpu_attention.serves(model.new_cache(1).k, model.n_heads)
-    sdpa_alone, sdpa_batched = run(False), run(True)
+    sdpa = Runner(model, make_plan(model))  # a plan made with the switch off
+    assert sdpa.plan.attention == "sdpa"
+    sdpa_alone, sdpa_batched = run(sdpa, False), run(sdpa, True)
     assert torch.equal(sdpa_alone, sdpa_batched)
     assert (ours_alone - sdpa_alone).abs().max() < 1e-4 * sdpa_alone.abs().max()
 
 
-def test_turned_off_engine_info_says_sdpa_and_why(monkeypatch, bundled_engine):
-    assert bundled_engine.info().decode_attention == cpu_attention.kernel_name()
-    monkeypatch.setenv("LATENCY_LAB_ATTENTION", "off")
-    assert bundled_engine.info().decode_attention == f"{cpu_attention.SDPA} (turned off (LATENCY_LAB_ATTENTION=off))"
+def test_turned_off_engine_info_says_sdpa_and_why(monkeypatch, bundled_engine, bundled):
+    want = cpu_attention.NAME if CAN_BUILD else f"{cpu_attention.SDPA} ({cpu_attention.unavailable_reason()})"
+    assert bundled_engine.info().decode_attention == want
+    monkeypatch.setenv("LATENCY_LAB_ATTENTION", "off")  # a plan made now: its reason says why
+    assert make_plan(bundled.model).attention_text == f"{cpu_attention.SDPA} (turned off (LATENCY_LAB_ATTENTION=off))"
 
 
-def test_shapes_the_kernel_does_not_take_go_to_sdpa():
-    def kv(kv_heads, dim):
-        return torch.zeros(1, 1, kv_heads, 4, dim)
-    assert not cpu_attention.serves(kv(3, 20), 9)  # head_dim not a multiple of 8
-    assert not cpu_attention.serves(kv(1, 64), 16)  # 16 query heads on one KV head
-    assert not cpu_attention.serves(kv(3, 64).half(), 9)
-    assert cpu_attention.serves(kv(3, 64), 9) == CAN_BUILD
+def test_shapes_the_kernel_does_not_take_go_to_sdpa(tiny):
+    assert cpu_attention.shape_reason(9, 3, 20)  # head_dim not a multiple of 8
+    assert cpu_attention.shape_reason(16, 1, 64)  # 16 query heads on one KV head
+    assert cpu_attention.shape_reason(9, 3, 64) is None
+    assert (make_plan(tiny.model).attention == cpu_attention.PLAN_NAME) == CAN_BUILD  # fp32 caches on CPU
+    assert make_plan(tiny.model, device="meta").attention == "sdpa"  # our kernel serves the CPU

@@ -8,11 +8,8 @@ from torch import nn
 
 from engine.kernels import cpu_gemm
 from engine.platform import capabilities
-from engine.quant.weight_only import (
-    Int4WeightOnlyLinear,
-    Int8WeightOnlyLinear,
-    decode_kernels,
-)
+from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+from engine.runtime.plan import weight_only_activations
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
              and bool(capabilities.detect().cpp_compiler))
@@ -100,8 +97,10 @@ def test_a_kernel_refuses_a_shape_it_cannot_take():
 def test_layers_take_our_kernel_at_any_row_count(cls):
     torch.manual_seed(0)
     linear = nn.Linear(256, 96, bias=True)
-    ours, theirs = cls.from_linear(linear), cls.from_linear(linear, gemv=False)
-    assert ours.gemv and not theirs.gemv
+    dtype = weight_only_activations("int8wo" if cls is Int8WeightOnlyLinear else "int4wo", "cpu", torch.float32)
+    ours, theirs = cls.from_linear(linear, compute_dtype=dtype), cls.from_linear(linear, compute_dtype=dtype,
+                                                                                 ours_layout=False)
+    assert ours.has_ours and not theirs.has_ours
     few, many = torch.randn(1, 3, 256), torch.randn(1, 40, 256)
     with torch.inference_mode():
         assert torch.equal(ours(many)[:, 5:6], ours(many[:, 5:6]))  # a prefill row == the same row decoded alone
@@ -112,11 +111,15 @@ def test_layers_take_our_kernel_at_any_row_count(cls):
     assert (got - exact).abs().max() <= (want - exact).abs().max() * 1.5 + 1e-4
 
 
-def test_turned_off_the_layers_use_torchs_kernels_and_say_why(monkeypatch):
+def test_turned_off_the_layers_use_torchs_kernels_and_say_why(tiny, monkeypatch):
+    from engine.serving.variants import build
+
     monkeypatch.setenv("LATENCY_LAB_GEMV", "off")
-    layer = Int8WeightOnlyLinear.from_linear(nn.Linear(64, 32))
-    assert not layer.gemv
-    assert "LATENCY_LAB_GEMV=off" in decode_kernels(nn.Sequential(layer))
+    layer = Int8WeightOnlyLinear.from_linear(nn.Linear(64, 32), compute_dtype=torch.float32)
+    assert not layer.has_ours
+    loaded, runner = build(tiny, "int8wo")  # built and planned with our kernels off
+    assert not loaded.model.blocks[0].qkv.has_ours
+    assert "LATENCY_LAB_GEMV=off" in runner.plan.weight_only_text
     assert "torch._weight_int8pack_mm (" in cpu_gemm.kernel_name("int8wo")
 
 
@@ -134,62 +137,64 @@ def test_without_a_compiler_the_reason_says_what_to_install():
 
 @needs_kernels
 def test_a_weight_only_variant_decodes_with_the_kernels_measured_faster_and_says_which(bundled):
-    """Built, a variant measures a decode step through our kernels and through torch's and keeps the
+    """Built, a variant's plan races a decode step through our kernels and through torch's and keeps the
     faster (ours on a tie); engine info names the choice, its quality is measured on it, and either
     choice decodes (nearly) the same logits."""
+    from engine.kernels.catalogue import Kernel
+    from engine.runtime.plan import make_plan
+    from engine.runtime.runner import Runner
     from engine.serving.variants import VariantSet
-    from engine.quant.weight_only import choose_kernels
 
     variants = VariantSet(bundled, quality_texts=1)
     variant = variants.get("int8wo+head")
-    model = variant.loaded.model
-    chosen = model.weight_only_kernels
+    model, plan = variant.loaded.model, variant.runner.plan
+    chosen = plan.decision("weight-only kernels")
     info = next(v for v in variants.infos() if v.name == "int8wo+head")
     layers = [m for m in model.modules() if isinstance(m, Int8WeightOnlyLinear)]
     assert all(m.has_ours for m in layers)
-    assert all(m.gemv == (chosen["kernels"] == "ours") for m in layers)
-    if chosen["kernels"] == "ours":
+    want = Kernel.WO_OURS if chosen.choice == "ours" else Kernel.WO_TORCH
+    assert all(plan.linears[role].kernel(n) is want for role in plan.linears for n in (1, 7))
+    if chosen.choice == "ours":
         assert info.decode_kernels.startswith("latency_lab AVX2")
     else:
         assert info.decode_kernels.startswith("torch's weight-only kernels: a decode step measured faster")
     assert info.top1_agreement is not None and info.top1_agreement >= 0.9  # measured on the chosen kernels
-    assert any(chosen["kernels"] in note and "decode kernels" in note for note in variant.loaded.notes)
+    assert any(chosen.choice in note and "decode kernels" in note for note in variant.loaded.notes)
     ids = torch.tensor([5, 9, 13])
     logits = {}
-    for ours in (True, False):
-        for m in layers:
-            m.gemv = ours
-        cache = model.new_cache(8)
-        with torch.inference_mode():
-            logits[ours] = model.forward(ids, cache)
-    assert logits[True].argmax() == logits[False].argmax()
-    # torch's kernel may take bf16 activations (weight_only_compute_dtype): ~1e-2 a layer, over 30 layers
-    assert (logits[True] - logits[False]).abs().max() <= 0.1 * logits[True].abs().max()
-    assert choose_kernels(model)["kernels"] in ("ours", "torch")  # measured again: one of the two, set on every layer
-    assert len({m.gemv for m in layers}) == 1
+    for kernels in ("ours", "torch"):  # the same weights, each plan's kernels
+        runner = Runner(model, make_plan(model, weight_only=kernels))
+        logits[kernels] = runner.forward(ids, runner.new_cache(8))
+    assert logits["ours"].argmax() == logits["torch"].argmax()
+    # torch's kernel may take bf16 activations (weight_only_activations): ~1e-2 a layer, over 30 layers
+    assert (logits["ours"] - logits["torch"]).abs().max() <= 0.1 * logits["ours"].abs().max()
 
 
 @needs_kernels
 def test_the_weight_only_race_is_kept_per_machine_and_a_restart_takes_it(bundled, tmp_path, monkeypatch):
-    """The faster of ours and torch's kernels changes a variant's bits: measured once on this machine,
-    kept in the cache folder, and a second build (a restart) takes the kept decision, not a new race."""
+    """The faster of ours and torch's kernels changes a variant's bits: raced once on this machine,
+    kept in the cache folder, and a second build in a new process (a restart) takes the kept decision,
+    not a new race."""
     from dataclasses import replace
 
-    from engine.quant import weight_only
-    from engine.quant.quantize import build_variant
+    from engine.kernels.catalogue import Kernel
+    from engine.platform import decisions
+    from engine.runtime import plan as kernel_plan
+    from engine.serving.variants import build
 
-    first = build_variant(replace(bundled, cache_dir=tmp_path), "int8wo")
-    kept = first.model.weight_only_kernels
-    assert kept["source"] == "measured" and kept["kernels"] in ("ours", "torch")
+    first, runner = build(replace(bundled, cache_dir=tmp_path), "int8wo")
+    kept = runner.plan.decision("weight-only kernels")
+    assert kept.source == "measured" and kept.choice in ("ours", "torch")
     assert len(list((tmp_path / "weight-only-kernels").iterdir())) == 1
 
     def no_race(*args, **kwargs):
         raise AssertionError("raced again although this machine's decision is kept")
 
-    monkeypatch.setattr(weight_only, "_race", no_race)
-    again = build_variant(replace(bundled, cache_dir=tmp_path), "int8wo")
-    chosen = again.model.weight_only_kernels
-    assert chosen["kernels"] == kept["kernels"] and chosen["source"].startswith("cached (")
-    layers = [m for m in again.model.modules() if isinstance(m, Int8WeightOnlyLinear)]
-    assert layers and all(m.gemv == (kept["kernels"] == "ours") for m in layers)
-    assert any(chosen["source"] in note for note in again.notes)
+    monkeypatch.setattr(kernel_plan, "race_weight_only", no_race)
+    decisions.forget()  # a restart: the cache folder is all that is left
+    again, runner = build(replace(bundled, cache_dir=tmp_path), "int8wo")
+    chosen = runner.plan.decision("weight-only kernels")
+    assert chosen.choice == kept.choice and chosen.source.startswith("cached (")
+    want = Kernel.WO_OURS if kept.choice == "ours" else Kernel.WO_TORCH
+    assert runner.plan.linears["qkv"].kernel(1) is want
+    assert any(chosen.source in note for note in again.notes)

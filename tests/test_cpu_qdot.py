@@ -9,12 +9,13 @@ import torch
 from torch import nn
 
 from engine.core.errors import LoadError
-from engine.kernels import choose, cpu_gemm, cpu_qdot
+from engine.kernels import catalogue, cpu_gemm, cpu_qdot
+from engine.kernels.catalogue import Kernel
 from engine.platform import capabilities
-from engine.model.forward import forward
-from engine.quant.quantize import build_variant, precheck
 from engine.quant.w8a import Int4W8ALinear, Int8W8ALinear
-from engine.quant.weight_only import decode_kernels
+from engine.runtime import plan
+from engine.runtime.runner import Batch
+from engine.serving.variants import build, precheck
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
              and bool(capabilities.detect().cpp_compiler))
@@ -108,7 +109,7 @@ def test_forced_cpu_without_avx2_serves_the_reference_and_says_so(monkeypatch):
     assert cpu_qdot.choose_isa() is None
     layer = Int8W8ALinear.from_linear(nn.Linear(64, 24, bias=False))
     assert layer.isa is None
-    assert "torch reference" in decode_kernels(nn.Sequential(layer))
+    assert "torch reference" in plan._weight_only_text([layer], {}, None, "cpu")  # engine info's words
     assert "LATENCY_LAB_GEMM=off" in cpu_qdot.describe()
     x = torch.randn(2, 64)
     assert torch.equal(layer(x), cpu_qdot.int8_reference(x, layer.weight_int8, layer.scale))
@@ -134,22 +135,23 @@ def test_a_w8a_variant_is_refused_off_the_cpu_with_advice(tiny):
     reason = precheck(meta, "int4w8a")
     assert reason and "CPU only" in reason and "int4wo" in reason
     with pytest.raises(LoadError):
-        build_variant(meta, "int8w8a")
+        build(meta, "int8w8a")
 
 
 @needs_kernels
 def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled):
-    """int4w8a+head: every projection through the integer kernel (choose says so), its weights counted
+    """int4w8a+head: every projection through the integer kernel (the plan says so), its weights counted
     once, and a sequence's greedy tokens the same decoded alone and beside others."""
     from engine.model.loaded import weight_bytes
 
-    v = build_variant(bundled, "int4w8a+head")
-    model = v.model
-    assert choose.used(model, 1) == "wo-int8act" and choose.used(model, choose.OURS_ROWS) == "wo-int8act"
-    assert choose.used(model, choose.OURS_ROWS + 1) == "wo-dequant-fp32"  # a long prompt: the fp32 GEMM
+    v, runner = build(bundled, "int4w8a+head")
+    model, p = v.model, runner.plan
+    assert p.used(1) == "wo-int8act" and p.used(plan.OURS_ROWS) == "wo-int8act"
+    assert p.used(plan.OURS_ROWS + 1) == "wo-dequant-fp32"  # a long prompt: the fp32 GEMM
+    assert p.layer_loop == "cpp" and p.decision("w8a kernel form").choice == cpu_qdot.choose_isa()
     layers = [m for m in model.modules() if isinstance(m, Int4W8ALinear)]
     assert len(layers) == 30 * 4 + 1
-    int4wo = build_variant(bundled, "int4wo+head")
+    int4wo = build(bundled, "int4wo+head")[0]
     # counted once, as int4wo's: half a byte a weight, an fp16 scale and offset per 32 (its one layout)
     assert weight_bytes(model) == weight_bytes(int4wo.model)
     prompts = [[1, 504, 3458, 30], [1, 2683, 314], [1, 11, 17, 19, 23, 29]]
@@ -157,10 +159,10 @@ def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled)
     def greedy(batch, steps=8):
         caches = [model.new_cache(32) for _ in batch]
         with torch.inference_mode():
-            logits = torch.stack([forward(model, [p], [c])[0] for p, c in zip(batch, caches)])  # prefill alone
+            logits = torch.stack([runner.run(Batch([p], [c]))[0] for p, c in zip(batch, caches)])  # prefill alone
             out = [[int(t)] for t in logits.argmax(-1)]
             for _ in range(steps - 1):
-                logits = forward(model, [[o[-1]] for o in out], caches)
+                logits = runner.run(Batch([[o[-1]] for o in out], caches))
                 for o, t in zip(out, logits.argmax(-1)):
                     o.append(int(t))
         return out
@@ -172,19 +174,20 @@ def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled)
 @needs_kernels
 def test_a_long_prompt_multiplies_fp32_activations_by_the_dequantized_weights():
     """Past OURS_ROWS rows a w8a layer's product is the fp32 GEMM over its weights dequantized once
-    (choose names it; the prompt's rows keep their fp32 activations)."""
+    (the plan names it; the prompt's rows keep their fp32 activations)."""
     torch.manual_seed(0)
     linear = nn.Linear(576, 200, bias=True)
-    x = torch.randn(1, choose.OURS_ROWS + 40, 576)
+    x = torch.randn(1, plan.OURS_ROWS + 40, 576)
     for cls, ref in ((Int8W8ALinear, lambda l: l.weight_int8.float() * l.scale[:, None]),
                      (Int4W8ALinear, lambda l: cpu_qdot.unpack_int4(l.weight_q4).float()
                       * l.scale.float().repeat_interleave(32, 1) + l.offset.float().repeat_interleave(32, 1))):
         layer = cls.from_linear(linear)
         assert torch.allclose(layer.dequantized(), ref(layer), rtol=1e-6, atol=1e-7)
-        kernel = choose.choose(layer, x.shape[1])
-        assert kernel is choose.Kernel.WO_DEQUANT_FP32 and choose.per_sequence(kernel, layer)
+        lp = plan._linear_plan(layer, "cpu", capabilities.detect(), None, None, True)
+        kernel = lp.kernel(x.shape[1])
+        assert kernel is Kernel.WO_DEQUANT_FP32 and lp.per_sequence(kernel)
         with torch.inference_mode():
-            got = choose.run(kernel, layer, x)
+            got = catalogue.run(kernel, layer, x)
             want = x @ ref(layer).T + linear.bias
         assert float((got - want).abs().max() / want.abs().max()) < 1e-5
-        assert choose.choose(layer, 1) is choose.Kernel.WO_INT8ACT
+        assert lp.kernel(1) is Kernel.WO_INT8ACT

@@ -1,4 +1,4 @@
-"""The static decode step a GPU's CUDA graphs capture (engine/model/cuda_graph.py), checked on CPU:
+"""The static decode step a GPU's CUDA graphs capture (engine/runtime/cuda_graph.py), checked on CPU:
 the same function run uncaptured must give the eager forward's logits and KV, keep every borrowed
 cache's KV intact while sequences move between pool rows and buckets, and never read a tensor's
 value on the host (which a graph cannot hold). Capture itself needs CUDA: `python -m engine.bench gpu`."""
@@ -10,11 +10,21 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.core.config import GenerationConfig
-from engine.model import cuda_graph
-from engine.model.forward import forward
+from engine.runtime import cuda_graph, eager, plan
+from engine.runtime.plan import make_plan
+from engine.runtime.runner import Runner
 from engine.serving import scheduler
 
 ATOL = 2e-4  # fp32; masked attention over the whole bucket sums in another order than the exact prefix
+
+
+def forward(model, rows, caches, all_logits=False):
+    """The eager forward with the model's plan."""
+    return eager.forward(model, make_plan(model), rows, caches, all_logits)
+
+
+def _static(model):
+    return cuda_graph.StaticDecode(model, make_plan(model))
 
 
 def _prefilled(model, prompts):
@@ -32,7 +42,7 @@ def _kv(cache):
 
 @pytest.fixture
 def model(tiny):
-    return copy.deepcopy(tiny.model)  # its own StaticDecode (pools), away from the session's model
+    return copy.deepcopy(tiny.model)  # its own copy, away from the session's model
 
 
 def test_buckets_are_powers_of_two_within_the_context_window():
@@ -46,7 +56,7 @@ def test_buckets_are_powers_of_two_within_the_context_window():
 def test_the_static_step_gives_the_eager_forwards_logits_and_kv(model):
     prompts = [[1, 5, 9, 13], [2, 3, 4, 5, 6, 7, 8, 9, 10], [11]]
     static_caches, eager_caches = _prefilled(model, prompts), _prefilled(model, prompts)
-    static = cuda_graph.StaticDecode(model)
+    static = _static(model)
     tokens = [[21, 22, 23], [31, 32, 33], [41, 42, 43]]
     for step in range(3):
         toks = [t[step] for t in tokens]
@@ -65,7 +75,7 @@ def test_the_static_step_gives_the_eager_forwards_logits_and_kv(model):
 def test_a_borrowed_cache_keeps_working_in_the_eager_forward(model):
     """A sequence whose KV lives in a pool row still takes prompt chunks and multi-token verifies."""
     (borrowed,), (plain,) = _prefilled(model, [[1, 2, 3]]), _prefilled(model, [[1, 2, 3]])
-    static = cuda_graph.StaticDecode(model)
+    static = _static(model)
     static.step([7], [borrowed], replay=False)
     forward(model, [[7]], [plain])
     got = forward(model, [torch.tensor([8, 9, 10])], [borrowed], all_logits=True)
@@ -77,7 +87,7 @@ def test_a_borrowed_cache_keeps_working_in_the_eager_forward(model):
 def test_sequences_displaced_or_padded_keep_their_kv(model):
     """Four sequences step, then two others: rows 0-1 are lent to the newcomers (the old holders get
     copies of their KV), and three sequences pad to four rows, whose padding row writes only scratch."""
-    static = cuda_graph.StaticDecode(model)
+    static = _static(model)
     first = _prefilled(model, [[1, 2], [3, 4, 5], [6], [7, 8, 9, 10]])
     static.step([11, 12, 13, 14], first, replay=False)
     before = [_kv(c) for c in first]
@@ -98,7 +108,7 @@ def test_sequences_displaced_or_padded_keep_their_kv(model):
 
 
 def test_a_sequence_at_the_end_of_its_bucket_moves_to_the_next(model):
-    static = cuda_graph.StaticDecode(model)
+    static = _static(model)
     n = cuda_graph.MIN_BUCKET - 1  # its next position would be the scratch one
     ids = [int(i % 50) + 1 for i in range(n)]
     (cache,), (plain,) = _prefilled(model, [ids[:8]]), _prefilled(model, [ids[:8]])
@@ -127,7 +137,7 @@ class _HostReads(TorchDispatchMode):
 
 def test_the_step_never_reads_a_value_on_the_host(model):
     """What a CUDA graph cannot capture: a step that asks the device for a number (a sync)."""
-    static = cuda_graph.StaticDecode(model)
+    static = _static(model)
     caches = _prefilled(model, [[1, 2, 3], [4, 5]])
     static.step([6, 7], caches, replay=False)  # placed in rows 0-1
     pool = static.pools[cuda_graph.MIN_BUCKET]
@@ -137,25 +147,27 @@ def test_the_step_never_reads_a_value_on_the_host(model):
 
 
 def test_a_cpu_model_never_takes_the_static_step_and_graphs_refuse_cleanly(model):
-    assert not cuda_graph.serves(model, [1, 1], all_logits=False)
-    static = cuda_graph.StaticDecode(model)
+    assert make_plan(model).step_modes["static"]  # on CPU the plan runs one-token steps eagerly (exact attention)
+    static = _static(model)
     caches = _prefilled(model, [[1, 2, 3]])
     logits = static.step([5], caches, replay=True)  # no CUDA: the uncaptured step, the reason kept
     assert logits.shape[0] == 1 and "CUDA" in static.failed
     assert static.describe()["failed"] == static.failed
 
 
-def test_compiled_requests_batch_on_a_gpu_in_groups_of_their_own(model, monkeypatch):
+def test_compiled_requests_batch_on_a_gpu_in_groups_of_their_own(model):
     compiled, plain = GenerationConfig(compiled_decode=True), GenerationConfig()
-    assert scheduler.why_unbatched(compiled, model) == "compiled step"  # CPU: Inductor's one-sequence graph
-    monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda")))
-    assert scheduler.why_unbatched(compiled, model) is None
-    assert cuda_graph.serves(model, [1, 1, 1], all_logits=False)
-    assert not cuda_graph.serves(model, [1, 4], all_logits=False)  # a prompt chunk: the eager forward
+    cpu = Runner(model, make_plan(model))
+    assert scheduler.why_unbatched(compiled, cpu) == "compiled step"  # CPU: Inductor's one-sequence graph
+    gpu = Runner(model, make_plan(model, device="cuda"))  # a plan for a GPU (nothing run)
+    assert scheduler.why_unbatched(compiled, gpu) is None
+    assert cuda_graph.serves([1, 1, 1], all_logits=False)
+    assert not cuda_graph.serves([1, 4], all_logits=False)  # a prompt chunk: the eager forward
 
     class Dec:
         def __init__(self, config):
-            self.model, self.config = model, config
+            self.runner, self.config = gpu, config
+            self.mode = "compiled" if config.compiled_decode else "eager"
 
     seqs = [scheduler.Sequence(handle=None, waiting=Dec(c)) for c in (compiled, plain, compiled, plain, plain)]
     groups = scheduler.waiting_groups(seqs, max_batch=8)
@@ -168,7 +180,7 @@ def test_the_gpus_prefix_mask_is_the_cpus_boolean_mask():
     a boolean mask rules them out): it must mask exactly what the CPU's boolean mask does."""
     import torch.nn.functional as F
 
-    from engine.model.forward import _prefix_causal
+    from engine.runtime.eager import _prefix_causal
 
     gen = torch.Generator().manual_seed(0)
     start, n, heads, kv_heads = 7, 5, 6, 2
@@ -206,9 +218,13 @@ def test_the_worker_serves_through_the_static_step_as_a_gpu_would(tiny, monkeypa
     finally:
         engine.close()
     steps = []
-    real_step = cuda_graph.StaticDecode.step
-    monkeypatch.setattr(cuda_graph, "serves", lambda m, lengths, all_logits: not all_logits and len(lengths) <= cuda_graph.ROWS
-                        and all(n == 1 for n in lengths))
+    real_step, real_modes = cuda_graph.StaticDecode.step, plan._step_modes
+
+    def static_on_cpu(*args):  # the plan of a CPU model with the static step as a GPU's plan has it
+        modes, machine = real_modes(*args)
+        return {**modes, "static": None}, machine
+
+    monkeypatch.setattr(plan, "_step_modes", static_on_cpu)
     monkeypatch.setattr(cuda_graph.StaticDecode, "step",
                         lambda self, tokens, caches, replay: steps.append(len(caches)) or real_step(self, tokens, caches, replay))
     engine = Engine(loaded, max_batch=4)
@@ -220,23 +236,25 @@ def test_the_worker_serves_through_the_static_step_as_a_gpu_would(tiny, monkeypa
         engine.close()
     assert alone == eager and batched == eager and turn1 == eager and turn2 == eager
     assert max(steps) > 1 and 1 in steps  # batched static steps and lone ones both ran
-    assert model.static_decode.describe()["pools"]  # its pools held the sequences' KV
+    assert engine.variants.default.runner.compiled_info()["graphs"]["pools"]  # its pools held the sequences' KV
 
 
 def test_a_failed_capture_refuses_the_toggle_once_checked(model, tiny, monkeypatch):
-    """prepare's GPU branch (compiled_step._prepare_graphs) checks the graph step once; where capture
-    fails (here: no CUDA device), the toggle is refused with the reason, at once on later requests."""
+    """prepare's GPU branch (a plan for CUDA: the toggle captures the static step) checks the graph step
+    once; where capture fails (here: no CUDA device), the toggle is refused with the reason, at once on
+    later requests."""
     from engine.core.errors import InvalidRequest
-    from engine.model import compiled_step
+    from engine.runtime import compiled
 
     checks = []
-    real_check = compiled_step.CompiledDecode._check
-    monkeypatch.setattr(compiled_step.CompiledDecode, "_check",
-                        lambda self, *a, **k: checks.append(1) or real_check(self, *a, **k))
-    step = compiled_step.for_model(model)
+    real_check = compiled.check
+    monkeypatch.setattr(compiled, "check", lambda *a, **k: checks.append(1) or real_check(*a, **k))
+    runner = Runner(model, make_plan(model, device="cuda"))  # the plan a GPU would make; the model stays on CPU
+    assert runner.plan.compiled_mode == "cuda_graph" and runner.setup_stage == "capture"
     for _ in range(2):
         with pytest.raises(InvalidRequest) as err:
-            step._prepare_graphs(tiny.tokenizer, 64)
+            runner.prepare("compiled", tiny.tokenizer, 64)
         assert "CUDA graphs need a CUDA device" in str(err.value) and err.value.param == "compiled_decode"
-    assert checks == [1] and step.info["positions"] > 0  # checked once; the second refusal came at once
-    assert step._graph is None  # the eager step keeps serving
+    info = runner.compiled_info()
+    assert checks == [1] and info["positions"] > 0  # checked once; the second refusal came at once
+    assert info["graphs"]["failed"] and not any(p["graphs"] for p in info["graphs"]["pools"].values())

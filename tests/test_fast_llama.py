@@ -8,6 +8,8 @@ from engine.platform import capabilities
 from engine.model.fast_llama import FastLlama, unsupported_reason
 from engine.model.hf_model import HFCausalLM
 from engine.model.kv_cache import KVCache
+from engine.runtime.plan import make_plan
+from engine.runtime.runner import Runner
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -17,7 +19,8 @@ def pair(request, tmp_path_factory, tokenizer):
     folder = build_tiny_model_dir(tmp_path_factory.mktemp(request.param), tokenizer, request.param, seed=3)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    return FastLlama(hf), reference
+    fast = FastLlama(hf)
+    return Runner(fast, make_plan(fast)), reference  # our forward: the runner's, with the model's plan
 
 
 def test_prefill_then_decode_matches_transformers(pair):
@@ -58,10 +61,12 @@ def test_crop_rolls_back_exactly(pair):
 
 
 def test_generic_path_matches_fast_path(tiny):
-    fast = tiny.model
+    fast = Runner(tiny.model, make_plan(tiny.model))
     from transformers import AutoModelForCausalLM
 
-    generic = HFCausalLM(AutoModelForCausalLM.from_pretrained(tiny.weights, dtype=torch.float32).eval())
+    module = HFCausalLM(AutoModelForCausalLM.from_pretrained(tiny.weights, dtype=torch.float32).eval())
+    generic = Runner(module, make_plan(module))  # the transformers forward, behind the same runner
+    assert generic.plan.runner == "transformers"
     ids = torch.arange(100, 110)
     c1, c2 = fast.new_cache(16), generic.new_cache(16)
     torch.testing.assert_close(fast.forward(ids, c1), generic.forward(ids, c2), atol=1e-4, rtol=1e-4)
@@ -97,7 +102,11 @@ def test_multi_row_projections_use_a_packed_weight_with_identical_results():
     a replaced or non-bf16 weight never meets a stale copy."""
     from torch import nn
 
-    from engine.kernels.choose import Kernel, choose, packed_weight, run
+    from engine.kernels.catalogue import Kernel, packed_weight, run
+    from engine.runtime.plan import _linear_plan
+
+    def choose(lin, rows):
+        return _linear_plan(lin, "cpu", capabilities.detect(), None, None, False).kernel(rows)
 
     def project(lin, x):
         return run(choose(lin, x.shape[-2]), lin, x)

@@ -7,6 +7,7 @@ from engine.core.config import GenerationConfig
 from engine.core.request import Request
 from engine.core.timeline import Timeline
 from engine.serving.generate import build_prompt_ids, generate
+from engine.bench import runner_for
 
 PROMPTS = [
     "What is the capital of France?",
@@ -20,7 +21,7 @@ PROMPTS = [
 def run(lm, messages, **cfg):
     tl = Timeline()
     tl.enqueued_ns = tl.started_ns = tl.received_ns
-    events = list(generate(lm.model, lm.tokenizer, lm.eos_token_ids,
+    events = list(generate(runner_for(lm), lm.tokenizer, lm.eos_token_ids,
                            Request(messages=messages, config=GenerationConfig(**cfg)), tl))
     return events, events[-1]
 
@@ -97,7 +98,7 @@ def test_stop_string_ends_the_reply_and_is_not_shown(bundled):
 def test_cancellation_mid_stream(bundled):
     tl = Timeline()
     seen = []
-    gen = generate(bundled.model, bundled.tokenizer, bundled.eos_token_ids,
+    gen = generate(runner_for(bundled), bundled.tokenizer, bundled.eos_token_ids,
                    Request(messages=[{"role": "user", "content": "Write a long essay about rivers."}],
                            config=GenerationConfig(temperature=0.0, max_new_tokens=200)),
                    tl, should_stop=lambda: len(seen) >= 3)

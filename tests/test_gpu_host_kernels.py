@@ -8,12 +8,12 @@ import copy
 import pytest
 import torch
 
-from engine.kernels import choose, cpu_attention, cpu_gemm, cpu_layers, plan
-from engine.quant.weight_only import (
-    Int4WeightOnlyLinear,
-    Int8WeightOnlyLinear,
-    decode_kernels,
-)
+from engine.kernels import cpu_attention, cpu_gemm, cpu_layers
+from engine.kernels.catalogue import Kernel
+from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+from engine.runtime import plan
+from engine.runtime.plan import ALL, ROLES, LinearPlan, make_plan
+from engine.runtime.runner import Runner
 
 
 @pytest.fixture
@@ -31,28 +31,28 @@ def off_cpu(tiny):
 
 
 def test_nothing_a_gpu_model_asks_builds_our_kernels(off_cpu, builds):
-    assert not cpu_layers.serves(off_cpu)
     assert cpu_layers.layer_weights(off_cpu) is None
-    assert "our kernels run on CPU; this model is on meta" in cpu_layers.describe(off_cpu)
-    assert plan.candidates(off_cpu) is None and plan.load_or_measure(off_cpu, None) is None
-    info = choose.describe(off_cpu)  # engine info's kernels
-    assert "ours" not in info["decode"]
-    assert choose.choose(off_cpu.blocks[0].qkv, 1, plan.Plan(one_row="ours")) is choose.Kernel.ATEN
-    assert cpu_attention.kernel_name(torch.bfloat16, "cuda").startswith(cpu_attention.SDPA)
-    assert not cpu_attention.serves(torch.empty(2, 1, 2, 8, 16, device="meta"), 4)
-    assert not Int8WeightOnlyLinear._use_gemv(True, "cuda") and not Int4WeightOnlyLinear._use_gemv(True, "cuda")
+    for device in ("meta", "cuda"):  # the plan of a model on the meta device, and one made for a GPU
+        p = make_plan(off_cpu, device=device)
+        assert p.layer_loop == "python" and f"our kernels run on CPU; this plan is for {device}" in p.layer_loop_text
+        assert p.one_row is None and "ours" not in p.describe()["decode"]
+        assert all(p.linears[r].kernel(n) is Kernel.ATEN for r in ROLES for n in (1, 64))
+        assert p.attention == "sdpa" and p.attention_text.startswith(cpu_attention.SDPA)
+        Runner(off_cpu, p)  # its weight copies: none for ATen
+    assert not Int8WeightOnlyLinear._ours_builds(True, "cuda") and not Int4WeightOnlyLinear._ours_builds(True, "cuda")
     assert builds == []
 
 
 def test_the_same_questions_on_a_cpu_model_do_build_them(tiny, builds):
     """The counter sees a build where one is due: the test above could fail."""
-    cpu_layers.describe(tiny.model)
+    make_plan(tiny.model)
     assert builds
 
 
 def test_weight_only_layers_off_cpu_report_without_a_build(builds):
-    int4 = Int4WeightOnlyLinear.from_linear(torch.nn.Linear(64, 32), compute_dtype=torch.float32, gemv=False)
-    assert "they run on CPU only" in decode_kernels(torch.nn.Sequential(int4).to("meta"))
-    int8 = Int8WeightOnlyLinear.from_linear(torch.nn.Linear(64, 32), compute_dtype=torch.float32, gemv=False)
-    assert "pays only with the Compiled step" in decode_kernels(torch.nn.Sequential(int8).to("meta"))
+    torch_kernels = {role: LinearPlan(((ALL, Kernel.WO_TORCH),)) for role in ROLES}
+    int4 = Int4WeightOnlyLinear.from_linear(torch.nn.Linear(64, 32), compute_dtype=torch.float32, ours_layout=False)
+    assert "they run on CPU only" in plan._weight_only_text([int4.to("meta")], torch_kernels, None, "meta")
+    int8 = Int8WeightOnlyLinear.from_linear(torch.nn.Linear(64, 32), compute_dtype=torch.float32, ours_layout=False)
+    assert "pays only with the Compiled step" in plan._weight_only_text([int8.to("meta")], torch_kernels, None, "cuda")
     assert builds == []

@@ -1,5 +1,5 @@
-"""The one kernel decision (engine/kernels/choose.py), its per-machine cache (engine/kernels/plan.py),
-one switch per kernel (engine/kernels/switches.py), and the one forward (engine/model/forward.py):
+"""The one kernel decision (engine/runtime/plan.py), kept per machine (engine/platform/decisions.py),
+one switch per kernel (engine/kernels/switches.py), and the one forward (engine/runtime/runner.py):
 a restart gives the same bits, a sequence gets its own kernels whoever shares the forward, and
 engine info and each reply say which kernels served."""
 
@@ -16,11 +16,13 @@ import torch
 from torch import nn
 
 from engine.core.config import GenerationConfig
-from engine.kernels import choose, cpu_attention, cpu_gemm, cpu_layers, switches
-from engine.kernels import plan as kernel_plan
-from engine.kernels.choose import Kernel, Plan
+from engine.bench import runner_for
+from engine.kernels import cpu_attention, cpu_gemm, cpu_layers, switches
+from engine.kernels.catalogue import Kernel
 from engine.platform import capabilities
-from engine.model.forward import forward
+from engine.runtime import plan as kernel_plan
+from engine.runtime.plan import make_plan
+from engine.runtime.runner import Batch, Runner, open_runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPS = capabilities.detect()
@@ -29,8 +31,9 @@ _CHILD = r"""
 import json, sys, torch
 from engine.core.config import LoadConfig
 from engine.model.loader import load
+from engine.runtime.runner import open_runner
 lm = load(LoadConfig(model=sys.argv[1], dtype="fp32", progress=False, cache_dir=sys.argv[2]))
-m = lm.model
+m = open_runner(lm)
 cache = m.new_cache(64)
 logits = m.forward(torch.arange(100, 120), cache, all_logits=True)
 steps, ids = [logits], []
@@ -38,7 +41,8 @@ for _ in range(8):
     ids.append(int(steps[-1][-1].argmax()))
     steps.append(m.forward(torch.tensor(ids[-1:]), cache))
 torch.save([s.clone() for s in steps], sys.argv[3])
-print(json.dumps({"ids": ids, "plan": m.kernel_plan.one_row, "source": m.kernel_plan.source}))
+d = m.plan.decision("fp32 one-row")
+print(json.dumps({"ids": ids, "plan": d.choice, "source": d.source}))
 """
 
 
@@ -70,21 +74,23 @@ def test_two_fresh_processes_give_the_same_greedy_tokens_and_logits(tiny_model_d
     assert len(a) == len(b) == 9 and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def test_the_table_follows_rows_and_plan():
-    lin = nn.Linear(64, 96)
-    ours = Plan(one_row="ours")
+def test_the_table_follows_rows_and_plan(tiny):
+    model = tiny.model
+    ours = make_plan(model, one_row="ours").linears["qkv"]
     if cpu_gemm.available():
-        assert choose.choose(lin, 1, ours) is Kernel.OURS_FP32
-        assert choose.choose(lin, choose.OURS_ROWS, ours) is Kernel.OURS_FP32
-    assert choose.choose(lin, choose.OURS_ROWS + 1, ours) is Kernel.ATEN  # a long prefill: MKL
-    assert choose.choose(lin, 1, Plan(one_row="gemv")) is Kernel.ATEN
+        assert ours.kernel(1) is Kernel.OURS_FP32
+        assert ours.kernel(kernel_plan.OURS_ROWS) is Kernel.OURS_FP32
+    assert ours.kernel(kernel_plan.OURS_ROWS + 1) is Kernel.ATEN  # a long prefill: MKL
+    gemv = make_plan(model, one_row="gemv").linears["qkv"]
+    assert gemv.kernel(1) is Kernel.ATEN
     if CAPS.packed_fp32_weights:
-        assert choose.choose(lin, 1, Plan(one_row="packed")) is Kernel.ONEDNN_PACKED
-        assert choose.choose(lin, 2, Plan(one_row="gemv")) is Kernel.ONEDNN_PACKED
-    assert choose.per_sequence(Kernel.ATEN, lin) and not choose.per_sequence(Kernel.ONEDNN_PACKED, lin)
-    assert not choose.per_sequence(Kernel.ATEN, lin.to(torch.bfloat16))  # no exactness promise in bf16
+        assert make_plan(model, one_row="packed").linears["qkv"].kernel(1) is Kernel.ONEDNN_PACKED
+        assert gemv.kernel(2) is Kernel.ONEDNN_PACKED
+    assert gemv.per_sequence(Kernel.ATEN) and not gemv.per_sequence(Kernel.ONEDNN_PACKED)
+    bf16 = kernel_plan._linear_plan(nn.Linear(8, 8).to(torch.bfloat16), "cpu", CAPS, None, None, False)
+    assert not bf16.per_sequence(Kernel.ATEN)  # no exactness promise in bf16
     with pytest.raises(ValueError):
-        kernel_plan.inject(nn.Module(), "fastest")
+        make_plan(model, one_row="fastest")
 
 
 @pytest.mark.parametrize("one_row", ["gemv", "packed", "ours"])
@@ -93,23 +99,18 @@ def test_a_sequence_gets_its_alone_bits_beside_any_other_under_every_plan(tiny, 
     row-invariant, so called per sequence) in one forward: each sequence's logits are its alone bits."""
     if one_row == "ours" and not cpu_gemm.available() or one_row == "packed" and not CAPS.packed_fp32_weights:
         pytest.skip(f"{one_row} does not run here")
-    model, saved = tiny.model, tiny.model.kernel_plan
-    try:
-        kernel_plan.inject(model, one_row)
-        prompts = [list(range(3, 11)), [7], list(range(20, 20 + choose.OURS_ROWS + 3)), [9]]
-        alone = []
-        for p in prompts:
-            cache = model.new_cache(300)
-            forward(model, [[1, 2]], [cache])  # a prefix, so the 1-token rows are decode rows
-            alone.append(forward(model, [p], [cache]))
-        caches = [model.new_cache(300) for _ in prompts]
-        for c in caches:
-            forward(model, [[1, 2]], [c])
-        together = forward(model, prompts, caches)
-        assert all(torch.equal(together[b : b + 1], alone[b]) for b in range(len(prompts)))
-    finally:
-        model.kernel_plan = saved
-        choose.prepare(model)
+    runner = Runner(tiny.model, make_plan(tiny.model, one_row=one_row))
+    prompts = [list(range(3, 11)), [7], list(range(20, 20 + kernel_plan.OURS_ROWS + 3)), [9]]
+    alone = []
+    for p in prompts:
+        cache = runner.new_cache(300)
+        runner.run(Batch([[1, 2]], [cache]))  # a prefix, so the 1-token rows are decode rows
+        alone.append(runner.run(Batch([p], [cache])))
+    caches = [runner.new_cache(300) for _ in prompts]
+    for c in caches:
+        runner.run(Batch([[1, 2]], [c]))
+    together = runner.run(Batch(prompts, caches))
+    assert all(torch.equal(together[b : b + 1], alone[b]) for b in range(len(prompts)))
 
 
 def test_one_switch_per_kernel_and_the_old_one_turns_all_off(monkeypatch):
@@ -135,13 +136,14 @@ def test_one_switch_per_kernel_and_the_old_one_turns_all_off(monkeypatch):
 
 def test_engine_info_and_each_reply_say_which_kernels_served(bundled_engine, bundled):
     info = bundled_engine.info().kernels
-    want = choose.used(bundled.model, 1)
-    assert info["decode"] == want and info["prefill"] == choose.used(bundled.model, 64)
-    assert info["one_row"]["choice"] == bundled.model.kernel_plan.one_row
+    plan = runner_for(bundled).plan
+    want = plan.used(1)
+    assert info["decode"] == want and info["prefill"] == plan.used(64)
+    assert info["one_row"]["choice"] == plan.one_row
     assert set(info["switches"]) == set(switches.SWITCHES)
     assert set(want.split("+")) <= set(info["names"])
     done = bundled_engine.complete([{"role": "user", "content": "Hi."}],
                                    GenerationConfig(temperature=0.0, max_new_tokens=3))
     kernels = done.timeline.counters["kernels"]
-    assert kernels == {"prefill": choose.used(bundled.model, done.timeline.prefill_tokens), "decode": want}
+    assert kernels == {"prefill": plan.used(done.timeline.prefill_tokens), "decode": want}
     assert done.timeline.to_dict()["kernels"] == kernels

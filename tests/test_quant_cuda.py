@@ -12,6 +12,8 @@ from engine.core.errors import LoadError
 from engine.platform import capabilities
 from engine.quant import quantize, weight_only
 from engine.quant.weight_only import int8_dequant_matmul, shape_rule
+from engine.runtime import plan
+from engine.serving import variants
 
 CUDA = torch.device("cuda")
 
@@ -31,7 +33,7 @@ def test_int4_on_a_gpu_is_refused_naming_each_layer_shape_that_breaks_the_rule(t
     with capabilities.forced(cuda_int4_weight_only_kernel=True):
         reason = quantize.precheck(on_gpu, "int4wo")
         with pytest.raises(LoadError) as err:
-            quantize.build_variant(on_gpu, "int4wo")
+            variants.build(on_gpu, "int4wo")
     assert reason == str(err.value)
     assert "cannot run on cuda with this model: torch's CUDA int4 kernel needs input sizes divisible by 128" in reason
     assert "qkv 64 -> 128" in reason and "gate_up 64 -> 256" in reason and "down" not in reason
@@ -40,23 +42,24 @@ def test_int4_on_a_gpu_is_refused_naming_each_layer_shape_that_breaks_the_rule(t
 
 def test_the_kernel_check_probes_the_models_own_shapes_lm_head_included(tiny, monkeypatch):
     seen = []
-    monkeypatch.setattr(weight_only, "_probe", lambda kernel, dev, cands, shapes: seen.append((dev, shapes)) or cands[0])
+    monkeypatch.setattr(plan, "_activations",
+                        lambda kernel, dev, cands, shapes, cache_dir: seen.append((dev, shapes)) or cands[0])
     for name, head in (("int8wo", False), ("int8wo+head", True)):
         seen.clear()
-        quantize.precheck(replace(tiny, device=CUDA), name)
+        variants.precheck(replace(tiny, device=CUDA), name)
         blocks = {(lin.in_features, lin.out_features) for _, _, lin in quantize.quantizable_linears(tiny.model)}
         want = blocks | ({(64, tiny.model.vocab_size)} if head else set())
         assert seen == [("cuda", tuple(sorted(want)))]
     seen.clear()
-    quantize.precheck(tiny, "int8wo")  # on CPU: the dtype race's own probe shape
-    assert seen == [("cpu", (weight_only._PROBE,))]
+    variants.precheck(tiny, "int8wo")  # on CPU: the dtype race's own probe shape
+    assert seen == [("cpu", (plan._PROBE,))]
 
 
 def test_the_probe_checks_every_shape_it_is_given():
-    got = weight_only._probe.__wrapped__("int8wo", "cpu", (torch.float32,), ((64, 32), (96, 48)))
+    got = plan._activations("int8wo", "cpu", (torch.float32,), ((64, 32), (96, 48)), None)
     assert got == torch.float32
     with pytest.raises(LoadError, match="int4wo kernel cannot run"):  # 40 inputs: not whole groups of 32
-        weight_only._probe.__wrapped__("int4wo", "cpu", (torch.float32,), ((64, 32), (40, 32)))
+        plan._activations("int4wo", "cpu", (torch.float32,), ((64, 32), (40, 32)), None)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

@@ -21,14 +21,13 @@ from engine.platform import capabilities
 from engine.model.loaded import weight_bytes
 from engine.model.loader import load
 from engine.quant.quantize import (
-    INT4_GROUP_SIZE,
     QUANTIZED,
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
-    build_variant,
     quantizable_linears,
 )
-from engine.serving.variants import VariantSet
+from engine.quant.weight_only import INT4_GROUP_SIZE
+from engine.serving.variants import VariantSet, build
 from engine.serving.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +44,7 @@ PROMPTS = ["What is the capital of France?", "Name three colors."]
 @pytest.fixture(scope="module")
 def bf16(bundled):
     """The bundled model in bf16 (the default on this CPU), as the unquantized reference."""
-    return build_variant(bundled, "bf16")
+    return build(bundled, "bf16")[0]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +65,7 @@ def test_each_variant_builds_and_generates_on_cpu(variants, bf16, name):
     v = variants.get(name)
     assert v.loaded.model is not bf16.model and v.loaded.device.type == "cpu"
     assert not quantizable_linears(v.loaded.model), "every block linear was replaced"
-    done = run_request(v.loaded, ask(PROMPTS[0]), GREEDY)
+    done = run_request(v.loaded, ask(PROMPTS[0]), GREEDY, runner=v.runner)
     assert done.output_tokens >= 1 and done.text.strip()
     assert v.build_s > 0 and v.weight_bytes > 0
 
@@ -243,8 +242,7 @@ def test_int8_weight_only_linear_matches_its_dequantized_weights():
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 96, bias=True)
     x = torch.randn(3, 5, 64)
-    with capabilities.forced(weight_only_activations="model"):  # fp32 in the kernel: exact to fp32
-        q = Int8WeightOnlyLinear.from_linear(lin)
+    q = Int8WeightOnlyLinear.from_linear(lin, compute_dtype=torch.float32)  # fp32 in the kernel: exact to fp32
     dequantized = q.weight_int8.float() * q.scale[:, None]
     assert torch.allclose(q(x), x @ dequantized.T + q.bias, atol=1e-4)
     assert (dequantized - lin.weight).abs().max() <= q.scale.max() / 2 + 1e-6  # rounding, per channel
@@ -254,8 +252,8 @@ def test_int4_weight_only_linear_matches_its_dequantized_weights():
     torch.manual_seed(0)
     lin = torch.nn.Linear(128, 96, bias=True)
     x = torch.randn(3, 5, 128)
-    with capabilities.forced(weight_only_activations="model"):
-        q = Int4WeightOnlyLinear.from_linear(lin, keep_unpacked=True, gemv=False)  # torch's kernel: fp32 in it
+    q = Int4WeightOnlyLinear.from_linear(lin, compute_dtype=torch.float32, keep_unpacked=True,
+                                         ours_layout=False)  # torch's kernel: fp32 in it
     w = q.dequantized()
     assert torch.allclose(q(x), x @ w.T + q.bias, atol=1e-4)  # ours (fp16 scales): tests/test_cpu_gemm.py
     step = (lin.weight.reshape(-1, q.group_size).amax(1) - lin.weight.reshape(-1, q.group_size).amin(1)) / 15

@@ -13,6 +13,7 @@ from engine.core.timeline import Timeline
 from engine.serving.generate import generate
 from engine.speculative import CostModel
 from engine.speculative.replay import MAX_STEPS_KEPT, DraftLog, DraftStep, acceptance_by_position
+from engine.bench import runner_for
 
 COPY = ("Repeat this text exactly: The quick brown fox jumps over the lazy dog. "
         "The dog sleeps in the sun all afternoon.")
@@ -49,7 +50,7 @@ def test_a_copy_prompt_records_every_verify_consistently_with_the_reply(bundled)
     tl = Timeline()
     tl.enqueued_ns = tl.started_ns = tl.received_ns
     cfg = GenerationConfig(temperature=0.0, max_new_tokens=32, speculative="prompt_lookup", num_speculative_tokens=6)
-    done = list(generate(bundled.model, bundled.tokenizer, bundled.eos_token_ids,
+    done = list(generate(runner_for(bundled), bundled.tokenizer, bundled.eos_token_ids,
                          Request(messages=ask(COPY), config=cfg), tl))[-1]
     c = done.timeline.to_dict()
     steps = [DraftStep.from_list(s) for s in c["draft_steps"]]

@@ -16,18 +16,18 @@ from engine.core.errors import InvalidRequest, LoadError
 from engine.core.request import Request
 from engine.core.timeline import Timeline
 from engine.serving.decoding import Decoding
-from engine.serving.generate import build_prompt_ids, decoding_for, generate
+from engine.serving.generate import build_prompt_ids, generate
 from engine.serving.prefix_cache import PrefixCache
 from engine.serving.sampling import Sampler
-from engine.speculative.draft import load_draft
 from engine.speculative import (
     AdaptiveK,
     CostModel,
-    SpeculativeDecoding,
     measured_costs,
     measured_draft_cost,
     verify_sampling,
 )
+from engine.speculative.draft import load_draft
+from engine.bench import runner_for
 
 # Varied prompts: copy-heavy ones (where prompt lookup finds matches) and open-ended ones.
 TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps in the sun all afternoon."
@@ -63,7 +63,7 @@ KS = (1, 2, 4, 8)
 def run(lm, messages, factory=None, prefix_cache=None, session=None, **cfg):
     tl = Timeline()
     tl.enqueued_ns = tl.started_ns = tl.received_ns
-    events = list(generate(lm.model, lm.tokenizer, lm.eos_token_ids,
+    events = list(generate(runner_for(lm), lm.tokenizer, lm.eos_token_ids,
                            Request(messages=messages, config=GenerationConfig(**cfg), session=session), tl,
                            decoding_factory=factory, prefix_cache=prefix_cache, draft=lm.draft))
     return events[-1]
@@ -137,16 +137,17 @@ def test_caches_match_a_fresh_prefill_after_rejections(bundled):
     cfg = GenerationConfig(temperature=0.0, max_new_tokens=24, speculative="draft", num_speculative_tokens=4,
                            speculative_adaptive=False)
     prompt_ids = build_prompt_ids(bundled.tokenizer, ask("Write a short story about a robot."))
-    dec = SpeculativeDecoding(bundled.model, prompt_ids, cfg, draft=bundled.draft)
+    dec = Decoding(runner_for(bundled), prompt_ids, cfg, draft=bundled.draft)
+    spec = dec.speculation
     dec.prefill()
     while len(dec.output_ids) < 20:
         dec.step()
         assert dec.cache.length == len(dec.ids) - 1
-        assert dec.proposer.cache.length <= len(dec.ids) - 1
-    assert 0 < dec.accepted < dec.drafted  # some guesses were rejected and rolled back
-    for model, cache in ((bundled.model, dec.cache), (bundled.draft.model, dec.proposer.cache)):
-        fresh = model.new_cache(cache.length)
-        model.forward(torch.tensor(dec.ids[: cache.length]), fresh)
+        assert spec.draft_cache.length <= len(dec.ids) - 1
+    assert 0 < spec.accepted < spec.drafted  # some guesses were rejected and rolled back
+    for runner, cache in ((runner_for(bundled), dec.cache), (bundled.draft.runner, spec.draft_cache)):
+        fresh = runner.new_cache(cache.length)
+        runner.forward(torch.tensor(dec.ids[: cache.length]), fresh)
         n = cache.length
         torch.testing.assert_close(cache.k[:, :, :, :n], fresh.k[:, :, :, :n], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(cache.v[:, :, :, :n], fresh.v[:, :, :, :n], atol=1e-4, rtol=1e-4)
@@ -168,9 +169,9 @@ def test_timeline_counters_use_glossary_names(bundled):
 def test_the_cost_model_is_measured_once_per_model_and_reported(tiny, tmp_path_factory, tokenizer):
     """Measured at first use on the model at hand, then fixed for the process (seeded replies stay
     reproducible); each request's Timeline says what the policy believed."""
-    first = measured_costs(tiny.model)
+    first = measured_costs(runner_for(tiny))
     assert first.measured and first.step_ms > 0 and first.verify_fixed >= 0 and first.verify_per_token >= 0
-    assert measured_costs(tiny.model) is first
+    assert measured_costs(runner_for(tiny)) is first
     done = run(tiny, ask("Hello there"), temperature=0.0, max_new_tokens=8, speculative="prompt_lookup")
     assert done.timeline.counters["cost_model"] == first.to_dict()
     fixed = run(tiny, ask("Hello there"), temperature=0.0, max_new_tokens=8, speculative="prompt_lookup",
@@ -179,8 +180,8 @@ def test_the_cost_model_is_measured_once_per_model_and_reported(tiny, tmp_path_f
     from conftest import build_tiny_model_dir
 
     same = load_draft(str(build_tiny_model_dir(tmp_path_factory.mktemp("same"), tokenizer, seed=4)), tiny)
-    cost = measured_draft_cost(same.model, tiny.model)
-    assert cost > 0 and measured_draft_cost(same.model, tiny.model) == cost
+    cost = measured_draft_cost(same.runner, runner_for(tiny))
+    assert cost > 0 and measured_draft_cost(same.runner, runner_for(tiny)) == cost
 
 
 @pytest.mark.parametrize("max_batch", [1, 4])
@@ -196,7 +197,7 @@ def test_an_idle_engine_calibrates_so_the_first_speculative_request_measures_not
 
     fresh = load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False))  # never measured
     assert not costs.is_calibrated(fresh.model)
-    assert costs.calibrate_idle([fresh], should_stop=lambda: True) is False  # gives way at once
+    assert costs.calibrate_idle([(runner_for(fresh), None)], should_stop=lambda: True) is False  # gives way at once
     assert not costs.is_calibrated(fresh.model)
     engine = Engine(fresh, max_batch=max_batch)
     try:
@@ -204,7 +205,7 @@ def test_an_idle_engine_calibrates_so_the_first_speculative_request_measures_not
         while not costs.is_calibrated(fresh.model) and time.time() < deadline:
             time.sleep(0.05)
         assert costs.is_calibrated(fresh.model)
-        calibrated = measured_costs(fresh.model)
+        calibrated = measured_costs(runner_for(fresh))
 
         def no_measuring(*args, **kwargs):
             raise AssertionError("a request measured the cost model")
@@ -244,11 +245,11 @@ def two_tiny(tiny, tmp_path_factory, tokenizer):
 
     other = load_draft(str(build_tiny_model_dir(tmp_path_factory.mktemp("tiny-draft"), tokenizer, seed=7)), tiny)
     ids = torch.tensor(tokenizer("Once upon a time there was")["input_ids"])
-    t_cache, d_cache = tiny.model.new_cache(32), other.model.new_cache(32)
+    t_cache, d_cache = tiny.model.new_cache(32), other.runner.new_cache(32)
     # Three consecutive positions, over the first 32 token ids only (so thousands of trials run in
     # seconds), sharpened: a random tiny model's logits are nearly flat.
-    target = tiny.model.forward(ids, t_cache, all_logits=True)[-3:, :32] * 8
-    draft = other.model.forward(ids, d_cache, all_logits=True)[-3:, :32] * 8
+    target = runner_for(tiny).forward(ids, t_cache, all_logits=True)[-3:, :32] * 8
+    draft = other.runner.forward(ids, d_cache, all_logits=True)[-3:, :32] * 8
     return target, draft
 
 
@@ -328,10 +329,10 @@ def test_cancellation_mid_stream_with_speculation(bundled, plain_greedy):
                            speculative_adaptive=False)
 
     def keep(*args, **kwargs):  # the sequence, to look at once it is done
-        made.append(decoding_for(cfg, bundled.draft)(*args, **kwargs))
+        made.append(Decoding(*args, **kwargs))
         return made[-1]
 
-    gen = generate(bundled.model, bundled.tokenizer, bundled.eos_token_ids,
+    gen = generate(runner_for(bundled), bundled.tokenizer, bundled.eos_token_ids,
                    Request(messages=ask(PROMPTS[0]), config=cfg),
                    tl, should_stop=lambda: len(chunks) >= 3, decoding_factory=keep)
     for event in gen:

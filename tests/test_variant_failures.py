@@ -27,7 +27,7 @@ def failing_nf4(monkeypatch):
         raise state.error
 
     monkeypatch.setattr(bnb, "check", lambda *a: None)  # past the up-front checks: the build itself fails
-    monkeypatch.setitem(quantize._BUILDERS, "nf4", builder)
+    monkeypatch.setitem(quantize._BNB, "nf4", builder)
     return state
 
 

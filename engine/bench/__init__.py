@@ -118,8 +118,35 @@ def load_model(args, **overrides):
     return loaded
 
 
-def run_request(loaded, messages, config, prefix_cache=None, **request_kw):
-    """Run one request through the decode loop on this thread; return the done event."""
+def runner_for(loaded):
+    """The runner of a loaded model (or variant) a bench or a test measures: made once per LoadedModel
+    and model object, with its plan (engine/runtime/runner.py open_runner), as the engine's VariantSet
+    makes one per variant. Kept on the LoadedModel (its holder; never on the model), so it goes with it."""
+    from engine.runtime.runner import open_runner
+
+    held = loaded.__dict__.get("_bench_runner")
+    if held is None or held.model is not loaded.model:
+        held = loaded.__dict__["_bench_runner"] = open_runner(loaded)
+    return held
+
+
+class Stepper:
+    """A runner's one-sequence steps in one mode ('eager' or 'compiled'): what step_times and the
+    verify bench call (`new_cache`, `forward`), with the `model` it runs."""
+
+    def __init__(self, runner, mode: str = "eager"):
+        self.runner, self.model, self.mode = runner, runner.model, mode
+
+    def new_cache(self, capacity: int):
+        return self.runner.new_cache(capacity)
+
+    def forward(self, ids, cache, all_logits: bool = False):
+        return self.runner.forward(ids, cache, all_logits, self.mode)
+
+
+def run_request(loaded, messages, config, prefix_cache=None, runner=None, **request_kw):
+    """Run one request through the decode loop on this thread (through `runner`, default the loaded
+    model's: runner_for); return the done event."""
     from engine.core.request import Request
     from engine.core.timeline import Timeline
     from engine.serving.generate import generate
@@ -127,7 +154,7 @@ def run_request(loaded, messages, config, prefix_cache=None, **request_kw):
     tl = Timeline()
     tl.started_ns = tl.enqueued_ns = tl.received_ns
     done = None
-    for event in generate(loaded.model, loaded.tokenizer, loaded.eos_token_ids,
+    for event in generate(runner or runner_for(loaded), loaded.tokenizer, loaded.eos_token_ids,
                           Request(messages=messages, config=config, **request_kw), tl, prefix_cache=prefix_cache,
                           draft=getattr(loaded, "draft", None)):
         if event.kind == "done":

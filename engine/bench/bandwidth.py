@@ -39,43 +39,6 @@ def add_args(p):
                         "(engine/kernels/cpu_layers.py), side by side")
 
 
-class _StepsOf:
-    """A model-like over `model` (its steps, measured another way): what step_times calls."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def new_cache(self, capacity: int):
-        return self.model.new_cache(capacity)
-
-
-class TorchKernels(_StepsOf):
-    """A model-like: `model`'s steps with every weight-only layer on torch's kernel, not ours."""
-
-    def __init__(self, model):
-        super().__init__(model)
-        self.layers = [m for m in model.modules() if getattr(m, "gemv", False)]
-
-    def forward(self, ids, cache, all_logits: bool = False):
-        for m in self.layers:
-            m.gemv = False
-        try:
-            return self.model.forward(ids, cache, all_logits)
-        finally:
-            for m in self.layers:
-                m.gemv = True
-
-
-class PythonLoop(_StepsOf):
-    """A model-like: `model`'s steps with the layer loop in Python, not one C++ call (engine/kernels/cpu_layers.py)."""
-
-    def forward(self, ids, cache, all_logits: bool = False):
-        from engine.kernels.switches import forced_off
-
-        with forced_off("layers"):
-            return self.model.forward(ids, cache, all_logits)
-
-
 def machine_limits_for(args, device, dtype_name: str):
     """The one limits probe of the device the model is on (a GPU's HBM, not the host's memory, for a
     model on CUDA): the cached one, or measured now (and cached)."""
@@ -107,53 +70,56 @@ def bytes_read_per_step(model, context: int) -> int:
 
 
 def run(args, out):
-    from engine.bench import load_model
+    from engine.bench import Stepper, load_model
     from engine.core.errors import LatencyLabError
-    from engine.kernels import cpu_gemm, cpu_layers
-    from engine.kernels import plan as kernel_plan
+    from engine.kernels import cpu_gemm, switches
     from engine.platform import capabilities
-    from engine.model import compiled_step
+    from engine.runtime.plan import make_plan
+    from engine.runtime.runner import Runner
     from engine.serving.variants import VariantSet
 
     lm = load_model(args)
     threads = torch.get_num_threads()
     variants = VariantSet(lm, budget_bytes=10**13, quality_texts=0)  # hold them all: this measures
-    models, refused = {lm.dtype_name: lm.model}, {}
+    plan = variants.default.runner.plan
+    models, refused = {lm.dtype_name: Stepper(variants.default.runner)}, {}
     for name in [v.strip() for v in (args.variants or DEFAULT_VARIANTS).split(",") if v.strip()]:
         try:
-            models[name] = variants.get(name).loaded.model
+            models[name] = Stepper(variants.get(name).runner)
         except LatencyLabError as exc:
             refused[name] = str(exc)
     compiled = {}
     for name in list(models) if args.compiled else ():
+        runner = models[name].runner
         try:
-            step = compiled_step.for_model(models[name])
-            step.prepare(lm.tokenizer)
+            runner.prepare("compiled", lm.tokenizer)
         except LatencyLabError as exc:
             refused[f"{name} compiled"] = str(exc)
             continue
-        compiled[f"{name} compiled"] = step.info
-        models[f"{name} compiled"] = step  # a model-like: one-token steps through the graph
+        compiled[f"{name} compiled"] = runner.compiled_info()
+        models[f"{name} compiled"] = Stepper(runner, "compiled")  # one-token steps through the graph
     for name in list(models) if args.torch_kernels else ():
-        if not isinstance(models[name], compiled_step.CompiledDecode) and TorchKernels(models[name]).layers:
-            models[f"{name} torch"] = TorchKernels(models[name])
+        runner = models[name].runner
+        wo = runner.plan.decision("weight-only kernels")
+        if models[name].mode == "eager" and wo is not None and wo.choice == "ours":  # the same weights, torch's kernels
+            models[f"{name} torch"] = Stepper(Runner(runner.model, make_plan(runner.model, weight_only="torch")))
     if args.python_loop:
-        models[f"{lm.dtype_name} python loop"] = PythonLoop(lm.model)
+        with switches.forced_off("layers"):  # a plan made with the switch off: its layers in Python
+            models[f"{lm.dtype_name} python loop"] = Stepper(Runner(lm.model, make_plan(lm.model, cache_dir=lm.cache_dir)))
     limits = machine_limits_for(args, lm.device, lm.dtype_name)
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
     out(f"weight-only kernels: {cpu_gemm.kernel_name('int4wo')}")
-    out(f"layer loop: {cpu_layers.describe(lm.model)}")
+    out(f"layer loop: {plan.layer_loop_text}")
     out(f"machine limits of the {limits_device(limits)} (the page's and the API's): {limits.summary()}")
-    plan = getattr(lm.model, "kernel_plan", None)  # which fp32 one-row kernel the steps use (engine/kernels/plan.py)
-    one_row = {"path": plan.one_row, "source": plan.source, **(plan.measured or {})} if plan else None
-    if plan is not None and plan.source != "default":
-        out(kernel_plan.summary(plan))
+    d = plan.decision("fp32 one-row")  # which fp32 one-row kernel the steps use (engine/runtime/plan.py)
+    one_row = {"path": d.choice, "source": d.source, **(d.measured or {})} if d else None
+    for note in plan.notes():
+        out(note)
     rows = {}
     for name, m in models.items():
         step = median(times[name])
-        read = bytes_read_per_step(m.model if isinstance(m, (compiled_step.CompiledDecode, _StepsOf)) else m,
-                                   args.context)
+        read = bytes_read_per_step(m.model, args.context)
         gbps = read / step / 1e9
         rows[name] = {"step_ms": round(step * 1e3, 2), "tok_s": round(1 / step, 1), "mb_per_step": round(read / 1e6, 1),
                       "gbps": round(gbps, 2), "fraction_of_read": round(limits.decode_fraction(gbps), 3)}
@@ -170,4 +136,4 @@ def run(args, out):
             "limits": limits.to_dict(), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
             "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_read"],
             "capabilities": capabilities.detect().summary(), "one_row_path": one_row,
-            "gemv_kernels": cpu_gemm.unavailable_reason() or "ours", "layer_loop": cpu_layers.describe(lm.model)}
+            "gemv_kernels": cpu_gemm.unavailable_reason() or "ours", "layer_loop": plan.layer_loop_text}

@@ -30,26 +30,28 @@ def request_costs(d1: float, dB: float, prompt_alone: float, prompt_added: float
 
 
 def run(args, out):
+    from engine.bench import runner_for
     from engine.core.errors import InvalidRequest
-    from engine.kernels.choose import prepare as pack
-    from engine.model.fast_llama import FastLlama
-    from engine.model.forward import forward as forward_batch
+    from engine.runtime.runner import Batch
 
     lm = load_model(args)
-    model, B = lm.model, args.batch
-    if not isinstance(model, FastLlama):
+    runner, B = runner_for(lm), args.batch
+    if runner.plan.runner != "fast":
         raise InvalidRequest(f"{lm.name} has no batched forward here (our Llama forward): nothing to measure")
     if B < 2:
         raise InvalidRequest("--batch must be at least 2", param="batch")
-    pack(model)
+
+    def forward_batch(rows, caches):
+        return runner.run(Batch(rows, caches))
+
     gen = torch.Generator().manual_seed(0)
 
     def ids(n):
         return torch.randint(100, 20000, (n,), generator=gen).tolist()
 
     def primed(n):  # a cache holding n tokens, with room for the prompt
-        cache = model.new_cache(n + args.prompt_tokens + 2)
-        forward_batch(model, [ids(n)], [cache])
+        cache = runner.new_cache(n + args.prompt_tokens + 2)
+        forward_batch([ids(n)], [cache])
         return cache
 
     decode = [primed(args.context) for _ in range(B)]
@@ -68,7 +70,7 @@ def run(args, out):
             for c in caches:
                 c.crop(args.cached_tokens if c is prompt_cache else args.context)
             t0 = clock.done_ns(lm.device)
-            forward_batch(model, rows, caches)
+            forward_batch(rows, caches)
             t1 = clock.done_ns(lm.device)
             if r:  # round 0 warms up: first-call allocations, caches
                 times[name].append((t1 - t0) / 1e6)

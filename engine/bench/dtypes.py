@@ -23,12 +23,13 @@ def add_args(p):
 
 
 def run(args, out):
+    from engine.bench import runner_for
     from engine.core.config import GenerationConfig
 
     results, ref_logits = {}, None
     for name in args.dtypes.split(","):
         lm = load_model(args, dtype=name)
-        model = lm.model
+        model = runner_for(lm)
         ids = torch.tensor(lm.tokenizer(TEXT)["input_ids"][: args.prefill_tokens], device=lm.device)
         prefill = []
         for _ in range(args.runs):

@@ -24,12 +24,13 @@ def add_args(p):
 
 def run(args, out):
     from engine.core.errors import LatencyLabError
-    from engine.kernels import choose, cpu_gemm, cpu_qdot
-    from engine.kernels.choose import Kernel
+    from engine.kernels import catalogue, cpu_gemm, cpu_qdot
+    from engine.kernels.catalogue import Kernel
     from engine.model.loaded import weight_bytes
     from engine.platform import capabilities
     from engine.quant.w8a import Int4W8ALinear, Int8W8ALinear
     from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+    from engine.runtime.plan import weight_only_activations
 
     reason = cpu_gemm.unavailable_reason()
     if reason:
@@ -42,23 +43,25 @@ def run(args, out):
         linears = [nn.Linear(k, n, bias=False) for k, n in shapes]
         for lin in linears:
             lin.weight.data = torch.randn(lin.out_features, lin.in_features, generator=gen) * 0.02
-        layers[f"{name} ours"] = [cls.from_linear(lin) for lin in linears]
-        layers[f"{name} torch"] = [cls.from_linear(lin, gemv=False) for lin in linears]
+        dtype = weight_only_activations(f"{name}wo", "cpu", torch.float32, cache_dir=lm.cache_dir)  # torch's, as served
+        both = [cls.from_linear(lin, compute_dtype=dtype) for lin in linears]  # ours and torch's layouts
+        layers[f"{name} ours"] = [functools.partial(catalogue.run, Kernel.WO_OURS, layer) for layer in both]
+        layers[f"{name} torch"] = [functools.partial(catalogue.run, Kernel.WO_TORCH, layer) for layer in both]
         w8a = {"int8": Int8W8ALinear, "int4": Int4W8ALinear}[name]
         for isa in [i for i in cpu_qdot.ISAS if i in cpu_qdot.cpu_isas()]:
             built = [w8a.from_linear(lin) for lin in linears]
             for layer in built:
                 layer.isa = isa  # each form this CPU runs, not only the chosen one
-            layers[f"{name} w8a {isa}"] = built
-        nbytes[name] = weight_bytes(nn.ModuleList(layers[f"{name} ours"]))
+            layers[f"{name} w8a {isa}"] = [functools.partial(catalogue.run, Kernel.WO_INT8ACT, layer) for layer in built]
+        nbytes[name] = weight_bytes(nn.ModuleList(both))
     fp32 = [nn.Linear(k, n, bias=False) for k, n in shapes]
     for lin in fp32:
         lin.weight.data = torch.randn(lin.out_features, lin.in_features, generator=gen) * 0.02
         cpu_gemm.panels(lin)
-    layers["fp32 ours"] = [functools.partial(choose.run, Kernel.OURS_FP32, lin) for lin in fp32]
-    if all(choose.packed_weight(lin) is not None for lin in fp32):
-        layers["fp32 packed"] = [functools.partial(choose.run, Kernel.ONEDNN_PACKED, lin) for lin in fp32]
-    layers["fp32 plain"] = [functools.partial(choose.run, Kernel.ATEN, lin) for lin in fp32]
+    layers["fp32 ours"] = [functools.partial(catalogue.run, Kernel.OURS_FP32, lin) for lin in fp32]
+    if all(catalogue.packed_weight(lin) is not None for lin in fp32):
+        layers["fp32 packed"] = [functools.partial(catalogue.run, Kernel.ONEDNN_PACKED, lin) for lin in fp32]
+    layers["fp32 plain"] = [functools.partial(catalogue.run, Kernel.ATEN, lin) for lin in fp32]
     nbytes["fp32"] = sum(lin.weight.numel() * 4 for lin in fp32)
     out(f"{capabilities.detect().summary()}; {torch.get_num_threads()} threads; {len(shapes)} projections "
         f"of {lm.name}")

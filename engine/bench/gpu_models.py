@@ -6,8 +6,9 @@ checkout and its packages: no model hub, no network.
   random weights (greedy output of random weights is as deterministic as any other).
 - The 8B shape (Llama-3-8B: hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336, vocab
   128256) is built in the device's memory directly, in bf16, without transformers' CPU init.
-- Each model is wrapped the way the loader wraps a loaded one (`loaded.build_runner`, `warm_up`, the
-  kernel plan) into a `LoadedModel`, so generate() and the worker run it as they run any model.
+- Each model is wrapped the way the loader wraps a loaded one (`loaded.build_model`) into a
+  `LoadedModel`, so its runner (engine/bench runner_for, with its plan), generate() and the worker run it
+  as they run any model.
 - `EventClock`: CUDA events on CUDA, synchronized host stamps elsewhere: the independent clock the
   Timeline's figures are checked against.
 """
@@ -115,24 +116,21 @@ def random_hf(config, dtype: torch.dtype, device: torch.device, seed: int = 0):
 
 
 def assemble(hf_model, tokenizer, name: str, device: torch.device, cache_dir=None, eos: set[int] | None = None):
-    """A LoadedModel around `hf_model`, as engine/model/loader.py `load` makes one: our runner
-    (FastLlama where it applies), the warm-up forward, the kernel plan (measured per machine, cached).
+    """A LoadedModel around `hf_model`, as engine/model/loader.py `load` makes one (FastLlama where it
+    applies), with its runner made (plan measured per machine and cached, warm-up forward: runner_for).
     `eos` empty by default: a random model stops at max_new_tokens, so every request has its length."""
-    from engine.kernels import plan as kernel_plan
-    from engine.model.loaded import LoadedModel, build_runner, warm_up
+    from engine.bench import runner_for
+    from engine.model.loaded import LoadedModel, build_model
 
     t0 = clock.done_s(device)
-    model, fast, why = build_runner(hf_model, True)
-    warm_up(model)
+    model, fast, why = build_model(hf_model, True)
     notes = [f"random weights (randn × {INIT_STD})"] + ([f"generic transformers forward: {why}"] if why else [])
-    if fast:
-        one_row = kernel_plan.load_or_measure(model, cache_dir)
-        if one_row:
-            notes.append(kernel_plan.summary(one_row))
-    dtype = model.dtype
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source="random", path="", dtype=dtype,
-                       device=device, load_s=clock.done_s(device) - t0, fast_path=fast, eos_token_ids=set(eos or ()),
-                       notes=notes, cache_dir=cache_dir)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=name, source="random", path="", dtype=model.dtype,
+                         device=device, load_s=0.0, fast_path=fast, eos_token_ids=set(eos or ()), notes=notes,
+                         cache_dir=cache_dir)
+    notes += runner_for(loaded).plan.notes()
+    loaded.load_s = clock.done_s(device) - t0
+    return loaded
 
 
 class EventClock:
@@ -169,8 +167,9 @@ class StepTimes:
 
 @torch.inference_mode()
 def decode_step_ms(model, device, context: int = 64, steps: int = 16) -> StepTimes:
-    """The median time of one decode step at `context` cached tokens (the cache cropped back after
-    each, so every step sees the same context), each step timed by EventClock."""
+    """The median time of one decode step of `model` (a runner, or a bench Stepper: its steps in a mode)
+    at `context` cached tokens (the cache cropped back after each, so every step sees the same context),
+    each step timed by EventClock."""
     ids = torch.arange(100, 100 + context, device=device)
     cache = model.new_cache(context + 2)
     model.forward(ids, cache)
@@ -196,35 +195,35 @@ def _median_step_ms(step, cache, context: int, device, steps: int) -> float:
     return round(times[len(times) // 2], 4)
 
 
-def graph_step_ms(loaded, device) -> dict:
-    """The compiled_decode toggle's step for `loaded` (on a GPU: the static step replayed from its CUDA
-    graph, engine/model/cuda_graph.py): prepared as a request would, then timed like decode_step_ms.
+def graph_step_ms(runner, tokenizer, device) -> dict:
+    """The compiled_decode toggle's step through `runner` (on a GPU: the static step replayed from its CUDA
+    graph, engine/runtime/cuda_graph.py): prepared as a request would, then timed like decode_step_ms.
     {"refused": why} where the toggle is refused or its graph fails."""
+    from engine.bench import Stepper
     from engine.core.errors import InvalidRequest
-    from engine.model import compiled_step, cuda_graph
 
     try:
-        step = compiled_step.for_model(loaded.model)
-        prepare_s = step.prepare(loaded.tokenizer, 128)
+        prepare_s = runner.prepare("compiled", tokenizer, 128)
     except InvalidRequest as exc:
         return {"refused": str(exc)}
-    out = {"step_ms": decode_step_ms(step, device).median_ms, "prepare_s": round(prepare_s, 2),
-           "check": dict(step.info or {})}
-    static = getattr(loaded.model, "static_decode", None)
-    if isinstance(static, cuda_graph.StaticDecode):
-        out["graphs"] = static.describe()
+    info = dict(runner.compiled_info() or {})
+    graphs = info.pop("graphs", None)
+    out = {"step_ms": decode_step_ms(Stepper(runner, "compiled"), device).median_ms, "prepare_s": round(prepare_s, 2),
+           "check": info}
+    if graphs is not None:
+        out["graphs"] = graphs
     return out
 
 
-def fused_step_ms(model, device, context: int = 64, steps: int = 16) -> dict:
+def fused_step_ms(runner, device, context: int = 64, steps: int = 16) -> dict:
     """The static step with Inductor's fused kernels inside its CUDA graph (StaticDecode(fuse=True), off by
     default): one row, timed like decode_step_ms, with the compile-and-capture time."""
-    from engine.model import cuda_graph
+    from engine.runtime import cuda_graph
 
-    static = cuda_graph.StaticDecode(model, fuse=True)
+    static = cuda_graph.StaticDecode(runner.model, runner.plan, fuse=True)
     ids = torch.arange(100, 100 + context, device=device)
-    cache = model.new_cache(context + 2)
-    model.forward(ids, cache)
+    cache = runner.new_cache(context + 2)
+    runner.forward(ids, cache)
     t0 = clock.done_s(device)
     static.step([7], [cache], replay=True)  # compiles and captures (rows 1, the smallest bucket)
     first_s = clock.done_s(device) - t0

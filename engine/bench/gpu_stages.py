@@ -1,6 +1,6 @@
 """The stages of the prepared GPU check (engine/bench/gpu.py): each takes the run's `Context`, returns
 its figures (a dict), and raises `Skip` with the reason where it cannot run here. They run the engine's
-own paths: generate(), the worker (Engine), compiled_step, build_variant, roofline.annotate."""
+own paths: generate(), the worker (Engine), the runner's compiled step, variants.build, roofline.annotate."""
 
 from __future__ import annotations
 
@@ -127,6 +127,7 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
 def timed_request(loaded, ids: list[int], config, limits=None) -> dict:
     """One request through generate(), stamped by the Timeline and by EventClock around the same
     calls; the roofline annotated as the worker annotates it."""
+    from engine.bench import runner_for
     from engine.core.request import Request
     from engine.core.timeline import Timeline, now_ns
     from engine.measure import roofline
@@ -138,7 +139,7 @@ def timed_request(loaded, ids: list[int], config, limits=None) -> dict:
     events.mark("start")
     tl.received_ns = tl.enqueued_ns = tl.started_ns = now_ns()
     done = None
-    for event in generate(loaded.model, loaded.tokenizer, loaded.eos_token_ids,
+    for event in generate(runner_for(loaded), loaded.tokenizer, loaded.eos_token_ids,
                           Request(prompt_ids=ids, config=config), tl):
         if event.kind == "status" and event.stage == "prefill" and "prefill" not in events.marks:
             events.mark("prefill")
@@ -190,19 +191,18 @@ FUSED_S = 90  # seconds the fused step needs at least (Inductor compiles the ste
 
 
 def compiled(ctx: Context, time_left=lambda: float("inf")) -> dict:
+    from engine.bench import Stepper, runner_for
     from engine.core.config import GenerationConfig
-    from engine.core.errors import InvalidRequest
-    from engine.model import compiled_step
 
     loaded = need(ctx.small, "bundled-shape model")
-    try:
-        step = compiled_step.for_model(loaded.model)
-    except InvalidRequest as exc:  # refused here (no Triton, no compiler): the reason; a failed build raises below
-        raise Skip(str(exc)) from exc
-    prepare_s = step.prepare(loaded.tokenizer)
-    info = dict(step.info or {})
-    eager = gm.decode_step_ms(loaded.model, ctx.device)
-    graph = gm.decode_step_ms(step, ctx.device)  # through the step's own forward, as generate() calls it
+    runner = runner_for(loaded)
+    if runner.plan.compiled_reason:  # refused here (no compiler, bitsandbytes): the reason; a failed build raises below
+        raise Skip(runner.plan.compiled_reason)
+    prepare_s = runner.prepare("compiled", loaded.tokenizer)
+    info = dict(runner.compiled_info() or {})
+    graphs = info.pop("graphs", None)
+    eager = gm.decode_step_ms(Stepper(runner), ctx.device)
+    graph = gm.decode_step_ms(Stepper(runner, "compiled"), ctx.device)  # the runner in the toggle's mode
     ids = prompt_ids(loaded.tokenizer, 64)
     cfg = GenerationConfig(temperature=0.0, max_new_tokens=32, kv_reuse=False)
     plain = timed_request(loaded, ids, cfg)
@@ -212,15 +212,14 @@ def compiled(ctx: Context, time_left=lambda: float("inf")) -> dict:
            "graph_step_ms": graph.median_ms, "speedup": _r(eager.median_ms / graph.median_ms, 2),
            "generate": {"eager_tpot_ms": plain["tpot_ms"], "compiled_tpot_ms": fast["tpot_ms"],
                         "same_tokens": same, "tokens": len(plain["token_ids"])}}
-    static = getattr(loaded.model, "static_decode", None)
-    if static is not None:
-        out["graphs"] = static.describe()
+    if graphs is not None:
+        out["graphs"] = graphs
     if ctx.cuda:  # Inductor's fused kernels inside the graph: measured before it may become the default
         from engine.platform import capabilities
 
         out["fused"] = ({"refused": "Triton does not import here"} if not capabilities.detect().triton
                         else {"skipped": f"time budget: {max(time_left(), 0):.0f} s left, it needs ~{FUSED_S} s"}
-                        if time_left() < FUSED_S else gm.fused_step_ms(loaded.model, ctx.device))
+                        if time_left() < FUSED_S else gm.fused_step_ms(runner, ctx.device))
         if out["fused"].get("step_ms"):
             out["fused"]["speedup_vs_graph"] = _r(graph.median_ms / out["fused"]["step_ms"], 2)
     return out
@@ -234,8 +233,10 @@ def parity(ctx: Context) -> dict:
     ctx.small32 = gm.assemble(hf, ctx.tokenizer, "bundled-shape-fp32", ctx.device, ctx.cache_dir)
     ids = torch.tensor(prompt_ids(ctx.tokenizer, 256), device=ctx.device)
     want = hf(ids[None]).logits[0].float()
-    model = ctx.small32.model
-    got = model.forward(ids, model.new_cache(len(ids)), all_logits=True)
+    from engine.bench import runner_for
+
+    runner = runner_for(ctx.small32)
+    got = runner.forward(ids, runner.new_cache(len(ids)), all_logits=True)
     diff = float((got - want).abs().max())
     top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
     return {"positions": len(ids), "max_logit_diff": round(diff, 6), "logit_scale": round(float(want.abs().max()), 4),
@@ -319,14 +320,16 @@ def variants(ctx: Context, time_left) -> dict:
     with its weight bytes and the device memory it took. One variant at a time (dropped after)."""
     from engine.core.errors import LoadError
     from engine.measure.roofline import step_weight_bytes
-    from engine.quant.quantize import METHODS, build_variant, precheck
+    from engine.bench import Stepper, runner_for
+    from engine.quant.quantize import METHODS
+    from engine.serving.variants import build, precheck
 
     base = ctx.big or need(ctx.small, "bundled-shape model")
-    base_step = gm.decode_step_ms(base.model, ctx.device)
+    base_step = gm.decode_step_ms(Stepper(runner_for(base)), ctx.device)
     step_bytes = step_weight_bytes(base.model)
     read = ctx.limits.read_gbps if ctx.limits else None
     hbm_ms = step_bytes / (read * 1e9) * 1e3 if read else None
-    base_graph = gm.graph_step_ms(base, ctx.device) if ctx.cuda else {"refused": "no CUDA"}
+    base_graph = gm.graph_step_ms(runner_for(base), base.tokenizer, ctx.device) if ctx.cuda else {"refused": "no CUDA"}
     best = min(base_step.median_ms, base_graph.get("step_ms") or float("inf"))  # the step a user can get
     out = {"base": base.name, "base_dtype": base.dtype_name, "base_step_ms": best,
            "base_eager_step_ms": base_step.median_ms, "base_graph": base_graph,
@@ -345,14 +348,14 @@ def variants(ctx: Context, time_left) -> dict:
             continue
         before = gm.device_bytes(ctx.device)["allocated"]
         try:
-            built = build_variant(base, name)
+            built, built_runner = build(base, name)
         except LoadError as exc:
             out["variants"][name] = {"refused": str(exc)}
             continue
         after = gm.device_bytes(ctx.device)["allocated"]
         try:
-            step = gm.decode_step_ms(built.model, ctx.device)
-            graph = gm.graph_step_ms(built, ctx.device) if ctx.cuda else {"refused": "no CUDA"}
+            step = gm.decode_step_ms(Stepper(built_runner), ctx.device)
+            graph = gm.graph_step_ms(built_runner, built.tokenizer, ctx.device) if ctx.cuda else {"refused": "no CUDA"}
             step_ms = min(step.median_ms, graph.get("step_ms") or float("inf"))
             out["variants"][name] = {
                 "step_ms": step_ms, "eager_step_ms": step.median_ms, "graph": graph,
@@ -361,7 +364,7 @@ def variants(ctx: Context, time_left) -> dict:
                 "device_allocated_bytes": None if before is None else after - before, "build_s": round(built.load_s, 2),
                 "notes": built.notes[-1:]}
         finally:
-            del built
+            del built, built_runner
             gm.release(ctx.device)
     return out
 

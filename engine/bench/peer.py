@@ -85,19 +85,21 @@ def token_ids(tokenizer, messages, reply_open: bool = True) -> list[int]:
                                          return_dict=False)
 
 
-def ours(model, ids: dict, args, compiled: bool) -> dict:
+def ours(served, ids: dict, args, compiled: bool) -> dict:
+    """`served`: (the loaded model, its runner)."""
+    model, runner = served
     from engine.core.config import GenerationConfig
     from engine.serving.prefix_cache import PrefixCache
 
     greedy = GenerationConfig(temperature=0.0, max_new_tokens=args.max_tokens, quantization=None,
                               compiled_decode=compiled)
-    short = run_request(model, None, greedy, prompt_ids=ids["short"]).timeline
-    long = run_request(model, None, greedy.replace(kv_reuse=False), prompt_ids=ids["long"]).timeline
+    short = run_request(model, None, greedy, prompt_ids=ids["short"], runner=runner).timeline
+    long = run_request(model, None, greedy.replace(kv_reuse=False), prompt_ids=ids["long"], runner=runner).timeline
     cache = PrefixCache()
     run_request(model, None, greedy.replace(max_new_tokens=1), prompt_ids=ids["history"], prefix_cache=cache,
-                session="peer")
+                session="peer", runner=runner)
     warm = run_request(model, None, greedy.replace(max_new_tokens=args.warm_tokens), prompt_ids=ids["warm"],
-                       prefix_cache=cache, session="peer").timeline
+                       prefix_cache=cache, session="peer", runner=runner).timeline
     return {"short": {"ttft_ms": short.ttft_ms, "decode_tps": short.decode_tps, "tokens": short.output_tokens},
             "long": {"ttft_ms": long.ttft_ms, "decode_tps": long.decode_tps, "tokens": long.output_tokens},
             "warm": {"ttft_ms": warm.ttft_ms, "cached_tokens": warm.cached_tokens, "tokens": warm.output_tokens}}
@@ -117,9 +119,8 @@ def run(args, out):
     import torch
 
     from engine.core.errors import LatencyLabError
-    from engine.platform.capabilities import detect
-    from engine.model import compiled_step
     from engine.model.loader import bundled_gguf_path
+    from engine.platform.capabilities import detect
     from engine.serving.variants import VariantSet
 
     if not os.path.exists(args.peer_python):
@@ -139,16 +140,17 @@ def run(args, out):
         f"prompts: short {len(ids['short'])}, long {len(ids['long'])}, warm {len(ids['warm'])} tokens "
         f"({len(ids['history'])} cached)")
     variant_set = VariantSet(lm, quality_texts=0)
-    configs = {}  # label -> (the loaded model, compiled step or not): each variant built once
+    configs = {}  # label -> ((the loaded model, its runner), compiled step or not): each variant built once
     for v in [None, *(v.strip() for v in args.compare_variants.split(",") if v.strip())]:
-        loaded, label = (variant_set.get(v).loaded, v) if v else (lm, lm.dtype_name)
-        configs[label] = (loaded, False)
+        variant, label = (variant_set.get(v), v) if v else (variant_set.default, lm.dtype_name)
+        served = (variant.loaded, variant.runner)
+        configs[label] = (served, False)
         if args.compiled:
-            step = compiled_step.for_model(loaded.model)
-            step.prepare(tok)
-            out(f"  {label} compiled in {step.info['compile_s']} s (top-1 agreement with its eager "
-                f"step {step.info['top1_agreement']:.0%})")
-            configs[f"{label} compiled"] = (loaded, True)
+            variant.runner.prepare("compiled", tok)
+            info = variant.runner.compiled_info()
+            out(f"  {label} compiled in {info['compile_s']} s (top-1 agreement with its eager "
+                f"step {info['top1_agreement']:.0%})")
+            configs[f"{label} compiled"] = (served, True)
     ort_jobs = peer_ort.jobs(args, job)
     runs = {"llama.cpp": [], **{name: [] for name in ort_jobs}, **{name: [] for name in configs}}
     for r in range(args.rounds):

@@ -47,9 +47,10 @@ def time_prefill(lm, ids: list[int], chunk: int | None) -> tuple[float, float, f
     CPU time (all of this process's threads) is reported beside wall time: on a machine shared with
     other jobs, wall time swings between identical runs far more than CPU time (docs/history.md)."""
     from engine.core.config import GenerationConfig
+    from engine.bench import runner_for
     from engine.serving.decoding import Decoding
 
-    dec = Decoding(lm.model, ids, GenerationConfig(max_new_tokens=1, temperature=0.0))
+    dec = Decoding(runner_for(lm), ids, GenerationConfig(max_new_tokens=1, temperature=0.0))
     t0, c0 = clock.done_s(lm.device), time.process_time()
     first_chunk = None
     if chunk:

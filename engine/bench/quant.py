@@ -46,8 +46,9 @@ def run(args, out):
     from engine.core.config import GenerationConfig
     from engine.platform import capabilities
     from engine.quant.quality import compare, next_token_logits, quality_inputs
-    from engine.quant.quantize import QUANTIZED, build_variant, probe_results
-    from engine.serving.variants import VariantSet
+    from engine.quant.quantize import QUANTIZED
+    from engine.runtime.plan import probe_results
+    from engine.serving.variants import VariantSet, build
 
     lm = load_model(args)
     names = [v.strip() for v in args.variants.split(",") if v.strip()] or list(QUANTIZED)
@@ -64,35 +65,35 @@ def run(args, out):
         rows[name] = {"method": v.method, "weight_bytes": v.weight_bytes, "build_s": round(v.build_s, 2),
                       "top1_agreement": v.quality["top1_agreement"], "mean_kl": v.quality["mean_kl"],
                       "perplexity": v.quality.get("perplexity")}
-        models[name] = v.loaded
+        models[name] = (v.loaded, v.runner)
         out(f"  built {name} in {v.build_s:.1f} s: {v.loaded.notes[-1] if v.loaded.notes else ''}")
     ref_ppl = next((v.quality.get("reference_perplexity") for n in names[1:] if (v := variants.get(n)).quality), None)
     rows[names[0]]["perplexity"] = rows[names[0]]["perplexity"] or ref_ppl  # the loaded model's own
     inputs = quality_inputs(lm.tokenizer)
-    reference = next_token_logits(lm.model, inputs)
+    reference = next_token_logits(variants.default.runner, inputs)
     for name in [h.strip() for h in args.head_rows.split(",") if h.strip() and f"{h.strip()}+head" not in rows]:
         t0 = clock.now_ns()
-        loaded = build_variant(lm, name, quantize_lm_head=True)
+        loaded, runner = build(lm, name, quantize_lm_head=True)
         build_s = (clock.done_ns(lm.device) - t0) / 1e9
-        q = compare(reference, next_token_logits(loaded.model, inputs), inputs)
+        q = compare(reference, next_token_logits(runner, inputs), inputs)
         rows[f"{name}+head"] = {"method": f"{QUANTIZED[name]}; lm_head quantized too (untied)", "adhoc": True,
                                 "weight_bytes": loaded.weight_bytes(), "build_s": round(build_s, 2),
                                 "top1_agreement": q["top1_agreement"], "mean_kl": q["mean_kl"],
                                 "perplexity": q["perplexity"]}
-        models[f"{name}+head"] = loaded
+        models[f"{name}+head"] = (loaded, runner)
 
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     ids = torch.tensor(lm.tokenizer(TEXT)["input_ids"][: args.prefill_tokens], device=lm.device)
     decode, prefill = {n: [] for n in models}, {n: [] for n in models}
     for r in range(args.runs):
         for prompt in CHAT_PROMPTS[: args.prompts]:
-            for name, loaded in models.items():  # alternate: each variant sees the same machine state
-                done = run_request(loaded, [{"role": "user", "content": prompt}], gen)
+            for name, (loaded, runner) in models.items():  # alternate: each variant sees the same machine state
+                done = run_request(loaded, [{"role": "user", "content": prompt}], gen, runner=runner)
                 decode[name].append(done.timeline.decode_tps)
-        for name, loaded in models.items():
-            cache = loaded.model.new_cache(len(ids))
+        for name, (loaded, runner) in models.items():
+            cache = runner.new_cache(len(ids))
             t = clock.done_s(lm.device)
-            loaded.model.forward(ids, cache)
+            runner.forward(ids, cache)
             prefill[name].append(len(ids) / (clock.done_s(lm.device) - t))
         out(f"  run {r + 1}/{args.runs}: decode tok/s " + ", ".join(f"{n} {median(decode[n]):.1f}" for n in models))
 

@@ -18,13 +18,14 @@ def add_args(p):
 
 
 def run(args, out):
+    from engine.bench import Stepper, runner_for
     from engine.platform import capabilities
-    from engine.quant.quantize import build_variant
+    from engine.serving.variants import build
 
     lm = load_model(args)
-    models = {lm.dtype_name: lm.model}
+    models = {lm.dtype_name: Stepper(runner_for(lm))}
     for name in [v.strip() for v in (args.variants or DEFAULT_VARIANTS).split(",") if v.strip()]:
-        models[name] = build_variant(lm, name).model
+        models[name] = Stepper(build(lm, name)[1])
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {capabilities.detect().summary()}")
     base = median(times[lm.dtype_name])
@@ -38,7 +39,8 @@ def run(args, out):
 
 
 def step_times(models: dict, context: int, rounds: int, steps: int, device) -> dict[str, list[float]]:
-    """Seconds of single decode steps at `context` cached tokens, per model, the models taking
+    """Seconds of single decode steps at `context` cached tokens, per model-like (`new_cache`,
+    `forward(ids, cache)`: a runner, a bench Stepper), the models taking
     turns round after round so that each sees the same machine state (the cache is cropped back
     after each step, so every step has the same context). Each step lies between two done-stamps
     on `device` (engine/core/clock.py): the work, not its launch."""

@@ -1,5 +1,5 @@
 """What a forward over T tokens costs relative to a one-token decode step, through each fp32 kernel
-plan the one decision can take (engine/kernels/plan.py: our kernel, the packed oneDNN copy, MKL's
+plan the one decision can take (engine/runtime/plan.py: our kernel, the packed oneDNN copy, MKL's
 GEMV for one row): the price of a speculative verify pass (T = k + 1) and of short prefills."""
 
 from __future__ import annotations
@@ -17,32 +17,31 @@ def add_args(p):
 
 
 def run(args, out):
-    from engine.kernels import choose
-    from engine.kernels import plan as kernel_plan
+    from engine.bench import runner_for
+    from engine.kernels import catalogue, cpu_gemm
+    from engine.platform import capabilities
 
     lm = load_model(args)
-    model, sizes = lm.model, [int(t) for t in args.tokens.split(",")]
-    names = kernel_plan.candidates(model) or [choose.plan_of(model).one_row]
+    sizes = [int(t) for t in args.tokens.split(",")]
+    chosen = runner_for(lm).plan.one_row
+    names = ([n for n in ("gemv", "packed") if capabilities.detect().packed_fp32_weights]
+             + (["ours"] if cpu_gemm.available() else [])) if chosen else [None]
+    runners = runners_for(lm.model, names)
+    device = runners[names[0]].device
     gen = torch.Generator().manual_seed(0)
-    cache = model.new_cache(args.context + max(sizes) + 1)
-    model.forward(torch.randint(100, 20000, (args.context,), generator=gen).to(model.device), cache)
+    cache = runners[names[0]].new_cache(args.context + max(sizes) + 1)
+    runners[names[0]].forward(torch.randint(100, 20000, (args.context,), generator=gen).to(device), cache)
     times = {(name, t): [] for name in names for t in sizes}
-    chosen = choose.plan_of(model)
-    try:
-        for _ in range(args.rounds):  # alternate every configuration within each round
-            for name in names:
-                kernel_plan.inject(model, name)
-                for t in sizes:
-                    cache.crop(args.context)
-                    ids = torch.randint(100, 20000, (t,), generator=gen).to(model.device)  # the ids go where the model is
-                    t0 = clock.done_s(model.device)
-                    model.forward(ids, cache, all_logits=True)
-                    times[(name, t)].append(clock.done_s(model.device) - t0)
-    finally:
-        model.kernel_plan = chosen
-        choose.prepare(model)  # the copies the chosen plan reads (injecting `ours` freed the packed ones)
+    for _ in range(args.rounds):  # alternate every configuration within each round
+        for name in names:
+            for t in sizes:
+                cache.crop(args.context)
+                ids = torch.randint(100, 20000, (t,), generator=gen).to(device)  # the ids go where the model is
+                t0 = clock.done_s(device)
+                runners[name].forward(ids, cache, all_logits=True)
+                times[(name, t)].append(clock.done_s(device) - t0)
     out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {args.context} tokens of context, "
-        f"{args.rounds} rounds; cost in one-token steps (median ms); the engine's choice: {chosen.one_row}")
+        f"{args.rounds} rounds; cost in one-token steps (median ms); the engine's choice: {chosen}")
     rows = []
     for t in sizes:
         row = {"tokens": t}
@@ -54,6 +53,14 @@ def run(args, out):
         out(f"  T={t:3d}: " + " | ".join(f"{n} {row[f'{n}_ms']:7.1f} ms = {row[f'{n}_steps']:.2f} steps" for n in names))
     five = next((r for r in rows if r["tokens"] == 5), rows[-1])
     base = "gemv" if "gemv" in names else names[0]
-    return {"rows": rows, "ratio": round(five[f"{base}_steps"] / five[f"{chosen.one_row}_steps"], 3)
-            if f"{chosen.one_row}_steps" in five else None,
-            "dtype": lm.dtype_name, "packed_weight_mb": round(choose.packed_bytes() / 1e6, 1)}
+    return {"rows": rows, "ratio": round(five[f"{base}_steps"] / five[f"{chosen}_steps"], 3)
+            if f"{chosen}_steps" in five else None,
+            "dtype": lm.dtype_name, "packed_weight_mb": round(catalogue.packed_bytes() / 1e6, 1)}
+
+
+def runners_for(model, names) -> dict:
+    """A runner per fp32 one-row choice in `names` (each plan the decision can take; None: the model's own)."""
+    from engine.runtime.plan import make_plan
+    from engine.runtime.runner import Runner
+
+    return {name: Runner(model, make_plan(model, one_row=name)) for name in names}

@@ -28,7 +28,7 @@ class VariantInfo:
     mean_kl: float | None = None
     build_s: float | None = None
     decode_kernels: str | None = None  # weight-only variants: which kernels their decode steps run (weight_only.decode_kernels)
-    compiled_step: dict | None = None  # its compiled decode step, once built: agreement and times (engine/model/compiled_step.py)
+    compiled_step: dict | None = None  # its compiled decode step, once built: agreement and times (engine/runtime/compiled.py)
     compiled_refused: str | None = None  # why these weights cannot take the compiled step (known once built)
 
 

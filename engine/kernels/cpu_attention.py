@@ -10,8 +10,8 @@ KV head once for its query heads, with keys cut into chunks that depend only on 
 length: a sequence gets the same bits alone and in any batch (batching's exactness needs that).
 
 Where: fp32 caches on CPU, where our kernels build (engine/kernels/cpu_gemm.py: AVX2, a compiler, ninja),
-after a check against SDPA; else SDPA serves, as before. Its switch (engine/kernels/switches.py,
-`LATENCY_LAB_ATTENTION=off`) forces SDPA.
+after a check against SDPA; else SDPA serves, as before (the execution plan decides, engine/runtime/plan.py).
+Its switch (engine/kernels/switches.py, `LATENCY_LAB_ATTENTION=off`) forces SDPA.
 Rows of a prefill or a speculative verify keep SDPA (they are GEMM-shaped: its flash kernel suits).
 """
 
@@ -28,6 +28,7 @@ from engine.kernels import cpu_gemm, switches
 
 NAME = "latency_lab AVX2 decode attention (engine/kernels/cpu_attention.py)"
 SDPA = "torch scaled_dot_product_attention"
+PLAN_NAME = "ours-cpu"  # the execution plan's name for it (engine/runtime/plan.py)
 
 
 def unavailable_reason() -> str | None:
@@ -39,20 +40,12 @@ def unavailable_reason() -> str | None:
 MAX_GROUP, MAX_HEAD_DIM = 8, 256  # the kernel's kMaxGroup and kMaxDim (cpu_attention.cpp checks them too)
 
 
-def serves(kv: torch.Tensor, heads: int) -> bool:
-    """Whether decode rows of `heads` query heads over caches like `kv` (a KVCache buffer,
-    [layers, 1, kv_heads, capacity, head_dim]) go through our kernel."""
-    kv_heads, dim = kv.shape[2], kv.shape[4]
-    shape_ok = dim % 8 == 0 and dim <= MAX_HEAD_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
-    return shape_ok and kv.dtype == torch.float32 and kv.device.type == "cpu" and unavailable_reason() is None
-
-
-def kernel_name(kv_dtype: torch.dtype = torch.float32, device: str = "cpu") -> str:
-    """What a decode row's attention runs on here, for engine info."""
-    if kv_dtype != torch.float32 or device != "cpu":
-        return f"{SDPA} (our kernel serves fp32 caches on CPU)"
-    reason = unavailable_reason()
-    return NAME if reason is None else f"{SDPA} ({reason})"
+def shape_reason(heads: int, kv_heads: int, head_dim: int) -> str | None:
+    """Why a model of these attention shapes cannot use our kernel (None: it can)."""
+    if head_dim % 8 or head_dim > MAX_HEAD_DIM or heads % kv_heads or heads // kv_heads > MAX_GROUP:
+        return (f"our kernel takes head sizes divisible by 8 up to {MAX_HEAD_DIM} and up to {MAX_GROUP} query "
+                "heads per KV head")
+    return None
 
 
 def decode_attention(q, k_new, v_new, caches, rows, positions, layer: int, scale: float) -> torch.Tensor:

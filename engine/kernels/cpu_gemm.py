@@ -1,12 +1,12 @@
 """Our AVX2 product kernels (engine/kernels/cpu_gemm.cpp): int8 and 4-bit weight-only, and fp32.
 
 The fp32 one (`fp32_mm`, over a copy of the weight in panels of 16 output channels, `fp32_panels`)
-serves plain fp32 Linears for up to choose.OURS_ROWS rows where the per-machine one-row decision picks
-it (engine/kernels/plan.py): one row streams the weights faster than oneDNN's packed copy or MKL's
+serves plain fp32 Linears for up to plan.OURS_ROWS rows where the per-machine one-row decision picks
+it (engine/runtime/plan.py): one row streams the weights faster than oneDNN's packed copy or MKL's
 GEMV, and many rows run at about oneDNN's speed (`python -m engine.bench gemv` prints each at every
 row count; figures, with CPU and date: docs/history.md). Every output
 sums its products in one fixed order, so a row's bits do not depend on the row count, which
-continuous batching needs (engine/model/forward.py). This module also builds decode attention
+continuous batching needs (engine/runtime/eager.py). This module also builds decode attention
 (engine/kernels/cpu_attention.py) into the same extension.
 
 Why our own: torch's weight-only kernels read the weights far below the memory's speed on a one-row
@@ -229,7 +229,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset
     return torch.ops.latency_lab_gemv.int4_gemv(x, packed, scale, offset, GROUP)
 
 
-# --- our fp32 kernel on a model's Linears (choose.py, cpu_layers, compiled_step) ---
+# --- our fp32 kernel on a model's Linears (the catalogue, cpu_layers, the compiled step) ---
 def plain_fp32_cpu(linear: nn.Module) -> bool:
     """A plain (not quantized) Linear with a contiguous fp32 CPU weight: what our fp32 kernel takes.
     Tensor properties only, so the compiled step can ask it while tracing."""
@@ -257,7 +257,7 @@ class _Panels:
         return None
 
 
-_PANELS = weakref.WeakSet()  # every live _Panels: their bytes count in choose.packed_bytes()
+_PANELS = weakref.WeakSet()  # every live _Panels: their bytes count in catalogue.packed_bytes()
 
 
 def panels_bytes() -> int:

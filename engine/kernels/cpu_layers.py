@@ -10,10 +10,9 @@ and our kernels on the same tensors in the same order, so it gives the same bits
 the Python loop), and lets go of the lock once a forward.
 
 Where: where our kernels build (engine/kernels/cpu_gemm.py) and every projection of the model is a plain
-fp32 Linear they serve and the kernel decision (engine/kernels/choose.py) sends every row to our
-kernel, or every projection is a w8a layer of one kind (engine/quant/w8a.py: int8w8a or int4w8a) told
-one form of our integer kernels (engine/kernels/cpu_qdot.py; PROVISIONAL, with the w8a wiring, until
-the execution plan of issue 40 lands); else the Python loop runs. Its switch (engine/kernels/switches.py, `LATENCY_LAB_LAYERS=off`)
+fp32 Linear they serve, or a w8a layer of one kind (engine/quant/w8a.py: int8w8a or int4w8a) told one
+form of our integer kernels (engine/kernels/cpu_qdot.py), and the execution plan (engine/runtime/plan.py)
+sends every row to those kernels; else the Python loop runs. Its switch (engine/kernels/switches.py, `LATENCY_LAB_LAYERS=off`)
 forces the Python loop; `switches.forced_off("layers")` does for a block of code.
 """
 
@@ -54,35 +53,18 @@ def _tensors(lin, kind: int) -> list:
         [lin.weight_q4, lin.scale, lin.offset]
 
 
-def serves(model) -> bool:
-    """Whether `model`'s (a FastLlama) layers can run here: every projection a plain fp32 Linear our
-    kernel serves, or every one a w8a layer of one kind and form. The caller also checks that its rows
-    are ones it sends through those kernels."""
-    # the projections first: on a GPU model that answers, and our kernels are never built for it
+def loop_kind(model) -> tuple[int, int] | None:
+    """The one (kind, form) every projection of `model` (a FastLlama) has for the loop (`_kind`), None
+    where they differ or one cannot run in it: what the plan asks before it gives a model the C++ loop."""
     kinds = {_kind(lin) for blk in model.blocks for lin in _projections(blk)}
-    return len(kinds) == 1 and None not in kinds and unavailable_reason() is None
-
-
-def describe(model) -> str:
-    """Where `model`'s layer loop runs for a decode step, for engine info."""
-    from engine.kernels import choose  # (choose does not import this module)
-
-    if serves(model):
-        kernel = choose.choose(model.blocks[0].qkv, 1, choose.plan_of(model))
-        if kernel in (choose.Kernel.OURS_FP32, choose.Kernel.WO_INT8ACT):
-            return NAME
-        return f"{PYTHON} (the kernel decision sends one-row products to {kernel.short}, not our kernel)"
-    if model.device.type != "cpu":  # asked before unavailable_reason, which builds our kernels
-        return f"{PYTHON} (our kernels run on CPU; this model is on {model.device.type})"
-    reason = unavailable_reason() or "a projection is not a plain fp32 Linear our kernel serves (quantized, bf16, GPU)"
-    return f"{PYTHON} ({reason})"
+    return next(iter(kinds)) if len(kinds) == 1 and None not in kinds else None
 
 
 def layer_weights(model) -> tuple[list, list] | None:
     """What run_layers reads, per layer (the norms' weights, the projections' panels and biases), or
-    None where serves(model) is False: the check and the lists in one walk, as a forward needs both
-    (two walks cost a measurable share of a one-row step: docs/history.md). Makes the panels: call
-    it only where our kernel runs the rows."""
+    None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear, or
+    the kernels are off). Makes the panels: call it only where our kernel runs the rows (the runner
+    keeps the lists: walking them each forward cost a measurable share of a one-row step, docs/history.md)."""
     if model.device.type != "cpu" or unavailable_reason() is not None:  # never built for a GPU model
         return None
     weights, biases, kinds = [], [], set()
@@ -101,8 +83,8 @@ def layer_weights(model) -> tuple[list, list] | None:
 
 def run_layers(model, layers: tuple[list, list], x, cos, sin, caches, starts, lengths, offsets, decode, others,
                masks):
-    """engine/model/forward.py's layer loop (`blocks`) over x [1, R, hidden] in one call. `layers`:
-    layer_weights(model); the rest are forward.forward's (`decode` the sequences whose row takes our
+    """engine/runtime/eager.py's layer loop (`blocks`) over x [1, R, hidden] in one call. `layers`:
+    layer_weights(model); the rest are eager.forward's (`decode` the sequences whose row takes our
     attention kernel, `others` the ones through SDPA with masks[b]). Returns x after the last layer."""
     weights, biases, kind, isa = layers
     blk = model.blocks[0]

@@ -2,7 +2,7 @@
 
 Each of our CPU kernels can be turned off on its own, by its environment variable set to `off`
 (or `0`), or for a stretch of code by `forced_off(name)` (a bench measuring both sides). Turned off,
-torch's own op serves instead: the products go to ATen/oneDNN (engine/kernels/choose.py), decode
+torch's own op serves instead: the products go to ATen/oneDNN (the execution plan, engine/runtime/plan.py, reads the switches when it is made), decode
 attention to SDPA, and the layer loop runs in Python. The layer loop needs our product kernel, so
 turning `gemm` off turns it off too (its reason says so).
 

@@ -8,8 +8,9 @@ gate/up projections into one matmul each, writes keys and values straight into a
 model's `generate` by `python -m engine.bench baseline` (README).
 
 Every projection is an `nn.Linear` module, so quantization (quantize.py) can swap it for a
-quantized module and the forward keeps working unchanged: which kernel runs each projection is
-decided in one place (engine/kernels/choose.py).
+quantized module and the forward keeps working unchanged. This module holds weights and shapes only:
+which kernel runs each projection is decided in one place (engine/runtime/plan.py), and the forward
+is the runner's (engine/runtime/runner.py).
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import choose
-from engine.kernels.choose import packed_bytes  # noqa: F401 - re-exported (engine info, the scheduler)
-from engine.model import forward as one_forward
 from engine.model.kv_cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -86,8 +84,8 @@ class Block(nn.Module):
 
 
 class FastLlama(nn.Module):
-    """A Llama-family causal LM with a preallocated KV cache. `forward` runs one sequence;
-    engine/model/forward.py runs several in one forward (continuous batching), through the same code."""
+    """A Llama-family causal LM's weights, fused projections and rotary tables, and its KV cache's
+    shape. The runner (engine/runtime/runner.py) runs it, one sequence or several in one forward."""
 
     def __init__(self, hf_model):
         super().__init__()
@@ -115,8 +113,6 @@ class FastLlama(nn.Module):
         dtype = self.embed.weight.dtype
         self.register_buffer("cos", (emb.cos() * scale).to(dtype), persistent=False)
         self.register_buffer("sin", (emb.sin() * scale).to(dtype), persistent=False)
-        self.kernel_plan = choose.DEFAULT_PLAN  # the fp32 one-row decision (engine/kernels/plan.py sets it at load)
-        choose.prepare(self)  # weight copies now, not inside the first request's prefill
 
     @property
     def device(self) -> torch.device:
@@ -128,12 +124,3 @@ class FastLlama(nn.Module):
 
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(len(self.blocks), self.n_kv_heads, self.head_dim, capacity, self.dtype, self.device)
-
-    @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
-        """Run `ids` (1-D) at positions [cache.length, cache.length + T); append their KV: the one
-        forward (engine/model/forward.py) for a batch of one.
-
-        Returns float32 logits: [T, vocab] when all_logits, else [1, vocab] for the last position.
-        """
-        return one_forward.forward(self, [ids], [cache], all_logits)

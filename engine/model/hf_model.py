@@ -1,8 +1,9 @@
 """The generic path: any transformers causal LM through its own forward and `DynamicCache`.
 
-It offers the same small interface as `FastLlama` (new_cache / forward / max_context /
-vocab_size), so the decode loop does not care which one it drives. Used for architectures the
-fast path does not know, and as the reference the fast path is tested against.
+It offers the same small interface as `FastLlama` (new_cache / max_context / vocab_size / device /
+dtype); the runner runs it through engine/runtime/hf.py, so the decode loop does not care which one
+it drives. Used for architectures the fast path does not know, and as the reference the fast path
+is tested against.
 """
 
 from __future__ import annotations
@@ -76,12 +77,3 @@ class HFCausalLM(torch.nn.Module):
 
     def new_cache(self, capacity: int) -> HFCache:
         return HFCache(self.config)
-
-    @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: HFCache, all_logits: bool = False) -> torch.Tensor:
-        end = cache.length + ids.shape[0]
-        if end > self.max_context:
-            raise ValueError(f"position {end} is beyond the context window ({self.max_context})")
-        out = self.model(input_ids=ids[None], cache=cache.inner, use_cache=True, logits_to_keep=0 if all_logits else 1)
-        cache.inner = out.cache if getattr(out, "cache", None) is not None else cache.inner
-        return out.logits[0].float()

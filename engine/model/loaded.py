@@ -1,6 +1,6 @@
 """A loaded model as the engine holds it (`LoadedModel`), and what every builder of one shares:
-the dtype names, weight accounting, the runner choice (our FastLlama or the generic forward), the
-warm-up forward and the one-line error text. The loader, the quantized variants and the draft
+the dtype names, weight accounting, the module choice (our FastLlama or the generic transformers
+one) and the one-line error text. The loader, the quantized variants and the draft
 model all build on this module; it imports none of them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from engine.core.errors import first_line  # noqa: F401 (re-exported)
-from engine.model.fast_llama import packed_bytes
+from engine.kernels.catalogue import packed_bytes
 
 DTYPE_NAMES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -107,7 +107,9 @@ def quant_state_tensors(module: nn.Module) -> list[torch.Tensor]:
     return [t for t in found if isinstance(t, torch.Tensor)]
 
 
-def build_runner(hf_model, fast_path: bool):
+def build_model(hf_model, fast_path: bool):
+    """The module the runner runs: our FastLlama where it supports the model (and `fast_path`), else
+    the transformers module (HFCausalLM). Returns (module, fast, why not fast)."""
     from engine.model.fast_llama import FastLlama, unsupported_reason
     from engine.model.hf_model import HFCausalLM
 
@@ -115,12 +117,3 @@ def build_runner(hf_model, fast_path: bool):
     if why:
         return HFCausalLM(hf_model), False, why
     return FastLlama(hf_model), True, None
-
-
-@torch.inference_mode()
-def warm_up(model) -> None:
-    """One short prefill and decode step, so the first request does not pay one-time setup."""
-    cache = model.new_cache(8)
-    ids = torch.tensor([0, 1, 2, 3], device=model.device)
-    model.forward(ids, cache)
-    model.forward(ids[:1], cache)

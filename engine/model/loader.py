@@ -25,15 +25,13 @@ import torch
 
 from engine.core.config import LoadConfig
 from engine.core.errors import LoadError
-from engine.kernels import plan as kernel_plan
 from engine.platform import capabilities
 from engine.platform import device as device_choice
 from engine.model.loaded import (  # noqa: F401 (re-exported)
     DTYPE_NAMES,
     LoadedModel,
-    build_runner,
+    build_model,
     first_line,
-    warm_up,
     weight_bytes,
 )
 
@@ -105,17 +103,11 @@ def load(config: LoadConfig = LoadConfig()) -> LoadedModel:
         hf_model, tokenizer, weights, notes = _load_hf(source, path, gguf_name, dtype, config)
         hf_model.to(device).eval()
         bar.update(1)
-        bar.set_postfix_str("building runner")
-        model, fast, why = build_runner(hf_model, config.fast_path)
+        bar.set_postfix_str("building the model")
+        model, fast, why = build_model(hf_model, config.fast_path)
         if why:
             notes.append(f"generic transformers forward: {why}")
-        bar.update(1)
-        bar.set_postfix_str("warming up")
-        warm_up(model)
-        one_row = kernel_plan.load_or_measure(model, cache_root(config)) if fast else None  # cached per machine
-        if one_row:
-            notes.append(kernel_plan.summary(one_row))
-        bar.update(1)
+        bar.update(2)
     name = BUNDLED_NAME if source == "bundled" else Path(path).name if source != "hub" else path
     eos = _eos_ids(tokenizer, hf_model)
     loaded = LoadedModel(

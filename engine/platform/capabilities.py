@@ -14,7 +14,7 @@ Why each flag matters here:
   weight-only matmuls (engine/quant/quantize.py's int8wo / int4wo); a variant whose kernel is missing is
   refused before it is built.
 - `cpp_compiler` / `triton`: what torch.compile generates code with (C++ on CPU, Triton on CUDA),
-  needed by the compiled decode step (engine/model/compiled_step.py); without them it is refused.
+  needed by the compiled decode step (engine/runtime/compiled.py); without them the plan refuses it.
 - `weight_only_activations`: the dtype those kernels get their activations in on CPU. "auto" lets
   engine/quant/quantize.py measure it once per process (on an AVX2-only CPU `_weight_int8pack_mm`
   with fp32 activations was several times slower than with bf16: docs/quantization.md); "bf16" or

@@ -61,14 +61,15 @@ def quality_inputs(tokenizer, texts: int | None = None) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def next_token_logits(model, inputs: list[list[int]], positions: int = POSITIONS) -> list[torch.Tensor]:
-    """float32 logits [positions, vocab] at the last `positions` positions of each input."""
+def next_token_logits(runner, inputs: list[list[int]], positions: int = POSITIONS) -> list[torch.Tensor]:
+    """float32 logits [positions, vocab] at the last `positions` positions of each input, through
+    `runner` (engine/runtime/runner.py: anything with device, new_cache and forward)."""
     out = []
     for ids in inputs:
         if len(ids) <= positions:
             raise ValueError(f"a quality input has {len(ids)} tokens; it needs more than {positions}")
-        x = torch.tensor(ids, dtype=torch.long, device=model.device)
-        logits = model.forward(x, model.new_cache(len(ids)), all_logits=True)
+        x = torch.tensor(ids, dtype=torch.long, device=runner.device)
+        logits = runner.forward(x, runner.new_cache(len(ids)), all_logits=True)
         out.append(logits[-positions:].float().cpu())
     return out
 

@@ -29,9 +29,11 @@ cuts the bytes a decode step reads: a step reads all of lm_head and one row of t
 `python -m engine.bench quant` measures both (docs/quantization.md).
 
 A variant shares every tensor it does not quantize with the loaded model (embedding, norms,
-rotary tables), so holding several variants costs only their quantized layers. After building,
-a short forward runs (the loader's warm-up), so a method the device or the model's layer shapes
-cannot run fails here with one `LoadError`, never in the middle of a request.
+rotary tables), so holding several variants costs only their quantized layers. Whoever builds a
+variant then makes its execution plan and runner and runs a short forward through it (the runner's
+warm-up, engine/serving/variants.py), so a method the device or the model's layer shapes cannot run
+fails there with one `LoadError`, never in the middle of a request. The weight-only kernels'
+activation dtype is the plan's decision (engine/runtime/plan.py `weight_only_activations`), passed in.
 """
 
 
@@ -39,30 +41,26 @@ from __future__ import annotations
 
 import copy
 import itertools
-import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
 from torch import nn
 
+from engine.core import clock
 from engine.core.errors import InvalidRequest, LoadError
+from engine.model.loaded import DTYPE_NAMES, LoadedModel, first_line
 from engine.platform import capabilities
-from engine.model.loaded import DTYPE_NAMES, LoadedModel, first_line, warm_up
 from engine.kernels import cpu_qdot
 from engine.quant import bnb, w8a
 from engine.quant.weight_only import (
-    INT4_CUDA_INNER_K_TILES,
-    INT4_GROUP_SIZE,
     INT8_CUDA_CAVEAT,
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
-    choose_kernels,
     dtype_name,
-    probe_results,
     shape_rule,
-    weight_only_compute_dtype,
-)  # noqa: F401 (API)
+)
 
 QUANTIZED = {
     "int8": "bitsandbytes LLM.int8 (int8 weights; int8 activations, outliers > 6 in fp16)",
@@ -87,53 +85,43 @@ INT8_ACTIVATIONS = ("int8w8a", "int4w8a")  # our integer dot-product kernels (en
 METHODS = {**{name: f"unquantized {name}" for name in DTYPE_NAMES}, **QUANTIZED}
 
 
-def method_names() -> list[str]:
-    return list(METHODS)
-
-
-def build_variant(base: LoadedModel, name: str, quantize_lm_head: bool = False) -> LoadedModel:
+def build_variant(base: LoadedModel, name: str, activations: Mapping[str, torch.dtype] | None = None,
+                  quantize_lm_head: bool = False) -> LoadedModel:
     """A new model object: `base` in dtype `name`, or with its block linears quantized by `name`.
 
-    Raises InvalidRequest for an unknown name and LoadError for one this device or model cannot
-    run (the message says why and what works instead). `base` is left untouched.
-    `quantize_lm_head` quantizes `lm_head` too (untying it from the embedding): only for the
-    bench's measurement of that choice.
+    `activations`: the activation dtype of each weight-only method the variant uses (the plan's
+    decision, engine/runtime/plan.py `weight_only_activations`). Raises InvalidRequest for an unknown
+    name and LoadError for one this device or model cannot run (the message says why and what works
+    instead). `base` is left untouched. `quantize_lm_head` quantizes `lm_head` too (untying it from
+    the embedding): only for the bench's measurement of that choice.
     """
     if name not in METHODS:
         raise InvalidRequest(f"unknown quantization {name!r}; available: {', '.join(METHODS)}", "quantization")
-    method, head = _split(name)
+    method, head = split_name(name)
     if quantize_lm_head and head is None:
         head = method
-    t0 = time.perf_counter()
-    extra = ""
-    if method in WEIGHT_ONLY:  # refused here, before building, if its kernel is missing
-        extra = f" (here: {dtype_name(_check_weight_only(method, base, head == method))})"
-    if method in INT8_ACTIVATIONS:
+    t0 = clock.now_ns()
+    for m in {method, head} & set(WEIGHT_ONLY):  # refused here, before building, if its kernel is missing
+        check_weight_only(m, base, m == head)
+        if m not in (activations or {}):
+            raise ValueError(f"{m}: its activation dtype is the plan's decision, and none was given")
+    if method in INT8_ACTIVATIONS:  # (a +head8 head is int8w8a too: the same check)
         _check_w8a(base, head is not None)
-        extra = f" (here: {cpu_qdot.describe()})"
-    if head not in (None, method):
-        _check_w8a(base, True) if head in INT8_ACTIVATIONS else _check_weight_only(head, base, True)
+    extra = (f" (here: {dtype_name(activations[method])})" if method in WEIGHT_ONLY
+             else f" (here: {cpu_qdot.describe()})" if method in INT8_ACTIVATIONS else "")
     try:
-        model = _cast(base, DTYPE_NAMES[method]) if method in DTYPE_NAMES else _quantized(base, method, head)
+        model = _cast(base, DTYPE_NAMES[method]) if method in DTYPE_NAMES else _quantized(base, method, head,
+                                                                                           activations or {})
     except LoadError:
         raise
     except Exception as exc:  # a native library that fails at its first call, out of memory...
-        raise _build_failure(name, base.device, exc) from exc
+        raise build_failure(name, base.device, exc) from exc
     dtype = DTYPE_NAMES.get(method, base.dtype)
-    try:
-        warm_up(model)  # a short prefill and a decode step: kernels and shapes are checked here
-    except Exception as exc:
-        raise LoadError(f"quantization {name!r} cannot run on {base.device} with this model: "
-                        f"{type(exc).__name__}: {first_line(exc)}") from exc
-    kernels = choose_kernels(model, base.cache_dir)  # weight-only layers: ours or torch's, the faster here
-    if kernels:
-        extra += (f"; decode kernels: {kernels['kernels']} (a step {kernels['ours_ms']} ms ours, "
-                  f"{kernels['torch_ms']} ms torch's; {kernels['source']})")
     note = f"variant {name}: {describe(name, base.device)}{extra}" + (f" (lm_head {head}, untied)" if head else "")
-    return replace(base, model=model, dtype=dtype, load_s=time.perf_counter() - t0, notes=[*base.notes, note])
+    return replace(base, model=model, dtype=dtype, load_s=(clock.now_ns() - t0) / 1e9, notes=[*base.notes, note])
 
 
-def _build_failure(name: str, device: torch.device, exc: Exception) -> LoadError:
+def build_failure(name: str, device: torch.device, exc: Exception) -> LoadError:
     """One clear LoadError for a build that failed half-way; VariantSet keeps it, so later requests for
     the variant get it at once instead of another build (for bitsandbytes, another copy of every weight
     through host memory)."""
@@ -151,15 +139,14 @@ def precheck(base: LoadedModel, name: str) -> str | None:
     """Why variant `name` cannot run here, known without building it (None: nothing known against it).
     The page shows such a variant disabled with this reason; building may still fail (then the
     VariantSet remembers that reason)."""
-    method, head = _split(name)
+    method, head = split_name(name)
     try:
         if method in DTYPE_NAMES:
             if DTYPE_NAMES[method].itemsize > base.dtype.itemsize:
                 _cast(base, DTYPE_NAMES[method])  # raises the upcast's reason
         elif method in WEIGHT_ONLY:
-            _check_weight_only(method, base, head == method)
-            if head not in (None, method):
-                _check_weight_only(head, base, True)
+            for m in {method, head} - {None}:
+                check_weight_only(m, base, m == head)
         elif method in INT8_ACTIVATIONS:  # (a +head8 head is int8w8a too: the same check)
             _check_w8a(base, head is not None)
         else:
@@ -169,7 +156,7 @@ def precheck(base: LoadedModel, name: str) -> str | None:
     return None
 
 
-def _split(name: str) -> tuple[str, str | None]:
+def split_name(name: str) -> tuple[str, str | None]:
     """'int8wo+head' -> ('int8wo', 'int8wo'); 'int4wo+head8' -> ('int4wo', 'int8wo'); 'int4wo' -> ('int4wo', None):
     the blocks' method and lm_head's (None: lm_head stays as loaded)."""
     method, plus, suffix = name.partition("+")
@@ -190,12 +177,12 @@ def _cast(base: LoadedModel, dtype: torch.dtype) -> nn.Module:
     return copy.deepcopy(base.model).to(dtype)
 
 
-_BUILDERS = {"int8": bnb.int8_linear, "nf4": bnb.four_bit_linear, "fp4": bnb.four_bit_linear,
-             "int8wo": Int8WeightOnlyLinear.from_linear, "int4wo": Int4WeightOnlyLinear.from_linear,
-             "int8w8a": w8a.Int8W8ALinear.from_linear, "int4w8a": w8a.Int4W8ALinear.from_linear}
+_BNB = {"int8": bnb.int8_linear, "nf4": bnb.four_bit_linear, "fp4": bnb.four_bit_linear}
+_WEIGHT_ONLY = {"int8wo": Int8WeightOnlyLinear.from_linear, "int4wo": Int4WeightOnlyLinear.from_linear}
+_W8A = {"int8w8a": w8a.Int8W8ALinear.from_linear, "int4w8a": w8a.Int4W8ALinear.from_linear}
 
 
-def _quantized(base: LoadedModel, name: str, head: str | None) -> nn.Module:
+def _quantized(base: LoadedModel, name: str, head: str | None, activations: Mapping[str, torch.dtype]) -> nn.Module:
     if name not in WEIGHT_ONLY + INT8_ACTIVATIONS:
         bnb.check(name, base, quantizable_linears(base.model))
     # New module objects that share every tensor with the base; the linears are then replaced.
@@ -203,7 +190,13 @@ def _quantized(base: LoadedModel, name: str, head: str | None) -> nn.Module:
     model = copy.deepcopy(src, memo={id(t): t for t in itertools.chain(src.parameters(), src.buffers())})
     for parent, attr, linear in quantizable_linears(model, include_lm_head=head is not None):
         method = head if attr == "lm_head" else name
-        setattr(parent, attr, _BUILDERS[method](linear, name=method, device=base.device, dtype=base.dtype))
+        if method in _WEIGHT_ONLY:
+            layer = _WEIGHT_ONLY[method](linear, compute_dtype=activations[method])
+        elif method in _W8A:
+            layer = _W8A[method](linear)
+        else:
+            layer = _BNB[method](linear, name=method, device=base.device, dtype=base.dtype)
+        setattr(parent, attr, layer)
     return model
 
 
@@ -229,9 +222,14 @@ def _check_w8a(base: LoadedModel, include_lm_head: bool) -> None:
                             for _, _, lin in quantizable_linears(base.model, include_lm_head=include_lm_head)])
 
 
-def _check_weight_only(method: str, base: LoadedModel, include_lm_head: bool) -> torch.dtype:
-    """Refuse, before building, a weight-only variant whose kernel or layer shapes this machine lacks.
-    Returns the activation dtype its kernel will run in."""
+def weight_only_shapes(method: str, base: LoadedModel, include_lm_head: bool) -> tuple[tuple[int, int], ...]:
+    """The (in, out) shapes of the Linears a weight-only `method` quantizes in `base`."""
+    return tuple(sorted({(lin.in_features, lin.out_features)
+                         for _, _, lin in quantizable_linears(base.model, include_lm_head=include_lm_head)}))
+
+
+def check_weight_only(method: str, base: LoadedModel, include_lm_head: bool) -> None:
+    """Refuse, before building, a weight-only variant whose kernel or layer shapes this machine lacks."""
     caps, device = capabilities.detect(), base.device
     if method == "int8wo" and not caps.int8_weight_only_kernel:
         raise LoadError("quantization 'int8wo' needs torch._weight_int8pack_mm, which this torch build lacks; "
@@ -253,12 +251,11 @@ def _check_weight_only(method: str, base: LoadedModel, include_lm_head: bool) ->
     if misfits:
         raise LoadError(f"quantization {method!r} cannot run on {device.type} with this model: {misfits[0][1]}, and "
                         f"{', '.join(m for m, _ in misfits)} {'is' if len(misfits) == 1 else 'are'} not. Try int8wo.")
-    return weight_only_compute_dtype(method, device, base.dtype, tuple(shapes))
 
 
 def device_caveat(name: str, device) -> str | None:
     """What variant `name` costs on `device` that its name does not say (None: nothing)."""
-    method, head = _split(name)
+    method, head = split_name(name)
     if torch.device(device).type == "cuda" and "int8wo" in (method, head):
         return INT8_CUDA_CAVEAT
     return None

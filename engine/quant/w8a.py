@@ -1,10 +1,11 @@
 """Weight-only layers whose products quantize the activations to int8 per block of 32 (the `int8w8a`
 and `int4w8a` variants, engine/quant/quantize.py): integer dot products, engine/kernels/cpu_qdot.py.
 
-PROVISIONAL WIRING (issue 41, before the execution plan of issue 40 lands): each layer is told its
-kernel form (`isa`: 'avx512-vnni', 'avx-vnni', 'avx2', or None for the torch reference) when it is
-built, from the capabilities then (cpu_qdot.choose_isa); engine/kernels/choose.py names the kernel
-`WO_INT8ACT` from the layer's `int8_activations` mark. Both become a plan entry when the plan lands.
+Each layer is told its kernel form (`isa`: 'avx512-vnni', 'avx-vnni', 'avx2', or None for the torch
+reference) when it is built, by rule from the capabilities (cpu_qdot.choose_isa); the execution plan
+(engine/runtime/plan.py) names the kernel from the layer's `int8_activations` mark: `WO_INT8ACT` for a
+sequence's rows up to OURS_ROWS, `WO_DEQUANT_FP32` (the fp32 GEMM over dequantized weights) past them,
+and records the form the layers were told.
 
 The weights are stored once, in the integer kernels' own layout (persistent buffers, so
 `weight_bytes` counts them): int8 [N, K] with one fp32 scale per output channel (int8wo's
@@ -21,7 +22,7 @@ from torch import nn
 
 from engine.core.errors import LoadError
 from engine.kernels import cpu_gemm, cpu_qdot
-from engine.quant.weight_only import INT4_GROUP_SIZE, _WeightOnlyLinear, int4_quantize
+from engine.quant.weight_only import INT4_GROUP_SIZE, WeightOnlyLinear, int4_quantize
 
 
 def check(device, shapes) -> None:
@@ -35,21 +36,26 @@ def check(device, shapes) -> None:
                         f"(their activation blocks); this model has {odd}. Pick int8wo.")
 
 
-class _W8ALinear(_WeightOnlyLinear):
-    int8_activations = True  # engine/kernels/choose.py: Kernel.WO_INT8ACT (provisional, see the module)
+class _W8ALinear(WeightOnlyLinear):
+    int8_activations = True  # the plan's mark: Kernel.WO_INT8ACT (engine/runtime/plan.py)
 
     def __init__(self, in_features, out_features, bias):
         super().__init__(in_features, out_features, bias, torch.float32)
-        self.isa = cpu_qdot.choose_isa()  # told once, at build: the plan's job once it lands
-        self.gemv = True  # compute() sends every product to _gemv on CPU
+        self.isa = cpu_qdot.choose_isa()  # told once, at build, by rule from the capabilities (the plan records it)
 
-    def _matmul(self, x):  # not reached on CPU (gemv); other devices are refused by `check`
+    def ours_product(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T + b through our integer kernels (x quantized to int8 per block of 32)."""
+        return self._finish(self._gemv(x.reshape(-1, self.in_features).float().contiguous()).to(x.dtype), x)
+
+    forward = ours_product  # its only layout is the integer kernels' (the transformers forward calls this)
+
+    def _matmul(self, x):  # torch_product: the same integer kernels (there is no torch layout to run)
         return self._gemv(x.float().contiguous())
 
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
         """x (many rows of one sequence: a long prompt) times the weights dequantized to fp32, in the fp32
         GEMM (F.linear: MKL): at that many rows it outruns the integer kernels, and the dequantization
-        is paid once per call (engine/kernels/choose.py `WO_DEQUANT_FP32`; `python -m engine.bench gemv`)."""
+        is paid once per call (the plan's `WO_DEQUANT_FP32`; `python -m engine.bench gemv`)."""
         y = F.linear(x.float(), self.dequantized(), self.bias)
         return y.to(x.dtype)
 

@@ -1,6 +1,9 @@
 """`Decoding`: one sequence being generated (its token ids, KV cache and sampler), and the
 length rules a request must fit (context window, cache room for a speculative verify pass).
-`engine.serving.generate` drives a Decoding; `engine.speculative` extends it.
+`engine.serving.generate` drives a Decoding. Every forward goes through the variant's runner
+(engine/runtime/runner.py), the compiled-step toggle as `Batch.mode`. A speculative request's step
+asks its `Speculation` (engine/speculative) for guesses, has the runner verify them in one pass, and
+gives it the logits to judge.
 
 `Step` and `Pause` are what `generate` yields to the worker's scheduler (engine/serving/worker.py)
 between the public events: they never reach a caller (engine.core.request.Event is the public type).
@@ -13,11 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core import clock
 from engine.core.config import GenerationConfig
 from engine.core.errors import ContextOverflow, InvalidRequest
-from engine.core import clock
-from engine.model import compiled_step
+from engine.runtime.runner import Batch
 from engine.serving.sampling import Sampler
+from engine.speculative import Speculation
 
 SPECULATION_SLACK = 17  # spare cache room: a verify pass may write k+1 positions past the end
 
@@ -60,19 +64,25 @@ class Pause:
 
 
 class Decoding:
-    """One sequence being generated: its ids, KV cache and sampler."""
+    """One sequence being generated: its ids, KV cache and sampler (and, for a speculative request,
+    its `speculation`). `runner`: the variant's runner; `draft`: the loaded draft, for speculative='draft'."""
 
     batched = False  # True: its decode steps run in the scheduler's batched forward (engine/serving/scheduler.py)
 
-    def __init__(self, model, prompt_ids: list[int], config: GenerationConfig, cache=None, cached_tokens: int = 0):
-        self.model = model
+    def __init__(self, runner, prompt_ids: list[int], config: GenerationConfig, cache=None, cached_tokens: int = 0,
+                 draft=None):
+        self.runner = runner
+        self.model = runner.model  # the weights: the scheduler's and the prefix cache's key
         self.config = config
-        self.device = model.device
+        self.mode = "compiled" if config.compiled_decode else "eager"  # the toggle, as the runner takes it
+        self.device = runner.device
         self.prompt_len = len(prompt_ids)
         self.ids: list[int] = list(prompt_ids)  # prompt + output so far
         self.sampler = Sampler(config, self.device)
         capacity = cache_capacity(self.prompt_len, config)
-        self.cache = cache if cache is not None else model.new_cache(capacity)
+        self.speculation = (Speculation(runner, config, self.prompt_len, capacity, draft)
+                            if config.speculative != "off" else None)
+        self.cache = cache if cache is not None else runner.new_cache(capacity)
         self.cache.ensure_capacity(capacity)
         # At least the last prompt token must run through the model to give the first logits.
         self.cached_tokens = min(cached_tokens, self.prompt_len - 1)
@@ -85,14 +95,18 @@ class Decoding:
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
+    def _run(self, ids, all_logits: bool = False) -> torch.Tensor:
+        """This sequence's tokens `ids` through the runner (one forward pass)."""
+        self.forward_passes += 1
+        return self.runner.run(Batch([ids], [self.cache], all_logits, self.mode))
+
     def prefill_chunks(self, chunk_tokens: int) -> Iterator[int]:
         """Chunked prefill (as vLLM does it): run the uncached prompt `chunk_tokens` at a time and
         yield, after each chunk, how many prompt tokens are in the cache. Between chunks the
         caller can report progress or stop; `prefill()` then samples the first token."""
         while self.prefilled < self.prompt_len:
             end = min(self.prefilled + chunk_tokens, self.prompt_len)
-            self._prefill_logits = self.model.forward(self._tensor(self.ids[self.prefilled : end]), self.cache)
-            self.forward_passes += 1
+            self._prefill_logits = self._run(self._tensor(self.ids[self.prefilled : end]))
             self.prefilled = end
             clock.sync(self.device)  # progress, like a token, must not run ahead of the device
             yield end
@@ -101,18 +115,32 @@ class Decoding:
         """Run the prompt tokens not yet in the cache (all uncached ones, unless prefill_chunks
         ran); return the first output token."""
         if self.prefilled < self.prompt_len:
-            self._prefill_logits = self.model.forward(self._tensor(self.ids[self.prefilled : self.prompt_len]),
-                                                      self.cache)
-            self.forward_passes += 1
+            self._prefill_logits = self._run(self._tensor(self.ids[self.prefilled : self.prompt_len]))
             self.prefilled = self.prompt_len
         logits, self._prefill_logits = self._prefill_logits, None
         return self._accept([self.sampler.sample(logits)])
 
     def step(self) -> list[int]:
-        """One decode step: feed the last token, return the next (speculation returns several)."""
-        forward = compiled_step.for_model(self.model).forward if self.config.compiled_decode else self.model.forward
-        logits = forward(torch.tensor(self.ids[-1:]), self.cache)  # on the host: a GPU's static step reads it there
-        self.forward_passes += 1
+        """One decode step: feed the last token, return the next (a speculative step: several)."""
+        if self.speculation is None:
+            return self._plain_step()
+        room = max(0, min(self.config.max_new_tokens - len(self.output_ids) - 1,  # the bonus token always comes
+                          self.runner.max_context - len(self.ids) - 1))
+        proposal = self.speculation.propose(self.ids, room, self.sampler)
+        if proposal is None:
+            out = self._plain_step()
+            self.speculation.plain(out)
+            return out
+        before, t0 = len(self.ids), clock.now_ns()
+        logits = self._run(self._tensor([self.ids[-1], *proposal.tokens]), all_logits=True)
+        new = self.speculation.verify(proposal, logits, self.sampler)
+        spent = clock.done_ns(self.device) - t0
+        self.cache.crop(before + len(new) - 1)  # keep the last committed token and the accepted guesses
+        self.speculation.verified(proposal, new, before, len(self.output_ids), spent)
+        return self._accept(new)
+
+    def _plain_step(self) -> list[int]:
+        logits = self._run(torch.tensor(self.ids[-1:]))  # on the host: a GPU's static step reads it there
         return self._accept([self.sampler.sample(logits)])
 
     def _accept(self, tokens: list[int]) -> list[int]:
@@ -125,10 +153,13 @@ class Decoding:
         keeps KV for all but the last, as after any step."""
         del self.ids[length:]
         self.cache.crop(min(self.cache.length, max(length - 1, 0)))
+        if self.speculation is not None:
+            self.speculation.truncate(length)
 
     def counters(self) -> dict:
         """Figures for the Timeline's counters."""
-        return {"forward_passes": self.forward_passes}
+        spec = self.speculation.counters(self.forward_passes) if self.speculation is not None else {}
+        return {"forward_passes": self.forward_passes, **spec}
 
     @property
     def output_ids(self) -> list[int]:

@@ -12,17 +12,14 @@ Stopping: EOS, a stop string, `max_new_tokens`, or cancellation, checked before 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 
 from engine.core.config import GenerationConfig
 from engine.core.request import Event, Request, validate_messages
 from engine.core.timeline import Timeline, now_ns
-from engine.model import compiled_step
 from engine.serving.decoding import Decoding, Pause, Step, cache_capacity, check_lengths
 from engine.serving.detokenize import IncrementalDetokenizer, StopStrings
 from engine.serving.prefix_cache import PrefixCache, RequestReuse
-from engine.speculative import SpeculativeDecoding
 
 
 def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -37,15 +34,8 @@ def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
-def decoding_for(config: GenerationConfig, draft=None) -> Callable[..., Decoding]:
-    """The Decoding a request's toggles ask for (called as factory(model, prompt_ids, config, ...))."""
-    if config.speculative == "off":
-        return Decoding
-    return functools.partial(SpeculativeDecoding, draft=draft)
-
-
 def generate(
-    model,
+    runner,
     tokenizer,
     eos_token_ids: set[int],
     request: Request,
@@ -58,40 +48,40 @@ def generate(
     """Answer one request, yielding status, chunk and finally a done event (and, for a batched
     sequence, `Step`/`Pause` signals for the scheduler between them).
 
-    Raises InvalidRequest (before any token) for requests the engine cannot run. With a
-    `prefix_cache` (and `kv_reuse` on), the longest cached prefix of the prompt is not prefilled,
-    and the finished sequence's KV is kept for the next request of the same scope.
-    `decoding_factory` None: chosen by the request's toggles (`decoding_for`); `draft`: the loaded
-    draft model for speculative='draft'.
+    `runner`: the variant's runner (engine/runtime/runner.py). Raises InvalidRequest (before any
+    token) for requests the engine cannot run. With a `prefix_cache` (and `kv_reuse` on), the longest
+    cached prefix of the prompt is not prefilled, and the finished sequence's KV is kept for the next
+    request of the same scope. `decoding_factory` None: `Decoding` (a speculative request's speculation
+    is its own); `draft`: the loaded draft model for speculative='draft'.
     """
     cfg = request.config  # valid since it was made
     yield Event("status", stage="setup")
     prompt_ids = list(request.prompt_ids) if request.prompt_ids is not None else build_prompt_ids(
         tokenizer, request.messages
     )
-    check_lengths(len(prompt_ids), cfg, model.max_context)
+    check_lengths(len(prompt_ids), cfg, runner.max_context)
     t0 = now_ns()
-    reuse = RequestReuse(prefix_cache, model, request.session, cfg.kv_reuse, prompt_ids,
+    reuse = RequestReuse(prefix_cache, runner.model, request.session, cfg.kv_reuse, prompt_ids,
                          cache_capacity(len(prompt_ids), cfg))
     if reuse.lease is not None:  # the prefix cache was asked: its lookup and the KV copy (or handover)
         timeline.add_span("kv_lookup", t0, kv_copy_ms=round(reuse.copy_ms, 3), handover=reuse.handover,
                           cached_tokens=reuse.cached_tokens)
     try:
-        yield from _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop,
-                           decoding_factory or decoding_for(cfg, draft))
+        yield from _answer(runner, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop,
+                           decoding_factory or Decoding, draft)
     finally:
         reuse.release()  # also on error or an abandoned generator; nothing half-done is kept
 
 
-def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop, decoding_factory):
+def _answer(runner, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, should_stop, decoding_factory, draft):
     """generate's body once the prompt is known and the cache looked up: prefill, decode, stop."""
     if cfg.compiled_decode:  # compiled (CPU) or captured (GPU) in the setup of a request that asks (InvalidRequest: cannot here)
-        t0, step = now_ns(), compiled_step.for_model(model)
-        if step.prepare(tokenizer, cache_capacity(len(prompt_ids), cfg)):
-            end = timeline.add_span(step.setup_stage, t0)
-            timeline.counters[f"{step.setup_stage}_ms"] = round((end - t0) / 1e6, 1)
+        t0, stage = now_ns(), runner.setup_stage
+        if runner.prepare("compiled", tokenizer, cache_capacity(len(prompt_ids), cfg)):
+            end = timeline.add_span(stage, t0)
+            timeline.counters[f"{stage}_ms"] = round((end - t0) / 1e6, 1)
         timeline.counters["decode_step"] = "compiled"
-    dec = decoding_factory(model, prompt_ids, cfg, cache=reuse.kv, cached_tokens=reuse.cached_tokens)
+    dec = decoding_factory(runner, prompt_ids, cfg, cache=reuse.kv, cached_tokens=reuse.cached_tokens, draft=draft)
     timeline.prompt_tokens = len(prompt_ids)
     timeline.cached_tokens = dec.cached_tokens
     timeline.prefill_tokens = len(prompt_ids) - dec.cached_tokens
@@ -123,10 +113,11 @@ def _answer(model, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, s
             finish = "cancelled"
         if finish is not None:
             break
-        drafted, accepted = getattr(dec, "drafted", None), getattr(dec, "accepted", None)
+        spec = getattr(dec, "speculation", None)
+        drafted, accepted = (spec.drafted, spec.accepted) if spec is not None else (None, None)
         new_tokens = yield from _decode_step(dec)
-        if drafted is not None and dec.drafted > drafted:  # a speculative step: its guesses and hits
-            timeline.add_span("speculative_step", t, drafted=dec.drafted - drafted, accepted=dec.accepted - accepted)
+        if spec is not None and spec.drafted > drafted:  # a speculative step: its guesses and hits
+            timeline.add_span("speculative_step", t, drafted=spec.drafted - drafted, accepted=spec.accepted - accepted)
 
     if not hit_stop:  # text held back (an unfinished character, a possible stop string) is real text
         tail, hit_stop = stops.push(detok.flush())

@@ -38,23 +38,24 @@ def preamble_ids(tokenizer) -> list[int]:
     return list(runs[0][:n])
 
 
-def warm_idle(prefix_cache, loaded_models) -> bool:
-    """Prefill the preamble of the next resident model that has no public entry (the worker's idle
-    work). Returns whether it did one. A model is warmed again if its entry was evicted, never
-    after a refusal (e.g. --kv-cache-mb 0) or a failure."""
+def warm_idle(prefix_cache, variants) -> bool:
+    """Prefill the preamble of the next resident variant (`.loaded`, `.runner`) whose model has no public
+    entry (the worker's idle work). Returns whether it did one. A model is warmed again if its entry was
+    evicted, never after a refusal (e.g. --kv-cache-mb 0) or a failure."""
     if prefix_cache is None:
         return False
-    for loaded in loaded_models:
-        model = loaded.model
+    for variant in variants:
+        loaded, runner = variant.loaded, variant.runner
+        model = runner.model
         key = prefix_cache.key_for(model)
         if _TRIED.get(model) is False or prefix_cache.has_public(key):
             continue
         ok = False
         try:
             ids = preamble_ids(loaded.tokenizer)
-            if len(ids) >= MIN_TOKENS and len(ids) < getattr(model, "max_context", 1 << 30):
-                kv = model.new_cache(len(ids))
-                model.forward(torch.tensor(ids, dtype=torch.long, device=model.device), kv)
+            if len(ids) >= MIN_TOKENS and len(ids) < runner.max_context:
+                kv = runner.new_cache(len(ids))
+                runner.forward(torch.tensor(ids, dtype=torch.long, device=runner.device), kv)
                 ok = prefix_cache.insert(key, PUBLIC_SCOPE, ids, kv)
         except Exception:  # e.g. a template that needs more than a user turn: no public entry, nothing else lost
             log.exception("the public preamble could not be prefilled")

@@ -5,7 +5,7 @@ lease; what batching changes is who runs its forwards. The worker's loop, betwee
 
 1. admits queued requests while fewer than `max_batch` run (queue_ms ends here);
 2. advances each newcomer through setup (prompt ids, prefix-cache lookup);
-3. runs one forward (engine/model/forward.py) for every sequence waiting at a
+3. runs one forward (the variant's runner, engine/runtime/runner.py) for every sequence waiting at a
    `Step`: the running batch's decode tokens and the newcomers' prompts (a long one 256 tokens per
    loop, `BatchedDecoding.interleave_chunk`) together, so a prefill does not stall the batch with a
    forward of its own; one forward per model variant (a quantized variant batches with its own
@@ -15,7 +15,7 @@ lease; what batching changes is who runs its forwards. The worker's loop, betwee
 
 Unbatched (`why_unbatched`): speculative requests (their step is a draft + verify of several
 tokens), requests with the compiled step on CPU (Inductor's graph steps one sequence; on a GPU its CUDA
-graphs step a batch of its own kind, engine/model/cuda_graph.py) and models without our Llama forward
+graphs step a batch of its own kind, engine/runtime/cuda_graph.py) and models without our Llama forward
 run beside the batch, one step of theirs per loop; their Timeline says
 `batching: unbatched (...)`. With `max_batch` 1 there is nothing to batch with: every request
 steps its own Decoding, one at a time, and no batching figures are stamped.
@@ -25,11 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.request import RequestHandle
-from engine.model.fast_llama import FastLlama
 from engine.core import clock
-from engine.model.forward import forward as one_forward
-from engine.model.fast_llama import packed_bytes
+from engine.core.request import RequestHandle
+from engine.kernels.catalogue import packed_bytes
+from engine.runtime.runner import Batch
 from engine.serving.decoding import Decoding
 
 INTERLEAVE_CHUNK = 256  # prompt tokens of one batched newcomer per forward (a longer prompt takes several loops)
@@ -89,13 +88,13 @@ def is_batched(factory) -> bool:
     return isinstance(factory, type) and issubclass(factory, BatchedDecoding)
 
 
-def why_unbatched(config, model) -> str | None:
+def why_unbatched(config, runner) -> str | None:
     """Why a request steps alone beside the batch (None: it can join the batched forward)."""
     if config.speculative != "off":
         return "speculative"
-    if config.compiled_decode and getattr(model, "device", None) is not None and model.device.type != "cuda":
+    if config.compiled_decode and runner.plan.compiled_mode == "inductor":
         return "compiled step"  # Inductor's graph steps one sequence; on a GPU CUDA graphs step a batch
-    if not isinstance(model, FastLlama):  # the batched forward is our Llama forward's
+    if runner.plan.runner != "fast":  # the batched forward is our Llama forward's
         return "model without the batched forward"
     return None
 
@@ -143,9 +142,9 @@ class Stats:
 def waiting_groups(active: list[Sequence], max_batch: int) -> list[list[Sequence]]:
     """The sequences parked at a Step, one group per model variant, at most `max_batch` a group."""
     by_model: dict[tuple, list[Sequence]] = {}
-    for seq in active:  # a group shares one forward: the same weights, and graphs replayed or not
+    for seq in active:  # a group shares one forward: the same runner, and graphs replayed or not
         if seq.waiting is not None and not seq.done:
-            key = (id(seq.waiting.model), bool(seq.waiting.config.compiled_decode))
+            key = (id(seq.waiting.runner), seq.waiting.mode)
             by_model.setdefault(key, []).append(seq)
     return [seqs[i : i + max_batch] for seqs in by_model.values() for i in range(0, len(seqs), max_batch)]
 
@@ -155,7 +154,7 @@ def forward(seqs: list[Sequence], stats: Stats) -> None:
     (`BatchedDecoding.ran`). Raises (before handing anything over) when the forward fails."""
     decs = [s.waiting for s in seqs]
     rows = [d.next_rows() for d in decs]
-    logits = one_forward(decs[0].model, rows, [d.cache for d in decs], graph=bool(decs[0].config.compiled_decode))
+    logits = decs[0].runner.run(Batch(rows, [d.cache for d in decs], mode=decs[0].mode))
 
     clock.sync(decs[0].device)  # the tokens' stamps claim the step ran: wait for the device
     B = len(decs)

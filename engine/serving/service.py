@@ -11,12 +11,10 @@ from engine.core.config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, Loa
 from engine.core.info import EngineInfo, SpeculationInfo
 from engine.core.request import Event, Request, RequestHandle
 from engine.core.timeline import Timeline
-from engine.kernels import choose, cpu_attention, cpu_layers
-from engine.kernels.choose import packed_bytes
-from engine.platform import capabilities
+from engine.kernels.catalogue import packed_bytes
 from engine.measure.machine_limits import MachineLimits, load_or_measure, probe_dtypes
-from engine.model import compiled_step
 from engine.model.loaded import LoadedModel
+from engine.platform import capabilities
 from engine.model.loader import cache_root, load
 from engine.serving.variants import VariantSet
 from engine.serving import kv_budget
@@ -90,7 +88,7 @@ class Engine:
         return self.submit(messages, config, **kw).result()
 
     def info(self) -> EngineInfo:
-        lm = self.loaded
+        lm, plan = self.loaded, self.variants.default.runner.plan
         draft_missing = None if lm.draft is not None else (
             "no draft model is loaded: start the engine with --draft-model PATH (the bundled draft matches "
             "only the bundled model)")
@@ -99,14 +97,14 @@ class Engine:
             device_reason=lm.device_reason,
             threads=torch.get_num_threads() if lm.device.type == "cpu" else None, context_max=lm.max_context,
             weight_bytes=lm.weight_bytes(), load_s=round(lm.load_s, 3), fast_path=lm.fast_path,
-            decode_attention=cpu_attention.kernel_name(lm.model.dtype, lm.device.type) if lm.fast_path else None,
-            layer_loop=cpu_layers.describe(lm.model) if lm.fast_path else None,
-            kernels=choose.describe(lm.model) if lm.fast_path else None,
-            notes=tuple(lm.notes), variants=self.variants.infos(),
+            decode_attention=plan.attention_text if lm.fast_path else None,
+            layer_loop=plan.layer_loop_text if lm.fast_path else None,
+            kernels=plan.describe() if lm.fast_path else None,
+            notes=(*lm.notes, *plan.notes()), variants=self.variants.infos(),
             speculation=tuple(SpeculationInfo(m, m != "draft" or draft_missing is None,
                                               draft_missing if m == "draft" else None) for m in SPECULATIVE_MODES),
             toggles=tuple(t.name for t in TOGGLES), capabilities=capabilities.detect().to_dict(),
-            unavailable_toggles={"compiled_decode": why} if (why := compiled_step.machine_reason(lm.model)) else {},
+            unavailable_toggles={"compiled_decode": why} if (why := plan.compiled_machine_reason) else {},
             prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
             packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None,
             machine_limits=self.machine_limits.to_dict() if self.machine_limits else None,

@@ -1,8 +1,9 @@
 """Several variants of the loaded model held at once, for A/B: each request names the one it wants.
 
 `VariantSet` starts with the loaded model — the default variant, named by its dtype — and builds
-any other (engine/quant/quantize.py) the first time a request asks for it, or at start for the names
-given to `preload`; then it keeps it. Built variants stay resident while their weights together
+any other (engine/quant/quantize.py, `build`) the first time a request asks for it, or at start for the
+names given to `preload`; then it keeps it. Each variant holds its runner (engine/runtime/runner.py),
+made with the variant's execution plan when it is loaded or built. Built variants stay resident while their weights together
 (tensors shared between variants counted once) fit the memory budget; past it, the least
 recently used variant (never the default) is dropped, and rebuilt if asked for again. A variant
 the device or the model cannot run fails its requests with one LoadError — remembered, so later
@@ -27,12 +28,13 @@ from torch import nn
 
 from engine.core.errors import InvalidRequest, LoadError
 from engine.core.info import VariantInfo
-from engine.platform.device_memory import device_memory
-from engine.model import compiled_step
 from engine.model.loaded import LoadedModel, weight_bytes
+from engine.platform.device_memory import device_memory
+from engine.quant import quantize
 from engine.quant.quality import compare, next_token_logits, quality_inputs
-from engine.quant.quantize import METHODS, build_variant, describe, precheck
-from engine.quant.weight_only import decode_kernels
+from engine.quant.quantize import METHODS, describe
+from engine.runtime.plan import weight_only_activations
+from engine.runtime.runner import Runner, open_runner
 
 log = logging.getLogger(__name__)
 RECENT = 20  # served requests per variant whose speeds the report's medians cover
@@ -44,6 +46,7 @@ class Variant:
     name: str
     method: str
     loaded: LoadedModel
+    runner: Runner  # the variant's forward, with its execution plan
     build_s: float
     weight_bytes: int  # real storage of this variant's model, shared tensors included
     memory_bytes: int  # memory where it lives right after it was built: GPU allocations on CUDA, else the process's RSS
@@ -93,7 +96,8 @@ class VariantSet:
         self._failed: dict[str, str] = {}
         self._reference = None  # the default variant's logits on the quality set
         self.evictions = 0
-        first = Variant(self.default_name, f"unquantized {self.default_name} (as loaded)", default,
+        runner = open_runner(default)
+        first = Variant(self.default_name, f"unquantized {self.default_name} (as loaded)", default, runner,
                         default.load_s, weight_bytes(default.model), *_memory(default.device))
         first.quality = {"top1_agreement": 1.0, "mean_kl": 0.0, "positions": None}
         self._built: dict[str, Variant] = {self.default_name: first}
@@ -148,10 +152,10 @@ class VariantSet:
             if timeline.prefill_ms and timeline.prefill_tokens:
                 variant.prefill_tps.append(timeline.prefill_tokens / (timeline.prefill_ms / 1e3))
 
-    def resident_models(self) -> list:
-        """The LoadedModel of every resident variant, the default first."""
+    def resident(self) -> list[Variant]:
+        """Every resident variant, the default first."""
         with self._lock:
-            return [v.loaded for v in self._built.values()]
+            return list(self._built.values())
 
     def resident_bytes(self) -> int:
         with self._lock:
@@ -181,15 +185,16 @@ class VariantSet:
         for name in self.names():
             reason = failed.get(name) or precheck(self.default.loaded, name)
             v = built.get(name)
+            plan = v.runner.plan if v else None
             r = v.report() if v else {}
             out.append(VariantInfo(
                 name=name, method=v.method if v else describe(name, self.default.loaded.device), default=name == self.default_name,
                 available=reason is None, reason=reason, resident=v is not None, weight_bytes=r.get("weight_bytes"),
                 decode_tps=r.get("decode_tps"), prefill_tps=r.get("prefill_tps"),
                 top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s"),
-                decode_kernels=decode_kernels(v.loaded.model) if v else None,
-                compiled_step=compiled_step.info_for(v.loaded.model) if v else None,
-                compiled_refused=compiled_step.weights_reason(v.loaded.model) if v else None))
+                decode_kernels=plan.weight_only_text if plan else None,
+                compiled_step=v.runner.compiled_info() if v else None,
+                compiled_refused=(None if plan.compiled_machine_reason else plan.compiled_reason) if plan else None))
         return tuple(out)
 
     # --- building (worker thread) -----------------------------------------------------------
@@ -197,15 +202,16 @@ class VariantSet:
         if name in self._failed:
             raise LoadError(self._failed[name])
         try:
-            loaded = build_variant(self.default.loaded, name)
+            loaded, runner = build(self.default.loaded, name)
         except LoadError as exc:
             self._failed[name] = str(exc)
             raise
-        variant = Variant(name, describe(name, loaded.device), loaded, loaded.load_s, weight_bytes(loaded.model), *_memory(loaded.device))
+        variant = Variant(name, describe(name, loaded.device), loaded, runner, loaded.load_s, weight_bytes(loaded.model),
+                          *_memory(loaded.device))
         if self.defer_quality:
             self._pending_quality.append(name)
         else:
-            variant.quality = self._quality(loaded.model)
+            variant.quality = self._quality(runner)
         with self._lock:
             self._built[name] = variant
         self._fit_budget(variant)
@@ -219,17 +225,17 @@ class VariantSet:
             with self._lock:
                 variant = self._built.get(name)
             if variant is not None:  # an evicted variant is measured again when it is rebuilt
-                variant.quality = self._quality(variant.loaded.model)
+                variant.quality = self._quality(variant.runner)
                 return True
         return False
 
-    def _quality(self, model) -> dict | None:
+    def _quality(self, runner) -> dict | None:
         if self.quality_texts == 0:
             return None
         inputs = quality_inputs(self.default.loaded.tokenizer, self.quality_texts)
         if self._reference is None:
-            self._reference = next_token_logits(self.default.loaded.model, inputs)
-        return compare(self._reference, next_token_logits(model, inputs), inputs)
+            self._reference = next_token_logits(self.default.runner, inputs)
+        return compare(self._reference, next_token_logits(runner, inputs), inputs)
 
     def _fit_budget(self, new: Variant) -> None:
         while self.resident_bytes() > self.budget_bytes:
@@ -247,6 +253,43 @@ class VariantSet:
                 del self._built[victim.name]
                 self.evictions += 1
             log.info("variant %s dropped to fit the memory budget", victim.name)
+
+
+def activations(base: LoadedModel, name: str) -> dict:
+    """The activation dtype of each weight-only method variant `name` uses (the plan's decision,
+    engine/runtime/plan.py), after the checks that refuse it without building (LoadError)."""
+    method, head = quantize.split_name(name)
+    out = {}
+    for m in {method, head} & set(quantize.WEIGHT_ONLY):
+        quantize.check_weight_only(m, base, m == head)
+        out[m] = weight_only_activations(m, base.device, base.dtype, quantize.weight_only_shapes(m, base, m == head),
+                                         base.cache_dir)
+    return out
+
+
+def build(base: LoadedModel, name: str, quantize_lm_head: bool = False) -> tuple[LoadedModel, Runner]:
+    """Variant `name` of `base`, and its runner: the layers built in the activation dtype the plan decided,
+    the variant's plan made (its measured choices cached per machine), a short forward run through it.
+    Raises InvalidRequest for an unknown name and LoadError for one this device or model cannot run."""
+    if name not in METHODS:
+        raise InvalidRequest(f"unknown quantization {name!r}; available: {', '.join(METHODS)}", "quantization")
+    loaded = quantize.build_variant(base, name, activations(base, name), quantize_lm_head=quantize_lm_head)
+    runner = open_runner(loaded, weights=name, what=f"quantization {name!r}")
+    loaded.notes = [*loaded.notes, *(f"variant {name}: {n}" for n in runner.plan.notes())]
+    return loaded, runner
+
+
+def precheck(base: LoadedModel, name: str) -> str | None:
+    """Why variant `name` cannot run here, known without building it (None: nothing known against it):
+    quantize.precheck's checks and, for a weight-only variant, whether its kernel runs (the plan's
+    activation probe). The page shows such a variant disabled with this reason."""
+    reason = quantize.precheck(base, name)
+    if reason is None and quantize.split_name(name)[0] in quantize.WEIGHT_ONLY:
+        try:
+            activations(base, name)
+        except LoadError as exc:
+            return str(exc)
+    return reason
 
 
 def _memory(device) -> tuple[int, int]:

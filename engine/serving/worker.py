@@ -22,10 +22,7 @@ from collections import deque
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.request import Event, QueueFull, Request, RequestHandle
 from engine.core.timeline import Timeline, now_ns
-from engine.kernels import choose
 from engine.measure import roofline
-from engine.kernels import choose as kernel_choice
-from engine.model.fast_llama import FastLlama
 from engine.serving import public_prefix, scheduler
 from engine.serving.decoding import Pause, Step
 from engine.serving.generate import generate
@@ -58,8 +55,6 @@ class Worker:
         self._cv = threading.Condition()
         self._stopping = False
         self._scopes: dict[str, int] = {}  # batch scope id -> its run's limit (open_batch_scope)
-        if self.batching and isinstance(loaded.model, FastLlama):  # the model with the batched forward
-            kernel_choice.prepare(loaded.model)  # the default variant's weight copies: now, not in the first step
         self._thread = threading.Thread(target=self._loop, name="model-worker", daemon=True)
         self._thread.start()
 
@@ -213,10 +208,11 @@ class Worker:
         forwards), then deferred variant quality."""
         self._cv.release()
         try:
-            models = self.variants.resident_models()
-            if public_prefix.warm_idle(self.prefix_cache, models):
+            resident = self.variants.resident()
+            if public_prefix.warm_idle(self.prefix_cache, resident):
                 return True
-            if calibrate_idle(models, should_stop=lambda: bool(self._queue) or self._stopping):
+            targets = [(v.runner, getattr(v.loaded, "draft", None)) for v in resident]
+            if calibrate_idle(targets, should_stop=lambda: bool(self._queue) or self._stopping):
                 return True
             return self.variants.defer_quality and self.variants.measure_pending()
         except Exception:  # a failed measurement leaves its figure unknown (None), never the worker down
@@ -240,20 +236,19 @@ class Worker:
         except Exception as exc:
             self._fail(seq, exc)
             return
-        lm = seq.variant.loaded
-        factory = self.decoding_factory  # None: generate picks the Decoding the request's toggles ask for
+        lm, runner = seq.variant.loaded, seq.variant.runner
+        factory = self.decoding_factory  # None: generate's Decoding
         if self.batching:
-            why = scheduler.why_unbatched(handle.request.config, lm.model)
+            why = scheduler.why_unbatched(handle.request.config, runner)
             seq.batched = why is None and (factory is None or scheduler.is_batched(factory))
             if seq.batched:
-                kernel_choice.prepare(lm.model)  # a no-op once made
                 factory = factory or BatchedDecoding
             else:
                 self.stats.unbatched_requests += 1
             tl.counters["batching"] = "batched" if seq.batched else f"unbatched ({why or 'custom decoding'})"
             tl.counters["max_batch"] = self.max_batch
         kwargs = {"decoding_factory": factory} if factory else {}
-        seq.gen = generate(lm.model, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
+        seq.gen = generate(runner, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
                            should_stop=lambda: handle.cancelled, draft=getattr(lm, "draft", None),
                            prefix_cache=self.prefix_cache, **kwargs)
 
@@ -276,8 +271,8 @@ class Worker:
                             if tl.output_tokens else []  # its own prompt, in the forward of its first token
                     roofline.annotate(tl, seq.variant.loaded.model, seq.variant.weight_bytes, self.machine_limits,
                                       getattr(seq.variant.loaded, "dtype_name", None), seq.handle.request.config)
-                    compiled = tl.counters.get("decode_step") == "compiled"  # which kernels served it
-                    tl.counters["kernels"] = choose.for_reply(seq.variant.loaded.model, tl.prefill_tokens or 1, compiled)
+                    mode = "compiled" if tl.counters.get("decode_step") == "compiled" else "eager"  # what served it
+                    tl.counters["kernels"] = seq.variant.runner.plan.for_reply(tl.prefill_tokens or 1, mode)
                     self.completed += 1
                     self.variants.record(seq.variant.name, tl)
                 if event.kind == "done":

@@ -20,8 +20,11 @@ step that verifies k guesses can yield up to k+1 tokens for about the price of o
   the first speculative request where that comes sooner) and then fixed for the process (so that the same seed gives the same reply); the Timeline records each change
   of k (`k_changes`).
 
-Modules: proposers, verification, costs, lookup_policy, policy, decoding (`SpeculativeDecoding`);
-draft (loading the draft model), draft_prompts (the prompts the bundled draft was distilled on; engine/bench/draft_train.py distils it).
+Public interface (what serving imports): `Speculation` (one request's proposer, policy, counters and
+replay log: it proposes, the decode loop has the runner verify, it judges the logits), `calibrate_idle`
+and `load_draft`. Speculation never imports serving. Modules: speculation, proposers, verification,
+costs, lookup_policy, policy, replay; draft (loading the draft model), draft_prompts (the prompts the
+bundled draft was distilled on; engine/bench/draft_train.py distils it).
 """
 
 from engine.speculative.costs import (
@@ -32,11 +35,13 @@ from engine.speculative.costs import (
     measured_costs,
     measured_draft_cost,
 )
-from engine.speculative.decoding import SpeculativeDecoding
+from engine.speculative.draft import Draft, load_draft
 from engine.speculative.lookup_policy import LookupPolicy
 from engine.speculative.policy import AdaptiveK
 from engine.speculative.proposers import DraftModel, PromptLookup
+from engine.speculative.speculation import Proposal, Speculation
 from engine.speculative.verification import verify_greedy, verify_sampling
 
-__all__ = ["AdaptiveK", "CostModel", "DEFAULT_COSTS", "calibrate_idle", "DraftModel", "LookupPolicy", "PromptLookup", "SpeculativeDecoding",
-           "matmul_weight_ratio", "measured_costs", "measured_draft_cost", "verify_greedy", "verify_sampling"]
+__all__ = ["AdaptiveK", "CostModel", "DEFAULT_COSTS", "Draft", "DraftModel", "LookupPolicy", "PromptLookup", "Proposal",
+           "Speculation", "calibrate_idle", "load_draft", "matmul_weight_ratio", "measured_costs", "measured_draft_cost",
+           "verify_greedy", "verify_sampling"]

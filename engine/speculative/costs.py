@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.core import clock
+from engine.platform.decisions import Interrupted, race
 
 # A verify pass over T = k + 1 tokens costs 1 + fixed + k * per_token plain steps. These defaults,
 # fitted to `python -m engine.bench verify` (figures: docs/speculative.md), serve only where
@@ -25,7 +25,6 @@ VERIFY_COST_PER_TOKEN = 0.03
 # CPUs the costs are not a line through T = 2 and 9 (`python -m engine.bench verify`; docs/speculative.md).
 CALIBRATION_CONTEXT = 64
 CALIBRATION_SIZES = (2, 3, 5, 9)  # k = 8, the lookup bench's default, is T = 9; larger T extrapolates the last slope
-CALIBRATION_T = CALIBRATION_SIZES[-1]
 CALIBRATION_ROUNDS = 6
 
 
@@ -62,42 +61,38 @@ class CostModel:
 
 
 DEFAULT_COSTS = CostModel(VERIFY_FIXED_COST, VERIFY_COST_PER_TOKEN, measured=False)
-_MEASURED = WeakIdKeyDictionary()  # target model -> CostModel; (draft, target) below
+_MEASURED = WeakIdKeyDictionary()  # target model -> CostModel; (draft, target) below (keyed by the model a runner runs)
 _MEASURED_DRAFT = WeakIdKeyDictionary()  # draft model -> {target model -> draft token cost}
 _MEASURE_LOCK = threading.Lock()
 _IDLE_FAILED = WeakIdKeyDictionary()  # models whose idle calibration raised (calibrate_idle skips them)
 
 
-class Interrupted(Exception):
-    """A calibration gave way to a request (`calibrate(..., should_stop)`); nothing was kept."""
-
-
 def _timed_forwards(runs: list[tuple[object, int]], rounds: int, should_stop=None) -> list[list[float]]:
-    """Seconds of each run's forward — (model, T): T tokens after CALIBRATION_CONTEXT cached ones —
-    once per round, the runs alternating within each round (so ratios can be paired by round).
-    `should_stop()` true before a round raises Interrupted (a request came: it waits one round at most)."""
+    """Seconds of each run's forward — (runner, T): T tokens after CALIBRATION_CONTEXT cached ones —
+    once per round, the runs alternating within each round (the one race, engine/platform/decisions.py,
+    so ratios can be paired by round; its first round warms up and is dropped). `should_stop()` true
+    before a round raises Interrupted (a request came: it waits one round at most)."""
     gen = torch.Generator().manual_seed(0)
-    caches = {}
-    for model, _ in runs:
-        if id(model) not in caches:
-            vocab = getattr(model, "vocab_size", 1000)
-            context = torch.randint(0, vocab, (CALIBRATION_CONTEXT,), generator=gen).to(model.device)
-            caches[id(model)] = cache = model.new_cache(CALIBRATION_CONTEXT + max(t for _, t in runs) + 1)
-            model.forward(context, cache)
-    times = [[] for _ in runs]
-    for r in range(rounds + 1):  # round 0 warms up (first-call allocations, packing) and is dropped
-        if should_stop is not None and should_stop():
-            raise Interrupted
-        for (model, t), out in zip(runs, times):
-            cache = caches[id(model)]
-            cache.crop(CALIBRATION_CONTEXT)
-            ids = torch.randint(0, getattr(model, "vocab_size", 1000), (t,), generator=gen).to(model.device)
-            t0 = clock.done_s(model.device)
-            model.forward(ids, cache, all_logits=t > 1)
-            t1 = clock.done_s(model.device)
-            if r:
-                out.append(t1 - t0)
-    return times
+    caches, ids = {}, {}
+    for runner, _ in runs:
+        if id(runner) not in caches:
+            context = torch.randint(0, runner.vocab_size, (CALIBRATION_CONTEXT,), generator=gen).to(runner.device)
+            caches[id(runner)] = cache = runner.new_cache(CALIBRATION_CONTEXT + max(t for _, t in runs) + 1)
+            runner.forward(context, cache)
+
+    def prepare(name):  # untimed: the cache back to its context, this run's tokens
+        runner, t = runs[int(name)]
+        caches[id(runner)].crop(CALIBRATION_CONTEXT)
+        ids[name] = torch.randint(0, runner.vocab_size, (t,), generator=gen).to(runner.device)
+
+    def run(name):
+        runner, t = runs[int(name)]
+        return lambda: runner.forward(ids[name], caches[id(runner)], all_logits=t > 1)
+
+    device = runs[0][0].device
+    result = race({str(i): run(str(i)) for i in range(len(runs))}, rounds, device, prepare=prepare,
+                  should_stop=should_stop)
+    return [result.times[str(i)] for i in range(len(runs))]
 
 
 def cost_model_from_times(times: dict[int, list[float]]) -> CostModel:
@@ -112,33 +107,33 @@ def cost_model_from_times(times: dict[int, list[float]]) -> CostModel:
     return CostModel(fixed, per_token, step_ms=statistics.median(one) * 1e3, verify_steps=table)
 
 
-def measured_costs(model, should_stop=None) -> CostModel:
-    """The verify cost model of `model` on this machine: measured once per process (~35 forwards;
+def measured_costs(runner, should_stop=None) -> CostModel:
+    """The verify cost model of `runner`'s model on this machine: measured once per process (~35 forwards;
     its time is in docs/speculative.md), then the same for every later request, so decisions stay a function of
     the tokens alone. Each model object (a quantized variant too) gets its own. The engine's worker
     measures it while idle (`calibrate_idle`); a speculative request that comes first measures it
     in its setup. `should_stop` as in `_timed_forwards`."""
     with _MEASURE_LOCK:
-        costs = _MEASURED.get(model)
+        costs = _MEASURED.get(runner.model)
         if costs is None:
             sizes = [1, *CALIBRATION_SIZES]
-            runs = _timed_forwards([(model, t) for t in sizes], CALIBRATION_ROUNDS, should_stop)
-            costs = _MEASURED[model] = cost_model_from_times(dict(zip(sizes, runs)))
+            runs = _timed_forwards([(runner, t) for t in sizes], CALIBRATION_ROUNDS, should_stop)
+            costs = _MEASURED[runner.model] = cost_model_from_times(dict(zip(sizes, runs)))
         return costs
 
 
-def measured_draft_cost(draft_model, target_model, should_stop=None) -> float:
+def measured_draft_cost(draft_runner, target_runner, should_stop=None) -> float:
     """A draft token's cost in target decode steps: the median over rounds of a draft step / the
     same round's target step, measured here once per process (paired, like the verify table: a
     neighbour's load that slows a round slows both). Decode is memory-bound, but at this size
     per-step overhead counts too: the weight ratio `matmul_weight_ratio` alone underestimates it."""
-    measured_costs(target_model, should_stop)
+    measured_costs(target_runner, should_stop)
     with _MEASURE_LOCK:
-        per_target = _MEASURED_DRAFT.setdefault(draft_model, WeakIdKeyDictionary())
-        cost = per_target.get(target_model)
+        per_target = _MEASURED_DRAFT.setdefault(draft_runner.model, WeakIdKeyDictionary())
+        cost = per_target.get(target_runner.model)
         if cost is None:
-            target, draft = _timed_forwards([(target_model, 1), (draft_model, 1)], CALIBRATION_ROUNDS, should_stop)
-            cost = per_target[target_model] = statistics.median(d / t for d, t in zip(draft, target))
+            target, draft = _timed_forwards([(target_runner, 1), (draft_runner, 1)], CALIBRATION_ROUNDS, should_stop)
+            cost = per_target[target_runner.model] = statistics.median(d / t for d, t in zip(draft, target))
         return cost
 
 
@@ -149,21 +144,20 @@ def is_calibrated(model, draft_model=None) -> bool:
     return draft_model is None or model in _MEASURED_DRAFT.get(draft_model, {})
 
 
-def calibrate_idle(loaded_models, should_stop) -> bool:
+def calibrate_idle(targets, should_stop) -> bool:
     """Measure the next uncalibrated model's costs (the worker's idle work: the first speculative
-    request then pays nothing for it: docs/speculative.md has what it cost that request). `loaded_models`:
-    LoadedModel-likes (`.model`, optional `.draft`). Returns whether it measured one (False: all
+    request then pays nothing for it: docs/speculative.md has what it cost that request). `targets`:
+    (runner, draft or None) of each resident variant. Returns whether it measured one (False: all
     done, or `should_stop` interrupted it: a request came, and is served first)."""
-    for loaded in loaded_models:
-        model, draft = loaded.model, getattr(loaded, "draft", None)
-        draft_model = getattr(draft, "model", None)
-        if is_calibrated(model, draft_model) or model in _IDLE_FAILED:
+    for runner, draft in targets:
+        model, draft_runner = runner.model, getattr(draft, "runner", None)
+        if is_calibrated(model, getattr(draft_runner, "model", None)) or model in _IDLE_FAILED:
             continue
         try:
-            if draft_model is not None:
-                measured_draft_cost(draft_model, model, should_stop)
+            if draft_runner is not None:
+                measured_draft_cost(draft_runner, runner, should_stop)
             else:
-                measured_costs(model, should_stop)
+                measured_costs(runner, should_stop)
         except Interrupted:
             return False
         except Exception:  # e.g. out of memory: not retried while idle; a request measures (or fails) on its own

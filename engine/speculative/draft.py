@@ -1,8 +1,8 @@
 """The draft model that speculative decoding guesses with: the bundled one, or any causal LM folder.
 
-A draft must share the target's tokenizer (its token ids mean the same tokens). It runs through
-the same runner interface as the target (`new_cache` / `forward`), in the target's dtype and on
-its device, with a KV cache of its own per request.
+A draft must share the target's tokenizer (its token ids mean the same tokens). It runs through a
+runner of its own (engine/runtime/runner.py, with its own execution plan), in the target's dtype
+and on its device, with a KV cache of its own per request.
 
 The bundled draft for SmolLM2-135M-Instruct (engine/assets/draft-smollm2-135m, made by
 `python -m engine.bench.draft_train`) ships only what it does not share with the target: a few
@@ -21,7 +21,9 @@ import torch
 from torch import nn
 
 from engine.core.errors import LoadError
-from engine.model.loaded import build_runner
+from engine.model.loaded import build_model
+from engine.runtime.plan import make_plan
+from engine.runtime.runner import Runner, open_runner
 
 # engine/assets/: package data (pyproject.toml), so an installed engine finds it too
 BUNDLED_DRAFT_DIR = Path(__file__).resolve().parents[1] / "assets" / "draft-smollm2-135m"
@@ -32,11 +34,15 @@ WEIGHTS_FILE = "draft.safetensors"
 class Draft:
     """A loaded draft: its runner, and the target token id of each of its output columns."""
 
-    model: nn.Module  # FastLlama or HFCausalLM over the draft's weights
+    runner: Runner  # over FastLlama or HFCausalLM with the draft's weights
     name: str
     path: str
     vocab: torch.Tensor | None = None  # [draft columns] target ids; None: the draft's column i is token i
     notes: str = ""
+
+    @property
+    def model(self) -> nn.Module:
+        return self.runner.model
 
     def info(self) -> dict:
         columns = self.model.vocab_size if self.vocab is None else int(self.vocab.numel())
@@ -78,12 +84,12 @@ def bundled_draft(target) -> Draft:
     meta = json.loads((BUNDLED_DRAFT_DIR / "draft.json").read_text())
     weights = load_file(str(BUNDLED_DRAFT_DIR / WEIGHTS_FILE))
     vocab = weights.pop("vocab_ids").long()
-    runner = target.model
-    if hasattr(runner, "embed"):  # FastLlama
-        config, embed, head = runner.config, runner.embed, runner.lm_head.weight
+    module = target.model
+    if hasattr(module, "embed"):  # FastLlama
+        config, embed, head = module.config, module.embed, module.lm_head.weight
     else:  # HFCausalLM
-        config, embed = runner.config, runner.model.get_input_embeddings()
-        head = runner.model.get_output_embeddings().weight
+        config, embed = module.config, module.model.get_input_embeddings()
+        head = module.model.get_output_embeddings().weight
     draft_hf = build_draft_hf(config, embed, head, meta["layers"], vocab, target.dtype)
     missing, unexpected = draft_hf.load_state_dict({k: v.to(target.dtype) for k, v in weights.items()}, strict=False)
     own_missing = [k for k in missing if k.startswith(("model.layers.", "model.norm."))]
@@ -91,8 +97,10 @@ def bundled_draft(target) -> Draft:
         raise LoadError(f"the bundled draft in {BUNDLED_DRAFT_DIR} does not match its config "
                         f"(missing {own_missing[:3]}, unexpected {unexpected[:3]}); rerun python -m engine.bench.draft_train")
     draft_hf.to(target.device).eval()
-    draft_runner, _, _ = build_runner(draft_hf, target.fast_path)
-    return Draft(draft_runner, name=meta.get("name", "bundled draft"), path=str(BUNDLED_DRAFT_DIR),
+    draft_model, _, _ = build_model(draft_hf, target.fast_path)
+    runner = Runner(draft_model, make_plan(draft_model, target.device, cache_dir=target.cache_dir, weights="draft"))
+    runner.warm_up()
+    return Draft(runner, name=meta.get("name", "bundled draft"), path=str(BUNDLED_DRAFT_DIR),
                  vocab=vocab.to(target.device),
                  notes=f"{meta['layers']} layers distilled from the target; head over {vocab.numel():,} tokens")
 
@@ -128,4 +136,4 @@ def _load_folder(spec: str, target) -> Draft:
     vocab = None
     if loaded.model.vocab_size != target.model.vocab_size:  # padded (or short) vocab: use the common ids
         vocab = torch.arange(min(loaded.model.vocab_size, target.model.vocab_size), device=target.device)
-    return Draft(loaded.model, name=loaded.name, path=str(spec), vocab=vocab)
+    return Draft(open_runner(loaded, weights="draft"), name=loaded.name, path=str(spec), vocab=vocab)

@@ -52,16 +52,16 @@ class DraftModel:
     name = "draft"
 
     def __init__(self, draft, capacity: int, target_vocab: int):
-        self.model = draft.model
+        self.runner = draft.runner
         self.vocab = draft.vocab  # draft column -> target token id (None: identity)
         self.target_vocab = target_vocab
-        self.cache = self.model.new_cache(capacity)
+        self.cache = self.runner.new_cache(capacity)
         self.forward_passes = 0
         self._fed_back = 0  # guesses of the last proposal that went into the cache
 
     def _next(self, tokens: list[int], sampler) -> tuple[int, torch.Tensor | None]:
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.model.device)
-        logits = self.model.forward(ids, self.cache)[0]
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.runner.device)
+        logits = self.runner.forward(ids, self.cache)[0]
         self.forward_passes += 1
         if self.vocab is not None:
             logits = logits[: self.vocab.numel()]

@@ -1,4 +1,4 @@
-"""The one forward of our Llama-family model (`FastLlama`): B sequences, one sequence being a batch of one.
+"""The eager forward of our Llama-family model (`FastLlama`): B sequences, one sequence being a batch of one.
 
 Every sequence brings its next tokens — one for a decode step, a prompt (chunk) or a speculative
 verify's several — and its own `KVCache` (its own length). The projections and the MLP run as one
@@ -6,17 +6,16 @@ matmul over all rows where their kernel allows (a decode step is memory-bound: t
 once for all); attention runs over each sequence's own cache: no padding, and exactly the
 computation the sequence would get alone. Decode rows (one token) go through our attention kernel
 in one call a layer for all of them (engine/kernels/cpu_attention.py, which also stores their keys
-and values) where it serves; other rows take one SDPA call per sequence with its own causal mask.
+and values) where the plan says so; other rows take one SDPA call per sequence with its own causal mask.
 
-Kernels: every projection asks engine/kernels/choose.py with ITS sequence's row count, never the
-forward's total, so a sequence's kernels — and bits — do not depend on who shares the forward; a
-kernel that is not row-invariant runs once per sequence (choose.per_sequence). So greedy fp32 output
+Kernels: every projection runs the kernel the plan (engine/runtime/plan.py) names for ITS sequence's
+row count, never the forward's total, so a sequence's kernels — and bits — do not depend on who
+shares the forward; a kernel that is not row-invariant runs once per sequence. So greedy fp32 output
 is the same alone, batched, and through either worker.
 
-Layer loop: `blocks` (engine/model/blocks.py) in Python is the reference; where every projection's
-rows go to our fp32 kernel and its switch is on, engine/kernels/cpu_layers.cpp runs the same loop in
-one C++ call (tested bit-equal). The compiled decode step (engine/model/compiled_step.py) traces
-`blocks` too, and on a GPU one-token steps run it over static buffers (engine/model/cuda_graph.py).
+Layer loop: `blocks` (engine/runtime/blocks.py) in Python is the reference; where the plan sends
+every projection's rows to our fp32 kernel (`Plan.cpp_rows`), engine/kernels/cpu_layers.cpp runs the
+same loop in one C++ call (tested bit-equal). The runner (engine/runtime/runner.py) calls this.
 """
 
 from __future__ import annotations
@@ -25,24 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from engine.kernels import choose, cpu_attention, cpu_layers
-from engine.kernels.choose import Kernel
-from engine.model import cuda_graph
-from engine.model.blocks import Projections, blocks
+from engine.kernels import cpu_attention, cpu_layers
+from engine.runtime.blocks import Projections, blocks
 
 
 @torch.inference_mode()
-def forward(model, rows, caches, all_logits: bool = False, graph: bool = False) -> torch.Tensor:
+def forward(model, plan, rows, caches, all_logits: bool = False, layers=None) -> torch.Tensor:
     """Feed sequence b its tokens `rows[b]` (a list of ids or a 1-D tensor) at positions
-    [caches[b].length, + len(rows[b])) and append their KV, for every b, in one forward. Returns
-    float32 logits: [B, vocab], each sequence's last token; with all_logits every row's, [R, vocab]
-    (one sequence: [T, vocab]). On a GPU, one token for each of a few sequences takes the static step
-    (engine/model/cuda_graph.py), replayed from a CUDA graph where `graph` (the compiled_decode toggle)."""
+    [caches[b].length, + len(rows[b])) and append their KV, for every b, in one forward, with the
+    kernels `plan` names. Returns float32 logits: [B, vocab], each sequence's last token; with
+    all_logits every row's, [R, vocab] (one sequence: [T, vocab]). `layers`: what the C++ layer loop
+    reads (cpu_layers.layer_weights; the runner keeps it), made here where the plan runs that loop."""
     lengths = [len(r) for r in rows]
-    if cuda_graph.serves(model, lengths, all_logits):
-        logits = cuda_graph.for_model(model).step([r[0] for r in rows], caches, replay=graph)
-        if logits is not None:
-            return logits
     starts = [c.length for c in caches]
     for c, s, n in zip(caches, starts, lengths):
         if s + n > model.max_context:
@@ -61,17 +54,16 @@ def forward(model, rows, caches, all_logits: bool = False, graph: bool = False) 
     x = model.embed(ids[None])  # [1, R, hidden]
     masks = [None if n == 1 or s == 0 else _prefix_causal(s, n, device)
              for s, n in zip(starts, lengths)]  # new tokens see the cached prefix, and causally each other
-    plan = choose.plan_of(model)
     offsets = [sum(lengths[:b]) for b in range(B)]  # sequence b's first row
-    kernel = cpu_attention.serves(caches[0].k, model.n_heads)
-    decode = [b for b, n in enumerate(lengths) if kernel and n == 1]  # rows through our attention kernel
-    others = [b for b, n in enumerate(lengths) if not (kernel and n == 1)]  # through SDPA
-    layers = cpu_layers.layer_weights(model) if _all_ours(model, lengths, plan) else None
-    if layers is not None:  # the same loop in one C++ call: the same bits, far fewer interpreter hand-offs
-        x = cpu_layers.run_layers(model, layers, x, cos, sin, caches, starts, lengths, offsets, decode, others, masks)
+    ours = plan.attention == cpu_attention.PLAN_NAME
+    decode = [b for b, n in enumerate(lengths) if ours and n == 1]  # rows through our attention kernel
+    others = [b for b, n in enumerate(lengths) if not (ours and n == 1)]  # through SDPA
+    if max(lengths) <= plan.cpp_rows:  # the same loop in one C++ call: the same bits, far fewer interpreter hand-offs
+        x = cpu_layers.run_layers(model, layers or cpu_layers.layer_weights(model), x, cos, sin, caches, starts,
+                                  lengths, offsets, decode, others, masks)
     else:
         attend = _attention(model, caches, starts, lengths, offsets, decode, others, masks)
-        x = blocks(model, x, cos, sin, Projections(lengths, plan).linear, attend)
+        x = blocks(model, x, cos, sin, Projections(lengths, plan.linears).linear, attend)
     for c, s, n in zip(caches, starts, lengths):
         c.length = s + n
     if all_logits:
@@ -79,7 +71,7 @@ def forward(model, rows, caches, all_logits: bool = False, graph: bool = False) 
     else:
         head_lengths = [1] * B
         x = x[:, -1:] if B == 1 else x[:, torch.tensor([o + n - 1 for o, n in zip(offsets, lengths)], device=device)]
-    return Projections(head_lengths, plan).linear(model.lm_head, model.norm(x))[0].float()
+    return Projections(head_lengths, plan.linears).linear("lm_head", model.lm_head, model.norm(x))[0].float()
 
 
 def _prefix_causal(start: int, n: int, device: torch.device):
@@ -89,13 +81,6 @@ def _prefix_causal(start: int, n: int, device: torch.device):
     if device.type == "cuda":
         return causal_lower_right(n, start + n)
     return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
-
-
-def _all_ours(model, lengths, plan) -> bool:
-    """Whether every projection row of this forward goes to our fp32 kernel (the C++ loop's condition;
-    cpu_layers.layer_weights checks the projections and the switch)."""
-    # WO_INT8ACT: the w8a layers (PROVISIONAL, issue 41: a plan entry once issue 40's plan lands)
-    return choose.choose(model.blocks[0].qkv, max(lengths), plan) in (Kernel.OURS_FP32, Kernel.WO_INT8ACT)
 
 
 def _attention(model, caches, starts, lengths, offsets, decode, others, masks):

@@ -17,8 +17,8 @@ captures must read and write only fixed buffers and never ask the host anything:
   (SIZES) with rows that write at position C - 1. That position is never valid KV: a sequence steps in
   a pool only while its position is below C - 1 (`fits`), so a padding row writes scratch.
 
-The step is `blocks` (engine/model/blocks.py), the eager forward's own layer loop, with a static
-`attend`; projections run the kernel engine/kernels/choose.py names for one row. The uncaptured step is
+The step is `blocks` (engine/runtime/blocks.py), the eager forward's own layer loop, with a static
+`attend`; projections run the kernel the plan (engine/runtime/plan.py) names for one row. The uncaptured step is
 the same function run directly: every CUDA decode step of B <= ROWS one-token sequences goes through
 it (one batched attention a layer instead of one per sequence), and the toggle replays it from a graph.
 On CPU it runs uncaptured (tests check it against the eager forward); graphs are CUDA only.
@@ -35,10 +35,9 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from engine.core.errors import first_line
-from engine.kernels import choose
 from engine.core import clock
-from engine.model.blocks import Projections, blocks
+from engine.core.errors import first_line
+from engine.runtime.blocks import Projections, blocks
 
 SIZES = (1, 2, 4, 8)  # captured batch sizes; B sequences use the smallest size >= B (vLLM pads the same way)
 ROWS = SIZES[-1]  # rows of a pool: a batch of more one-token sequences takes the eager forward
@@ -109,10 +108,10 @@ class Pool:
 
 
 class StaticDecode:
-    """A model's static decode step: its pools, its inputs and its captured graphs."""
+    """A runner's static decode step: its pools, its inputs and its captured graphs."""
 
-    def __init__(self, model, fuse: bool = False):
-        self.model = model
+    def __init__(self, model, plan, fuse: bool = False):
+        self.model, self.plan = model, plan
         # fuse: torch.compile (Inductor) the step before capturing it, so the glue between matmuls
         # (norms, rotary, adds) becomes a few fused kernels inside the graph. Off by default: each
         # (rows, bucket) then compiles on first use (tens of seconds a shape); `python -m engine.bench
@@ -128,9 +127,6 @@ class StaticDecode:
         self._mempool = None
         self._lock = threading.RLock()
 
-    def __deepcopy__(self, memo):
-        return None  # a variant (a deep copy of the model) makes its own pools and graphs
-
     # --- the step itself --------------------------------------------------------------------------
 
     def _step(self, pool: Pool, rows: int) -> torch.Tensor:
@@ -143,7 +139,7 @@ class StaticDecode:
         group = H // KV
         row_idx = torch.arange(rows, device=ids.device)
         visible = (torch.arange(pool.capacity, device=ids.device)[None, :] <= pos[:, None])[:, None, None, :]
-        linear = Projections([1] * rows, choose.plan_of(m)).linear
+        linear = Projections([1] * rows, self.plan.linears).linear
 
         def attend(i, blk, q, k, v):  # q [1, H, rows, D]; k, v [1, KV, rows, D]
             layer_k, layer_v = keys[i], values[i]  # [rows, KV, C, D]
@@ -156,7 +152,7 @@ class StaticDecode:
             return out.reshape(rows, H, D)
 
         x = blocks(m, m.embed(ids[None]), m.cos[pos], m.sin[pos], linear, attend)
-        return linear(m.lm_head, m.norm(x))[0].float()
+        return linear("lm_head", m.lm_head, m.norm(x))[0].float()
 
     # --- placing sequences in a pool -------------------------------------------------------------
 
@@ -286,19 +282,7 @@ def _size(n: int) -> int:
     return next(s for s in SIZES if s >= n)
 
 
-_MADE = threading.Lock()
-
-
-def for_model(model) -> StaticDecode:
-    """The model's StaticDecode (made once per model object)."""
-    with _MADE:
-        static = getattr(model, "static_decode", None)
-        if static is None:
-            static = model.static_decode = StaticDecode(model)
-        return static
-
-
-def serves(model, lengths, all_logits: bool) -> bool:
-    """Whether a forward of `lengths` rows per sequence takes the static step: one token for each of at
-    most ROWS sequences, on a GPU (on CPU the eager forward keeps its exact per-sequence attention)."""
-    return model.device.type == "cuda" and not all_logits and len(lengths) <= ROWS and all(n == 1 for n in lengths)
+def serves(lengths, all_logits: bool) -> bool:
+    """Whether a forward of `lengths` rows per sequence can take the static step (where the plan runs
+    it: on a GPU): one token for each of at most ROWS sequences, no verification."""
+    return not all_logits and len(lengths) <= ROWS and all(n == 1 for n in lengths)

@@ -1,0 +1,543 @@
+"""THE execution plan: `make_plan(model, device, caps, cache_dir) -> Plan`, the one place a kernel is chosen.
+
+Made once per (model variant, device) when the variant is loaded or built, a frozen value the runner
+(engine/runtime/runner.py) reads per forward as a table lookup. It names, from the declared table
+below and the detected capabilities (engine/platform/capabilities.py):
+- each projection role's kernel per row bucket (`LinearPlan`: 'qkv', 'o', 'gate_up', 'down', 'lm_head';
+  rows are ONE sequence's rows, so a sequence gets the same kernels, and bits, alone and batched);
+- the decode-row attention kernel, the layer loop (one C++ call, or Python), and which step modes
+  can serve (eager, the GPU's static step, the compiled step: Inductor on CPU, CUDA graphs on a GPU).
+
+The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
+- w8a (int8 activations, engine/quant/w8a.py): our integer kernels (`WO_INT8ACT`) for up to OURS_ROWS
+  rows, past them (a long prompt) the fp32 GEMM over the weights dequantized (`WO_DEQUANT_FP32`);
+- weight-only int8/4-bit: ours (`WO_OURS`) on CPU where the layer holds our layout and the race below
+  picked ours, else torch's (`WO_TORCH`); bitsandbytes: `BNB`; any other module, or off the CPU: `ATEN`;
+- fp32 CPU Linear: `OURS_FP32` for up to OURS_ROWS rows where the fp32 one-row decision is 'ours' (by
+  rule where our kernel builds); else `ONEDNN_PACKED` for 2..PACKED_FP32_MAX rows (1 row too where the
+  one-row decision is 'packed'), where oneDNN packs fp32; else `ATEN` (MKL);
+- bf16 CPU Linear: `ATEN_NO_ONEDNN` for 1-2 rows (oneDNN's bf16 GEMM is slow for a row or two:
+  `python -m engine.bench dtypes`), `ONEDNN_PACKED` from 3 rows where oneDNN packs bf16, else `ATEN`.
+Packed fp32 stops at PACKED_FP32_MAX rows because long prefills were faster through MKL
+(`python -m engine.bench verify` and `bandwidth` measure both).
+
+Measured where the order depends on the machine, through the one race (engine/platform/decisions.py
+`race`) and kept per machine (`cached`: a restart takes the same kernels, so gives the same bits):
+- fp32 one row where our kernel does not build: MKL's GEMV against oneDNN's packed copy, a few decode
+  steps through each; the packed copy must win by ONE_ROW_PACKED_IF (it costs memory). Where our
+  kernel builds it serves by rule: same bits at any row count, the weights read once for a batch;
+- weight-only layers holding both layouts: a decode step through ours and through torch's; torch's
+  only where it is KERNELS_MARGIN faster (ours are more precise);
+- torch's weight-only kernels' activation dtype (`weight_only_activations`, asked before a variant is
+  built: the layers are built in it): bf16 only where PROBE_MARGIN faster than the model's dtype.
+On the meta device nothing is measured: a plan for a declared device and capabilities (tests list a
+CUDA plan without a GPU). Tests inject a choice (`one_row=`, `weight_only=`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from engine.core.errors import LoadError, first_line
+from engine.kernels import catalogue, cpu_attention, cpu_gemm, cpu_layers, cpu_qdot, switches
+from engine.kernels.catalogue import Kernel
+from engine.kernels.cpu_gemm import plain_fp32_cpu
+from engine.model.loaded import DTYPE_NAMES
+from engine.platform import capabilities, decisions
+from engine.quant.weight_only import INT8_CUDA_CAVEAT, Int4WeightOnlyLinear, Int8WeightOnlyLinear, WeightOnlyLinear
+from engine.runtime import eager
+
+OURS_ROWS = 256  # our fp32 kernel serves a sequence of up to this many rows: every prompt chunk the scheduler makes
+PACKED_FP32_MAX = 128  # fp32 rows from 2 up to this through the packed copy; longer prefills through MKL
+ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
+KERNELS_MARGIN = 1.1  # torch's weight-only kernels only where a step through them is this much faster
+PROBE_MARGIN = 1.2  # bf16 activations only if torch's kernel is at least this much faster in them (they cost precision)
+ALL = 1 << 62  # a bucket's bound that every row count meets
+ROLES = ("qkv", "o", "gate_up", "down", "lm_head")
+ONE_ROW_NAMES = {"packed": "packed oneDNN weights", "gemv": "MKL GEMV", "ours": "our panel kernel"}
+_PROBE = (576, 1536)  # in, out features of the CPU's activation-dtype race: a SmolLM2-sized projection
+_PROBE_ROUNDS = 7
+probe_results: dict = {}  # (kernel, device type, dtype name) -> µs of one probe matmul, or the error (bench quant)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One choice the plan made: what, which, where from ('rule ...', 'measured', 'cached (DATE)',
+    'injected', 'default'), and the figures behind it (a race's medians)."""
+
+    what: str
+    choice: str
+    source: str
+    measured: Mapping | None = None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "measured": dict(self.measured) if self.measured else None}
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """One projection role's kernels: (max rows of ONE sequence, kernel), ascending; the last serves all.
+    `exact`: a plain fp32 Linear, whose rows must get the same bits whoever shares the forward."""
+
+    buckets: tuple[tuple[int, Kernel], ...]
+    exact: bool = False
+
+    def kernel(self, rows: int) -> Kernel:
+        for most, kernel in self.buckets:
+            if rows <= most:
+                return kernel
+        return self.buckets[-1][1]
+
+    def per_sequence(self, kernel: Kernel) -> bool:
+        """Whether a batched forward calls `kernel` once per sequence (not row-invariant, exact role)."""
+        return self.exact and not kernel.row_invariant
+
+    def describe(self) -> list:
+        return [[None if most >= ALL else most, kernel.short] for most, kernel in self.buckets]
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str  # 'cpu', 'cuda', ...: the device the plan is for
+    weights: str  # the variant's name ('fp32', 'int4wo+head', ...)
+    runner: str  # 'fast' (our forward) | 'transformers' (the generic forward)
+    linears: Mapping[str, LinearPlan]
+    attention: str  # decode rows' attention: 'ours-cpu' | 'sdpa' | 'transformers'
+    layer_loop: str  # 'cpp' | 'python' | 'transformers'
+    cpp_rows: int  # a forward whose sequences have at most this many rows runs the C++ loop (0: never)
+    step_modes: Mapping[str, str | None]  # 'eager', 'static', 'inductor', 'cuda_graph' -> None (can serve) or why not
+    decisions: tuple[Decision, ...] = ()
+    reasons: Mapping[str, str] = field(default_factory=dict)  # why not, for engine info: attention, layer_loop, ...
+
+    @property
+    def compiled_mode(self) -> str:
+        """What the compiled-step toggle runs on this device: Inductor's graph on CPU, CUDA graphs on a GPU."""
+        return "cuda_graph" if self.device == "cuda" else "inductor"
+
+    @property
+    def compiled_reason(self) -> str | None:
+        """Why the compiled-step toggle cannot serve these weights here (None: it can)."""
+        return self.step_modes[self.compiled_mode]
+
+    def decision(self, what: str) -> Decision | None:
+        return next((d for d in self.decisions if d.what == what), None)
+
+    @property
+    def one_row(self) -> str | None:
+        """The fp32 one-row choice ('ours', 'packed', 'gemv'; None: no plain fp32 projection here)."""
+        d = self.decision("fp32 one-row")
+        return d.choice if d else None
+
+    def used(self, rows: int) -> str:
+        """The kernels the projections (blocks and head) run on for a sequence of `rows` rows, by short
+        name ('ours-fp32', or 'wo-ours+aten' where the head differs): engine info and timelines."""
+        if self.runner == "transformers":
+            return "transformers"
+        return "+".join(dict.fromkeys(self.linears[r].kernel(rows).short for r in ROLES))
+
+    def for_reply(self, prefill_rows: int, mode: str = "eager") -> dict:
+        """A reply's timeline (`counters["kernels"]`): what its prefill and its decode steps ran on."""
+        decode = self.used(1)
+        if mode == "compiled":
+            decode = ("CUDA graph replay of the static step (engine/runtime/cuda_graph.py)" if self.device == "cuda"
+                      else "compiled graph (engine/runtime/compiled.py)")
+        return {"prefill": self.used(max(1, prefill_rows)), "decode": decode}
+
+    @property
+    def attention_text(self) -> str:
+        if self.attention == cpu_attention.PLAN_NAME:
+            return cpu_attention.NAME
+        return f"{cpu_attention.SDPA} ({self.reasons.get('attention', self.attention)})"
+
+    @property
+    def layer_loop_text(self) -> str:
+        return cpu_layers.NAME if self.layer_loop == "cpp" else f"{cpu_layers.PYTHON} ({self.reasons.get('layer_loop')})"
+
+    @property
+    def compiled_machine_reason(self) -> str | None:
+        """Why no variant of this model can take the compiled step on this machine (the toggle is off)."""
+        return self.reasons.get("compiled_machine")
+
+    @property
+    def weight_only_text(self) -> str | None:
+        """What the weight-only layers decode with (None: there are none)."""
+        return self.reasons.get("weight_only")
+
+    def notes(self) -> list[str]:
+        """The measured or ruled choices in one line each (load notes, bench bandwidth)."""
+        out = []
+        d = self.decision("fp32 one-row")
+        if d:
+            m = d.measured or {}
+            if not m.get("gemv_ms"):
+                out.append(f"fp32 one-row matmuls: {ONE_ROW_NAMES[d.choice]} ({d.source})")
+            else:
+                ours = f", {m['ours_ms']} ms ours" if m.get("ours_ms") is not None else ""
+                out.append(f"fp32 one-row matmuls: {ONE_ROW_NAMES[d.choice]} (a step {m['packed_ms']} ms packed, "
+                           f"{m['gemv_ms']} ms GEMV{ours}, measured with {m['threads']} threads; {d.source})")
+        d = self.decision("weight-only kernels")
+        if d:
+            m = d.measured or {}
+            figures = f"a step {m['ours_ms']} ms ours, {m['torch_ms']} ms torch's; " if m.get("ours_ms") else ""
+            out.append(f"decode kernels: {d.choice} ({figures}{d.source})")
+        return out
+
+    def describe(self) -> dict:
+        """Engine info's `kernels`: what serves a prompt and a decode step, the plan behind it, what each
+        short name means, and each kernel switch (engine/kernels/switches.py)."""
+        d = self.decision("fp32 one-row")
+        one_row = {"choice": d.choice, "source": d.source, **(d.measured or {})} if d else \
+            {"choice": None, "source": "no plain fp32 projection on CPU"}
+        return {"prefill": self.used(64), "decode": self.used(1), "one_row": one_row,
+                "names": {k.short: k.what for k in Kernel}, "switches": switches.describe(),
+                "device": self.device, "weights": self.weights, "attention": self.attention,
+                "layer_loop": self.layer_loop, "cpp_rows": self.cpp_rows,
+                "linears": {role: lp.describe() for role, lp in self.linears.items()},
+                "step_modes": dict(self.step_modes), "decisions": [d.to_dict() for d in self.decisions]}
+
+
+def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None = None,
+              one_row: str | None = None, weight_only: str | None = None) -> Plan:
+    """The plan for `model` (FastLlama or the transformers module) on `device` (default: where its
+    weights are) with capabilities `caps` (default: detected), measured choices kept in `cache_dir`.
+    `weights`: the variant's name; `one_row` / `weight_only`: injected choices (tests, benches)."""
+    device = torch.device(device) if device is not None else model.device
+    caps = caps or capabilities.detect()
+    dev, weights = device.type, weights or DTYPE_NAMES_BY.get(model.dtype, str(model.dtype))
+    if not hasattr(model, "blocks"):  # the generic transformers forward (engine/runtime/hf.py)
+        why = "the compiled step needs our Llama-family forward; this model runs the generic transformers one"
+        return Plan(dev, weights, "transformers", {}, "transformers", "transformers", 0,
+                    {"eager": None, "static": why, "inductor": why, "cuda_graph": why}, (), {"compiled_machine": why})
+    roles = {"qkv": [b.qkv for b in model.blocks], "o": [b.o for b in model.blocks],
+             "gate_up": [b.gate_up for b in model.blocks], "down": [b.down for b in model.blocks],
+             "lm_head": [model.lm_head]}
+    mods = [m for ms in roles.values() for m in ms]
+    measurable = dev == "cpu" and model.device.type == "cpu"  # nothing is timed on meta, nor for another device
+    ours_builds = dev == "cpu" and any(plain_fp32_cpu(m) for m in mods) and cpu_gemm.available()
+    made: list[Decision] = []
+
+    def table(one: str | None, wo: str | None) -> dict[str, LinearPlan]:
+        plans = {}
+        for role, ms in roles.items():
+            kinds = {_linear_plan(m, dev, caps, one, wo, ours_builds) for m in ms}
+            if len(kinds) != 1:
+                raise ValueError(f"the {role} projections are not all of one kind; the plan names one kernel a role")
+            plans[role] = kinds.pop()
+        return plans
+
+    one = _one_row(model, dev, caps, mods, one_row, ours_builds, measurable, cache_dir, table)
+    if one is not None:
+        made.append(one)
+    wo_layers = [m for m in mods if isinstance(m, WeightOnlyLinear)]
+    w8a = [m for m in wo_layers if getattr(m, "int8_activations", False)]
+    wo = _weight_only(model, dev, wo_layers, weight_only, measurable, cache_dir, one.choice if one else None, table)
+    if wo is not None:
+        made.append(wo)
+    if len(wo_layers) > len(w8a):
+        dtypes = sorted({DTYPE_NAMES_BY[m.compute_dtype] for m in wo_layers if m not in w8a})
+        made.append(Decision("weight-only activations", "+".join(dtypes), "told at build (weight_only_activations)"))
+    if w8a:
+        forms = "+".join(dict.fromkeys(m.isa or "torch reference" for m in w8a))
+        made.append(Decision("w8a kernel form", forms, "rule (the capabilities; told at build: cpu_qdot.choose_isa)"))
+    linears = table(one.choice if one else None, wo.choice if wo else None)
+    reasons: dict[str, str] = {}
+    attention = _attention(model, dev, reasons)
+    reasons["layer_loop"] = _layer_loop_reason(model, dev, linears)
+    cpp_rows = linears["qkv"].buckets[0][0] if reasons["layer_loop"] is None else 0
+    reasons["weight_only"] = _weight_only_text(wo_layers, linears, wo, dev)
+    modes, reasons["compiled_machine"] = _step_modes(model, dev, caps, mods)
+    reasons = {k: v for k, v in reasons.items() if v}
+    return Plan(dev, weights, "fast", linears, attention, "cpp" if cpp_rows else "python", cpp_rows, modes,
+                tuple(made), reasons)
+
+
+def _layer_loop_reason(model, dev, linears) -> str | None:
+    """Why the layers run in Python (None: in one C++ call, for rows up to the first bucket's bound): the
+    loop takes every projection as a plain fp32 Linear on our fp32 kernel, or as a w8a layer of one kind
+    and form on our integer kernels (cpu_layers.loop_kind)."""
+    blocks = [linears[r] for r in ROLES[:4]]
+    if dev != "cpu":
+        return f"our kernels run on CPU; this plan is for {dev}"
+    if cpu_layers.loop_kind(model) is None:
+        return ("a projection is not a plain fp32 Linear nor a w8a layer of one form our kernels serve "
+                "(quantized, bf16, GPU)")
+    if any(lp.buckets[0][1] not in (Kernel.OURS_FP32, Kernel.WO_INT8ACT) or lp != blocks[0] for lp in blocks):
+        return f"the kernel decision sends one-row products to {blocks[0].kernel(1).short}, not our kernel"
+    return cpu_layers.unavailable_reason()
+
+
+DTYPE_NAMES_BY = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+def _is_bnb(m) -> bool:
+    return type(m).__module__.startswith(("bitsandbytes", "engine.quant.bnb"))
+
+
+def _linear_plan(m, dev, caps, one_row, wo, ours_builds) -> LinearPlan:
+    """The table (module docstring) for one projection."""
+    if getattr(m, "int8_activations", False):  # engine/quant/w8a.py: CPU only; its rows get their alone bits
+        if dev != "cpu":
+            return LinearPlan(((ALL, Kernel.WO_INT8ACT),), exact=True)
+        return LinearPlan(((OURS_ROWS, Kernel.WO_INT8ACT), (ALL, Kernel.WO_DEQUANT_FP32)), exact=True)
+    if isinstance(m, WeightOnlyLinear):
+        kernel = Kernel.WO_OURS if dev == "cpu" and m.has_ours and wo == "ours" else Kernel.WO_TORCH
+        return LinearPlan(((ALL, kernel),))
+    if _is_bnb(m):
+        return LinearPlan(((ALL, Kernel.BNB),))
+    if type(m) is not nn.Linear or dev != "cpu":
+        return LinearPlan(((ALL, Kernel.ATEN),))
+    dtype = m.weight.dtype
+    if dtype == torch.float32:
+        if one_row == "ours" and ours_builds and plain_fp32_cpu(m):
+            return LinearPlan(((OURS_ROWS, Kernel.OURS_FP32), (ALL, Kernel.ATEN)), exact=True)
+        if not caps.packed_fp32_weights:
+            return LinearPlan(((ALL, Kernel.ATEN),), exact=True)
+        if one_row == "packed":
+            return LinearPlan(((PACKED_FP32_MAX, Kernel.ONEDNN_PACKED), (ALL, Kernel.ATEN)), exact=True)
+        return LinearPlan(((1, Kernel.ATEN), (PACKED_FP32_MAX, Kernel.ONEDNN_PACKED), (ALL, Kernel.ATEN)), exact=True)
+    if dtype == torch.bfloat16:
+        first = Kernel.ATEN_NO_ONEDNN if torch.backends.mkldnn.is_available() else Kernel.ATEN
+        return LinearPlan(((2, first), (ALL, Kernel.ONEDNN_PACKED if caps.packed_bf16_weights else Kernel.ATEN)))
+    return LinearPlan(((ALL, Kernel.ATEN),))
+
+
+def _model_shape(model) -> list:
+    cfg = model.config
+    return [getattr(cfg, a, None) for a in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                            "num_attention_heads", "num_key_value_heads", "vocab_size")]
+
+
+def _one_row(model, dev, caps, mods, injected, ours_builds, measurable, cache_dir, table) -> Decision | None:
+    """The fp32 one-row decision (None: no plain fp32 projection on CPU)."""
+    what = "fp32 one-row"
+    if injected is not None:
+        if injected not in ONE_ROW_NAMES:
+            raise ValueError(f"one_row must be one of {sorted(ONE_ROW_NAMES)}, not {injected!r}")
+        return Decision(what, injected, "injected")
+    if dev != "cpu" or not any(type(m) is nn.Linear and m.weight.dtype == torch.float32 for m in mods):
+        return None
+    if ours_builds:
+        return Decision(what, "ours", "rule (our kernel builds here)")
+    if not caps.packed_fp32_weights or not measurable or catalogue.packed_weight(model.lm_head) is None:
+        return Decision(what, "gemv", "rule (no packed fp32 copy to race MKL's GEMV against)" if measurable
+                        else "default (nothing is measured for this device)")
+    names = ["gemv", "packed"]
+    key = {**decisions.machine_key(), "model_shape": _model_shape(model), "candidates": names}
+    decision, source = decisions.cached(cache_dir, "kernel-plans", key, lambda: race_one_row(model, table, names),
+                                        valid=lambda d: d.get("one_row") in names)
+    return Decision(what, decision["one_row"], source, decision.get("measured"))
+
+
+@torch.inference_mode()
+def race_one_row(model, table, names, rounds: int = 5, steps: int = 2) -> dict:
+    """A few one-token decode steps through each one-row choice of `names`, alternating (the one race);
+    the packed copy only with a ONE_ROW_PACKED_IF lead over GEMV; ours only where it beats the best."""
+    plans = {n: _race_plan(model, table(n, "ours")) for n in names}
+    prompt = 32
+    cache = model.new_cache(prompt + steps + 2)
+    eager.forward(model, plans[names[0]], [torch.arange(prompt, device=model.device) % model.vocab_size], [cache])
+
+    def steps_through(name):
+        return lambda: [eager.forward(model, plans[name], [[7]], [cache]) for _ in range(steps)]
+
+    r = decisions.race({n: steps_through(n) for n in names}, rounds, model.device, prepare=lambda n: cache.crop(prompt))
+    ratio = r.ratio("packed", "gemv")
+    best = "packed" if ratio <= ONE_ROW_PACKED_IF else "gemv"
+    if "ours" in names and r.ratio("ours", best) < 1.0:
+        best = "ours"  # only where a caller races ours too (the plan takes it by rule)
+    ms = {f"{p}_ms": round(r.median(p) / steps * 1e3, 2) if p in names else None for p in ("packed", "gemv", "ours")}
+    return {"one_row": best, "measured": {"threads": torch.get_num_threads(), **ms, "ratio": round(ratio, 3)}}
+
+
+def _race_plan(model, linears) -> Plan:
+    """A plan that runs `linears` in the Python layer loop: what a race times (eager.forward reads it)."""
+    attention = cpu_attention.PLAN_NAME if _attention(model, "cpu", {}) == cpu_attention.PLAN_NAME else "sdpa"
+    return Plan("cpu", "race", "fast", linears, attention, "python", 0, {"eager": None})
+
+
+def _weight_only(model, dev, layers, injected, measurable, cache_dir, one_row, table) -> Decision | None:
+    """Ours or torch's kernels for weight-only layers holding both layouts (None: nothing to choose)."""
+    what = "weight-only kernels"
+    both = [m for m in layers if m.has_ours]
+    if not both or dev != "cpu":
+        return None
+    if injected is not None:
+        if injected not in ("ours", "torch"):
+            raise ValueError(f"weight_only must be 'ours' or 'torch', not {injected!r}")
+        return Decision(what, injected, "injected")
+    if not measurable:
+        return Decision(what, "ours", "default (nothing is measured for this device)")
+    kinds = sorted({f"{type(m).__name__}:{m.in_features}x{m.out_features}:{m.compute_dtype}" for m in both})
+    key = {**decisions.machine_key(), "model_shape": _model_shape(model), "weight_only": kinds, "layers": len(both)}
+    decision, source = decisions.cached(cache_dir, "weight-only-kernels", key,
+                                        lambda: race_weight_only(model, table, one_row),
+                                        valid=lambda d: d.get("kernels") in ("ours", "torch"))
+    measured = {k: v for k, v in decision.items() if k != "kernels"}
+    return Decision(what, decision["kernels"], source, measured)
+
+
+@torch.inference_mode()
+def race_weight_only(model, table, one_row, rounds: int = 3, steps: int = 2) -> dict:
+    """A decode step through our weight-only kernels and through torch's, alternating (the one race);
+    torch's kept only with a KERNELS_MARGIN lead."""
+    plans = {w: _race_plan(model, table(one_row, w)) for w in ("ours", "torch")}
+    prompt = 16
+    cache = model.new_cache(prompt + steps + 2)
+    eager.forward(model, plans["ours"], [torch.arange(prompt, device=model.device) % model.vocab_size], [cache])
+
+    def steps_through(w):
+        return lambda: [eager.forward(model, plans[w], [[7]], [cache]) for _ in range(steps)]
+
+    r = decisions.race({w: steps_through(w) for w in plans}, rounds, model.device, prepare=lambda w: cache.crop(prompt))
+    torch_over_ours = r.ratio("torch", "ours")
+    return {"kernels": "ours" if torch_over_ours * KERNELS_MARGIN >= 1.0 else "torch",
+            **{f"{w}_ms": round(r.median(w) / steps * 1e3, 2) for w in ("ours", "torch")}}
+
+
+def _attention(model, dev, reasons) -> str:
+    if dev != "cpu" or model.dtype != torch.float32:
+        reasons["attention"] = "our kernel serves fp32 caches on CPU"
+        return "sdpa"
+    why = cpu_attention.shape_reason(model.n_heads, model.n_kv_heads, model.head_dim) or \
+        cpu_attention.unavailable_reason()
+    if why:
+        reasons["attention"] = why
+        return "sdpa"
+    return cpu_attention.PLAN_NAME
+
+
+def _step_modes(model, dev, caps, mods) -> tuple[dict, str | None]:
+    """Which step modes can serve (None) and why not, and why no variant could take the compiled step
+    on this machine (None: some could)."""
+    machine = None
+    if dev == "cpu" and not caps.cpp_compiler:
+        machine = "torch.compile needs a C++ compiler on CPU (g++, or $CXX); none was found"
+    kinds = sorted({type(m).__name__ for m in mods if _is_bnb(m)})
+    weights = None
+    if kinds:
+        weights = f"the compiled step does not trace {', '.join(kinds)} layers (bitsandbytes); pick int8wo or int4wo"
+    elif dev == "cpu" and model.dtype == torch.bfloat16 and any(type(m) is nn.Linear for m in mods):
+        weights = ("a bf16 model's plain linears take their one-row matmuls on CPU with oneDNN switched off, "
+                   "which a compiled graph cannot do; pick a variant whose every linear is weight-only "
+                   "(int8wo+head, int4wo+head) or fp32 weights")
+    return {"eager": None,
+            "static": None if dev == "cuda" else "the static step serves one-token steps on a GPU; on CPU the eager "
+                                                 "forward keeps its exact per-sequence attention",
+            "inductor": (machine or weights) if dev == "cpu" else "on a GPU the compiled step is CUDA graphs",
+            "cuda_graph": (machine or weights) if dev == "cuda" else "CUDA graphs need a CUDA device"}, machine
+
+
+def _weight_only_text(layers, linears, wo: Decision | None, dev: str) -> str:
+    """What the weight-only layers decode with, for engine info ('' where there are none)."""
+    if not layers:
+        return ""
+    w8a = [m for m in layers if getattr(m, "int8_activations", False)]
+    if w8a:  # engine/quant/w8a.py: the form each was told
+        return ("int8 activations per block of 32: " + "; ".join(
+            f"our integer kernels, {i}: {cpu_qdot.ISAS[i][2]}" if i else cpu_qdot.REFERENCE
+            for i in dict.fromkeys(m.isa for m in w8a)) + " (engine/kernels/cpu_qdot.py)")
+    kernels = {linears[r].kernel(1) for r in ROLES if linears[r].kernel(1) in (Kernel.WO_OURS, Kernel.WO_TORCH)}
+    if kernels == {Kernel.WO_OURS}:
+        return cpu_gemm.NAME
+    if wo is not None and wo.choice == "torch" and all(m.has_ours for m in layers):
+        m = wo.measured or {}
+        return (f"torch's weight-only kernels: a decode step measured faster through them here "
+                f"({m.get('torch_ms')} ms against ours {m.get('ours_ms')} ms; {wo.source})")
+    if dev != "cpu" and any(isinstance(m, Int8WeightOnlyLinear) for m in layers):
+        return f"int8: F.linear over the weights cast to the activations' dtype (gpt-fast's form); {INT8_CUDA_CAVEAT}"
+    why = (cpu_gemm.unavailable_reason() if dev == "cpu" else "they run on CPU only") or "a layer's shape"
+    return f"torch's weight-only kernels; ours not used: {why}"
+
+
+# --- the weight-only kernels' activation dtype: decided before a variant is built -------------------------
+def weight_only_activations(method: str, device, model_dtype: torch.dtype,
+                            shapes: tuple[tuple[int, int], ...] | None = None, cache_dir=None) -> torch.dtype:
+    """The activation dtype torch's `method` kernel ('int8wo' or 'int4wo') runs in, for a model in
+    `model_dtype` whose weight-only layers have `shapes` ((in, out) each; quantize.weight_only_shapes).
+
+    CPU: bf16 or the model's dtype, whichever the kernel is faster in on this machine — raced once per
+    machine and cached in `cache_dir`, unless capabilities `weight_only_activations` forces 'bf16' or
+    'model'. CUDA: the model's dtype for int8; bf16 for int4 (the only one its kernel takes), checked on
+    each of `shapes`: the packer's tile layout depends on the shape, so a probe of another shape says
+    nothing (576 inputs, SmolLM2's, fail it). Raises LoadError if the kernel gives wrong results or fails
+    in every candidate dtype."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        candidates = (torch.bfloat16,) if method == "int4wo" else (model_dtype,)
+        probe_shapes = tuple(sorted(set(shapes))) if shapes else (_PROBE,)
+    else:
+        choice = capabilities.detect().weight_only_activations
+        candidates = {"model": (model_dtype,), "bf16": (torch.bfloat16,)}.get(
+            choice, tuple(dict.fromkeys((torch.bfloat16, model_dtype))))
+        probe_shapes = (_PROBE,)
+    return _activations(method, device.type, candidates, probe_shapes, cache_dir)
+
+
+@functools.lru_cache(maxsize=None)
+def _layers_for(method: str, device_type: str, candidates, shapes) -> tuple[dict, dict, torch.Tensor | None]:
+    """Probe layers of `method` in each candidate dtype, checked against the dequantized weights: (layers
+    that agree, by dtype; errors, by dtype name; the probe input)."""
+    cls = {"int8wo": Int8WeightOnlyLinear, "int4wo": Int4WeightOnlyLinear}[method]
+    gen = torch.Generator().manual_seed(0)
+    layers, errors, x = {}, {}, None
+    for dt in candidates:
+        try:
+            for k, n in reversed(shapes):  # the first last: it is the one timed
+                linear = nn.Linear(k, n, bias=False)
+                linear.weight.data = (torch.randn(n, k, generator=gen) * 0.02).to(device_type)
+                x = torch.randn(1, k, generator=gen).to(device_type)
+                layer = cls.from_linear(linear, compute_dtype=dt, keep_unpacked=True, ours_layout=False)
+                want = x @ layer.dequantized().T
+                got = layer.torch_product(x).float()
+                err = float((got - want).abs().max() / want.abs().max())
+                if not err < 0.05:  # bf16 activations: ~1e-2 relative; a broken kernel: far more (or NaN)
+                    raise RuntimeError(f"wrong results on {k} -> {n} (relative error {err:.2g})")
+            layers[dt] = layer
+        except Exception as exc:  # noqa: BLE001 - a kernel that fails here is refused with its reason
+            errors[DTYPE_NAMES_BY[dt]] = f"{type(exc).__name__}: {first_line(exc)}"
+    return layers, errors, x
+
+
+def _activations(method, device_type, candidates, shapes, cache_dir) -> torch.dtype:
+    layers, errors, x = _layers_for(method, device_type, candidates, shapes)
+    for name, error in errors.items():
+        probe_results[(method, device_type, name)] = error
+    if not layers:
+        raise LoadError(f"torch's {method} kernel cannot run on this {device_type} ("
+                        + "; ".join(f"{d}: {e}" for d, e in errors.items())
+                        + "); pick int8 or nf4 (bitsandbytes) or an unquantized dtype")
+    if len(layers) == 1:
+        return next(iter(layers))
+    names = [DTYPE_NAMES_BY[dt] for dt in layers]
+    key = {**decisions.machine_key(), "kernel": method, "device": device_type, "candidates": names,
+           "shapes": [list(s) for s in shapes]}
+    decision, _ = decisions.cached(cache_dir, "weight-only-activations", key, lambda: _race_activations(layers, x),
+                                   valid=lambda d: d.get("dtype") in names)
+    for name, us in decision.get("us", {}).items():
+        probe_results[(method, device_type, name)] = us
+    return DTYPE_NAMES[decision["dtype"]]
+
+
+@torch.inference_mode()
+def _race_activations(layers: dict, x: torch.Tensor) -> dict:
+    """One probe matmul per candidate dtype, alternating, one thread (on a shared, busy CPU a second
+    thread mostly measures its waits), each after an untimed warm call; the least disturbed run counts.
+    The first candidate (bf16) only where it clearly wins: a tie keeps precision."""
+    names = {DTYPE_NAMES_BY[dt]: layer for dt, layer in layers.items()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = decisions.race({n: functools.partial(layer.torch_product, x) for n, layer in names.items()},
+                           _PROBE_ROUNDS, x.device, warmup=0, prepare=lambda n: names[n].torch_product(x))
+    finally:
+        torch.set_num_threads(threads)
+    best = {n: r.best(n) for n in names}
+    first, *others = names
+    rest = min(others, key=best.get) if others else None
+    dtype = first if rest is None or best[first] * PROBE_MARGIN < best[rest] else rest
+    return {"dtype": dtype, "us": {n: round(t * 1e6, 1) for n, t in best.items()}}
