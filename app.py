@@ -51,10 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 
             backends = {"paced test source": PacedSource(args.paced_source)}
         else:
-            from engine.serving.service import Engine
+            from engine.lab import open_engine
 
-            backends = build_backends(
-                args, lambda: Engine.load(load_config_from_args(args), max_queue=args.max_queue))
+            backends = build_backends(args, lambda: open_engine(load_config_from_args(args), max_queue=args.max_queue))
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code(exc)

@@ -130,13 +130,13 @@ def _write_trace(path: str | None, timelines: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from engine.serving.service import Engine
+    from engine.lab import open_engine
 
     try:
         gen = generation_config_from_args(args)
         if args.prompt is not None and not args.prompt.strip():
             raise InvalidRequest("the prompt is empty: pass a message, or no argument for a chat", "prompt")
-        engine = Engine.load(load_config_from_args(args, progress=not args.json))
+        engine = open_engine(load_config_from_args(args, progress=not args.json))
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code(exc)

@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        from engine.serving.service import Engine
+        from engine.lab import open_engine
 
-        backends = build_backends(args, lambda: Engine.load(load_config_from_args(args), max_queue=args.max_queue))
+        backends = build_backends(args, lambda: open_engine(load_config_from_args(args), max_queue=args.max_queue))
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code(exc)

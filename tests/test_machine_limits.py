@@ -91,7 +91,9 @@ def test_the_api_the_page_and_bench_bandwidth_divide_by_the_one_cached_limit(tin
                               "matmul_tflops": {"fp32": 0.05, "bf16": 0.1}})
     machine_limits.save(tmp_path, limits)
     monkeypatch.setattr(machine_limits, "measure", lambda *a, **kw: pytest.fail("the cached probe must serve"))
-    engine = Engine(tiny, machine_limits=machine_limits.load_or_measure(tmp_path, "cpu", ("fp32",)))
+    from engine.lab import attach
+
+    engine = attach(Engine(tiny), machine_limits.load_or_measure(tmp_path, "cpu", ("fp32",)))
     try:
         done = engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=6),
                                prompt_ids=list(range(100, 110)))

@@ -7,8 +7,10 @@ import pytest
 
 from engine.core.config import GenerationConfig
 from engine.core.timeline import Timeline
+from engine.lab import attach
 from engine.measure import machine_limits, roofline
 from engine.measure.machine_limits import MachineLimits
+from engine.serving import work
 from engine.serving.service import Engine
 
 # Per layer: q 64×64, k and v 64×32 each, o 64×64 = 12,288; MLP 3 × 64×128 = 24,576 → 36,864; ×2 layers.
@@ -22,20 +24,20 @@ LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", c
 
 
 def test_shape_and_hand_counted_flops(tiny):
-    shape = roofline.ModelShape.of(tiny.model)
+    shape = work.ModelShape.of(tiny.model)
     assert shape.layer_matmul_params == LAYER_PARAMS and shape.lm_head_params == LM_HEAD
     assert shape.kv_bytes_per_token(4) == KV_PER_TOKEN
     # 10 new tokens after 0 cached attend to 1+…+10 = 55 keys; attention 4 × 2 layers × 4 heads × 16 × 55
-    assert roofline.prefill_flops(shape, 10) == 2 * LAYER_PARAMS * 10 + 2 * LM_HEAD + 28_160 == 7_794_176
+    assert work.prefill_flops(shape, 10) == 2 * LAYER_PARAMS * 10 + 2 * LM_HEAD + 28_160 == 7_794_176
     # 3 new tokens after 5 cached attend to 6 + 7 + 8 = 21 keys
-    assert roofline.prefill_flops(shape, 3, 5) == 2 * LAYER_PARAMS * 3 + 2 * LM_HEAD + 4 * 2 * 4 * 16 * 21
+    assert work.prefill_flops(shape, 3, 5) == 2 * LAYER_PARAMS * 3 + 2 * LM_HEAD + 4 * 2 * 4 * 16 * 21
     # 4 steps after a 10-token prompt, 5 output tokens: contexts 11, 12, 13, 14 = 4 × (10 + 5/2)
-    assert roofline.decode_bytes(WEIGHT_BYTES, KV_PER_TOKEN, 4, 10, 5) == 4 * WEIGHT_BYTES + KV_PER_TOKEN * 50
+    assert work.decode_bytes(WEIGHT_BYTES, KV_PER_TOKEN, 4, 10, 5) == 4 * WEIGHT_BYTES + KV_PER_TOKEN * 50
 
 
 @pytest.mark.parametrize("max_batch", [1, 4])  # the batching worker (the app's default) once left them all null
 def test_a_reply_carries_its_fractions(tiny, max_batch):
-    engine = Engine(tiny, machine_limits=LIMITS, max_batch=max_batch)
+    engine = attach(Engine(tiny, max_batch=max_batch), LIMITS)  # the limits, as the entry point attaches them
     try:
         done = engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=6),
                                prompt_ids=list(range(100, 110)))
@@ -118,7 +120,7 @@ def test_stats_line_dashes_unknowns_and_flags_fractions_above_the_roof():
 def test_a_head_variant_reads_the_untied_embedding_one_row_a_step(tiny):
     """`+head` gives lm_head its own quantized copy: a step then reads one row of the embedding,
     not all of it (the page once showed 201 MB a token for a 96 MB step)."""
-    engine = Engine(tiny, machine_limits=LIMITS)
+    engine = attach(Engine(tiny), LIMITS)
     try:
         done = engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=6, quantization="int8wo+head"),
                                prompt_ids=list(range(100, 110)))
@@ -137,7 +139,7 @@ def _cuda_limits(**kw):
 
 
 def _done_timeline(tiny):
-    engine = Engine(tiny)  # no limits: the worker's own annotation leaves the roofs unknown
+    engine = Engine(tiny)  # no limits attached: the worker counts the work, the roofs stay unknown
     try:
         return engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=6),
                                prompt_ids=list(range(100, 110))).timeline

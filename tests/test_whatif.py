@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.measure import whatif
-from engine.measure.roofline import ModelShape, prefill_flops
+from engine.serving.work import ModelShape, prefill_flops
 
 SHAPE = ModelShape(layers=4, heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=256, vocab=1000)
 REPLY = {"prefill_tokens": 50, "cached_tokens": 10, "prefill_ms": 140.0, "ttft_ms": 150.0, "tpot_ms": 40.0,

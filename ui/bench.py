@@ -321,9 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.scenario == "rate" or args.paced_source:
         engine = PacedSource(args.paced_source or 100.0, markdown=args.markdown_text)
     else:
-        from engine.serving.service import Engine
+        from engine.lab import open_engine
 
-        engine = Engine.load(load_config_from_args(args, progress=False))
+        engine = open_engine(load_config_from_args(args, progress=False))
     try:
         with BackgroundServer(create_app(engine)) as url, sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException
 
 from engine.core.errors import LatencyLabError
 from engine.measure import whatif
-from engine.measure.roofline import ModelShape
+from engine.serving.work import ModelShape
 
 from . import engine_info, replay, whatif_view
 from .ab_stats import token_ids

@@ -62,8 +62,8 @@ def limits_device(limits) -> str:
 
 
 def bytes_read_per_step(model, context: int) -> int:
-    """Weight bytes a decode step reads (roofline.step_weight_bytes), plus the KV at `context`."""
-    from engine.measure.roofline import ModelShape, step_weight_bytes
+    """Weight bytes a decode step reads (work.step_weight_bytes), plus the KV at `context`."""
+    from engine.serving.work import ModelShape, step_weight_bytes
 
     element = getattr(model, "dtype", torch.float32).itemsize
     return step_weight_bytes(model) + ModelShape.of(model).kv_bytes_per_token(element) * context

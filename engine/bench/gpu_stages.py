@@ -319,7 +319,7 @@ def variants(ctx: Context, time_left) -> dict:
     bundled shape): refused (the reason), or built and its decode step timed against the base's,
     with its weight bytes and the device memory it took. One variant at a time (dropped after)."""
     from engine.core.errors import LoadError
-    from engine.measure.roofline import step_weight_bytes
+    from engine.serving.work import step_weight_bytes
     from engine.bench import Stepper, runner_for
     from engine.quant.quantize import METHODS
     from engine.serving.variants import build, precheck

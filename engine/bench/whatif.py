@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import statistics
 
-from engine.measure.roofline import ModelShape
 from engine.measure.whatif import longer_messages, predict
+from engine.serving.work import ModelShape
 
 
 def add_args(p) -> None:
@@ -21,9 +21,9 @@ def add_args(p) -> None:
 def run(args, out) -> dict:
     from engine.cli import load_config_from_args
     from engine.core.config import GenerationConfig
-    from engine.serving.service import Engine
+    from engine.lab import open_engine
 
-    engine = Engine.load(load_config_from_args(args, progress=False))
+    engine = open_engine(load_config_from_args(args, progress=False))
     try:
         shape = ModelShape.of(engine.loaded.model)
         cfg = GenerationConfig(temperature=0.0, max_new_tokens=8, kv_reuse=False)

@@ -1,111 +1,27 @@
 """The roofline of one reply: how close prefill came to the matmul peak, and decode to the read bandwidth.
 
-Prefill does the work of a few big matmuls, so its measure is FLOP/s:
-    prefill FLOP = 2 × layer matmul parameters × prefill tokens      (every projection, every new token)
-                 + 2 × lm_head parameters × 1                          (logits of the last position only)
-                 + 4 × layers × heads × head_dim × Σ attended keys    (QKᵀ and A·V; token i of n, after
-                                                                        c cached, attends to c + i keys)
-Decode reads every weight once per step, plus the KV cache written so far:
-    decode bytes = steps × step weight bytes + KV bytes per token × Σ context per step
-    step weight bytes: every weight, but an embedding that is not also lm_head (a `+head` variant
-    gives lm_head its own quantized copy) is read one row per token, not whole
-    with Σ context = steps × (prompt tokens + output tokens / 2)      (exact for one token per step)
-`steps` are the target model's decode forward passes (a speculative step yields several tokens).
-The Timeline turns these into `prefill_tflops`, `prefill_compute_fraction`, `decode_gbps` and
-`decode_bandwidth_fraction` against the measured limits (machine_limits.py) of the device the model
-runs on: on CUDA the GPU's (its HBM read GB/s, its matmul peak in the model's compute dtype, bf16 or
-fp16 on the tensor cores), never the host's. Limits probed on another device than the model's are
-not used (`limits_for`): the fractions stay unknown rather than divide GPU work by a CPU's roof.
+The runtime counts a reply's work (engine/serving/work.py: prefill FLOPs, decode steps and the bytes
+they read); this module stamps the machine's limits beside them, and the Timeline turns the two into
+`prefill_tflops`, `prefill_compute_fraction`, `decode_gbps` and `decode_bandwidth_fraction`. The
+limits are the measured ones (machine_limits.py) of the device the model runs on: on CUDA the GPU's
+(its HBM read GB/s, its matmul peak in the model's compute dtype, bf16 or fp16 on the tensor cores),
+never the host's. Limits probed on another device than the model's are not used (`limits_for`): the
+fractions stay unknown rather than divide GPU work by a CPU's roof.
+
+`Roofline` is the publisher the entry point registers on an Engine (engine/lab.py `attach`): the worker
+calls it as a reply finishes, before the done event goes out; it also re-probes (the page's button).
 """
 
 from __future__ import annotations
 
-import math
-import weakref
-from dataclasses import dataclass
+import logging
 
 from torch import nn
 
 from engine.core.timeline import Timeline
-from engine.model.loaded import weight_bytes
+from engine.serving.work import record
 
-GATED_MLP = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    gated_mlp: bool = True
-
-    @classmethod
-    def of(cls, model) -> ModelShape:
-        """From the model's transformers config (FastLlama and HFCausalLM both keep `.config`)."""
-        c = model.config
-        heads = c.num_attention_heads
-        hidden = c.hidden_size
-        return cls(layers=c.num_hidden_layers, heads=heads, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(c, "head_dim", None) or hidden // heads, hidden=hidden,
-                   intermediate=getattr(c, "intermediate_size", None) or 4 * hidden, vocab=c.vocab_size,
-                   gated_mlp=getattr(c, "model_type", "llama") in GATED_MLP)
-
-    @property
-    def layer_matmul_params(self) -> int:
-        """Weights of every projection in the layers (q, k, v, o and the MLP), all layers."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = self.hidden * (q + 2 * kv) + q * self.hidden
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
-        return self.layers * (attn + mlp)
-
-    @property
-    def lm_head_params(self) -> int:
-        return self.vocab * self.hidden
-
-    def kv_bytes_per_token(self, element_size: int) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * element_size
-
-
-def prefill_flops(shape: ModelShape, prefill_tokens: int, cached_tokens: int = 0) -> float:
-    n, c = prefill_tokens, cached_tokens
-    if n <= 0:
-        return 0.0
-    attended = n * c + n * (n + 1) // 2
-    return (2.0 * shape.layer_matmul_params * n + 2.0 * shape.lm_head_params
-            + 4.0 * shape.layers * shape.heads * shape.head_dim * attended)
-
-
-_step_bytes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> step weight bytes
-
-
-def step_weight_bytes(model: nn.Module) -> int:
-    """Weight bytes one decode step reads (the module docstring's rule), counted once per model."""
-    if model not in _step_bytes:
-        total = weight_bytes(model)
-        head = getattr(model, "lm_head", None)
-        head_ptr = head.weight.untyped_storage().data_ptr() if isinstance(head, nn.Linear) else None
-        for emb in (m for m in model.modules() if isinstance(m, nn.Embedding)):
-            if emb.weight.untyped_storage().data_ptr() != head_ptr:
-                total -= emb.weight.numel() * emb.weight.element_size() - emb.weight[0].numel() * emb.weight.element_size()
-        _step_bytes[model] = total
-    return _step_bytes[model]
-
-
-def decode_bytes(weight_bytes: int, kv_bytes_per_token: int, steps: int, prompt_tokens: int,
-                 output_tokens: int) -> float:
-    if steps <= 0:
-        return 0.0
-    return steps * weight_bytes + kv_bytes_per_token * steps * (prompt_tokens + output_tokens / 2)
-
-
-def prefill_passes(timeline: Timeline, chunked: bool, chunk_tokens: int) -> int:
-    if not timeline.prefill_tokens:
-        return 0
-    return math.ceil(timeline.prefill_tokens / chunk_tokens) if chunked else 1
+log = logging.getLogger(__name__)
 
 
 def model_device(model) -> str | None:
@@ -126,28 +42,43 @@ def limits_for(limits, device: str | None):
     return limits if measured_on is None or device is None or measured_on == device else None
 
 
-def annotate(timeline: Timeline, model, weight_bytes: int | None, limits=None, dtype: str | None = None,
-             config=None, device: str | None = None) -> None:
-    """Fill the Timeline's roofline inputs once the reply is done (before its done event goes out).
-    `device`: the model's device type (default: where its weights are); the limits must be that device's."""
-    try:
-        shape = ModelShape.of(model)
-    except AttributeError:  # a model without a transformers config: no FLOP count, say nothing
-        return
-    timeline.weight_bytes = weight_bytes
-    timeline.compute_dtype = dtype
-    timeline.prefill_flops = prefill_flops(shape, timeline.prefill_tokens or 0, timeline.cached_tokens or 0)
-    passes = timeline.counters.get("target_forward_passes", timeline.counters.get("forward_passes"))
-    if passes is not None and timeline.output_tokens > 1 and weight_bytes:
-        chunked = bool(getattr(config, "chunked_prefill", False))
-        steps = passes - prefill_passes(timeline, chunked, getattr(config, "prefill_chunk_tokens", 512) or 512)
-        element = getattr(getattr(model, "dtype", None), "itemsize", 4)
-        timeline.decode_steps = max(steps, 0)
-        step = step_weight_bytes(model) if isinstance(model, nn.Module) else weight_bytes
-        timeline.decode_bytes = decode_bytes(step, shape.kv_bytes_per_token(element), timeline.decode_steps,
-                                             timeline.prompt_tokens or 0, timeline.output_tokens)
-    limits = limits_for(limits, device or model_device(model))  # None: the roofs stay unknown
+def publish(timeline: Timeline, limits, dtype: str | None, device: str | None) -> None:
+    """Stamp the machine's limits for `device` (the model's device type) on a finished reply's Timeline;
+    None where they were measured on another device (the roofs stay unknown)."""
+    limits = limits_for(limits, device)
     timeline.peak_tflops = limits.peak_tflops(dtype) if limits is not None else None
     timeline.read_gbps = limits.read_gbps if limits is not None else None  # decode's roof: the fraction divides by it
     timeline.copy_gbps = limits.copy_gbps if limits is not None else None
     timeline.limits_date = limits.date if limits is not None else None
+
+
+def annotate(timeline: Timeline, model, weight_bytes: int | None, limits=None, dtype: str | None = None,
+             config=None, device: str | None = None) -> None:
+    """What the worker and its publisher do for a reply, in one call (benches that run generate()
+    themselves): count its work and stamp the limits of `device` (default: where the model's weights are)."""
+    record(timeline, model, weight_bytes, dtype, config)
+    publish(timeline, limits, dtype, device or model_device(model))
+
+
+class Roofline:
+    """The machine's limits as an Engine's publisher: stamps each finished reply (`__call__`, in the
+    worker thread), and probes the machine again on request (`remeasure`, cached in `cache_dir`)."""
+
+    def __init__(self, limits, cache_dir=None):
+        self.limits, self.cache_dir = limits, cache_dir
+
+    def __call__(self, timeline: Timeline, variant) -> None:
+        loaded = variant.loaded
+        publish(timeline, self.limits, getattr(loaded, "dtype_name", None), model_device(loaded.model))
+
+    def to_dict(self) -> dict | None:
+        return self.limits.to_dict() if self.limits is not None else None
+
+    def remeasure(self, device, dtype_name: str, seconds: float = 3.0):
+        """Probe the machine again and cache the result (it shares the CPU with a running reply: run it
+        when the engine is idle for a clean figure)."""
+        from engine.measure.machine_limits import load_or_measure, probe_dtypes
+
+        self.limits = load_or_measure(self.cache_dir, device, probe_dtypes(dtype_name, device), force=True,
+                                      seconds=seconds)
+        return self.limits

@@ -1,5 +1,5 @@
 """What-if: a reply's TTFT and TPOT predicted for another prompt length, weights variant or batch
-size, from the model's bytes and FLOPs (roofline.py) and what this machine measured.
+size, from the model's bytes and FLOPs (engine/serving/work.py) and what this machine measured.
 
 A forward pass is modelled as reading the weights once plus computing each row:
     pass(n rows) = t_read + (FLOP(n) − FLOP(1)) / R
@@ -8,7 +8,7 @@ the cost calibration measured), or, unknown, the step's weight bytes / the machi
 bandwidth (machine_limits.py). R, the FLOP rate the prompt's extra rows ran at, comes from this
 reply's prefill: (FLOP(prefill tokens) − FLOP(1)) / (prefill_ms − t_read), or, where the prompt was
 too short to tell, the machine's measured matmul peak. FLOP(n) includes attention over the cached
-and new keys (roofline.prefill_flops), so a longer prompt costs more than linearly.
+and new keys (work.prefill_flops), so a longer prompt costs more than linearly.
 
 * prompt length: prefill = pass(n'), the stages around it (queue, setup, gaps) as measured;
 * weights variant: decode reads weight bytes, so TPOT scales by bytes' / bytes, and so does t_read
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engine.measure.roofline import ModelShape, prefill_flops
+from engine.serving.work import ModelShape, prefill_flops
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """`Engine`: a loaded model plus the worker that serves it — what the CLI, API and page hold.
 
+The measuring tools sit above it: an entry point (engine/lab.py `open_engine`) attaches the machine's
+limits (`limits`, a publisher the worker calls as each reply finishes: `on_done`).
+
 `engine.serving.prefix_cache.stats()` gives the KV-reuse figures (hit rates, bytes, entries) for the page and API.
 """
 
@@ -11,11 +14,11 @@ from engine.core.config import SPECULATIVE_MODES, TOGGLES, GenerationConfig, Loa
 from engine.core.info import EngineInfo, SpeculationInfo
 from engine.core.request import Event, Request, RequestHandle
 from engine.core.timeline import Timeline
+from engine.core.errors import LatencyLabError
 from engine.kernels.catalogue import packed_bytes
-from engine.measure.machine_limits import MachineLimits, load_or_measure, probe_dtypes
 from engine.model.loaded import LoadedModel
 from engine.platform import capabilities
-from engine.model.loader import cache_root, load
+from engine.model.loader import load
 from engine.serving.variants import VariantSet
 from engine.serving import kv_budget
 from engine.serving.prefix_cache import PrefixCache
@@ -25,45 +28,46 @@ from engine.speculative.draft import load_draft
 
 class Engine:
     def __init__(self, loaded: LoadedModel, max_queue: int | None = None, prefix_cache: PrefixCache | None = None,
-                 variants: tuple[str, ...] = (), variants_budget_bytes: int | None = None,
-                 machine_limits: MachineLimits | None = None, cache_dir=None, max_batch: int = 1):
+                 variants: tuple[str, ...] = (), variants_budget_bytes: int | None = None, max_batch: int = 1):
         """`variants`: quantization variants to build now (others are built on first use).
-        `machine_limits`: the machine's measured ceilings for the roofline (None: fractions stay None
-        until `remeasure_limits`); `cache_dir`: where `remeasure_limits` caches them.
         `max_batch`: requests the worker runs at once (continuous batching, engine/serving/scheduler.py);
-        1: one request at a time."""
+        1: one request at a time. The machine's limits are attached by the entry point (engine/lab.py):
+        until then the roofline's fractions stay unknown."""
         self.loaded = loaded
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.variants = VariantSet(loaded, budget_bytes=variants_budget_bytes, defer_quality=True)
         self.variants.preload(variants)
         self.worker = Worker(loaded, max_batch=max_batch, max_queue=max_queue, prefix_cache=self.prefix_cache,
                              variants=self.variants)
-        self.cache_dir = cache_dir
-        self.worker.machine_limits = machine_limits
+        self.limits = None  # what the entry point attached (engine/lab.py): the machine's limits, their publisher
 
     @classmethod
     def load(cls, config: LoadConfig = LoadConfig(), max_queue: int | None = None) -> Engine:
+        """The model and its draft as `config` names them, served (no measuring tools attached:
+        engine/lab.py `open_engine` attaches them)."""
         budget = int(config.variants_budget_mb * 1e6) if config.variants_budget_mb else None
         loaded = load(config)
         loaded.draft = load_draft(config.draft_model, loaded)
         cache = kv_budget.prefix_cache(config.kv_cache_mb, loaded.device, shared=config.shared_prefix_cache)
-        limits = load_or_measure(cache_root(config), loaded.device, probe_dtypes(loaded.dtype_name, loaded.device))
         return cls(loaded, max_queue=max_queue, prefix_cache=cache, variants=config.variants,
-                   variants_budget_bytes=budget, machine_limits=limits, cache_dir=cache_root(config),
-                   max_batch=config.max_batch)
+                   variants_budget_bytes=budget, max_batch=config.max_batch)
+
+    def on_done(self, fn) -> None:
+        """Call `fn(timeline, variant)` in the worker thread as each reply finishes, before its done event
+        goes out: how the measuring tools above the runtime stamp their figures on it."""
+        self.worker.on_done.append(fn)
 
     @property
-    def machine_limits(self) -> MachineLimits | None:
-        return self.worker.machine_limits
+    def machine_limits(self):
+        """The attached machine limits (engine/measure/machine_limits.py), None where none are."""
+        return getattr(self.limits, "limits", None)
 
-    def remeasure_limits(self, seconds: float = 3.0) -> MachineLimits:
+    def remeasure_limits(self, seconds: float = 3.0):
         """Probe the machine again (the page's button) and cache the result. It shares the CPU with
         a reply that is running, so run it when the engine is idle for a clean figure."""
-        dtypes = probe_dtypes(self.loaded.dtype_name, self.loaded.device)
-        limits = load_or_measure(self.cache_dir, self.loaded.device, dtypes,
-                                 force=True, seconds=seconds)
-        self.worker.machine_limits = limits
-        return limits
+        if self.limits is None:
+            raise LatencyLabError("no machine limits are attached to this engine (open it with engine.lab.open_engine)")
+        return self.limits.remeasure(self.loaded.device, self.loaded.dtype_name, seconds)
 
     @property
     def tokenizer(self):
@@ -107,7 +111,7 @@ class Engine:
             unavailable_toggles={"compiled_decode": why} if (why := plan.compiled_machine_reason) else {},
             prefix_cache=self.prefix_cache.stats(), variant_budget_bytes=self.variants.budget_bytes,
             packed_weight_bytes=packed_bytes(), draft=lm.draft.info() if lm.draft is not None else None,
-            machine_limits=self.machine_limits.to_dict() if self.machine_limits else None,
+            machine_limits=self.limits.to_dict() if self.limits is not None else None,
             batching=self.worker.batching_info())
 
     def close(self) -> None:

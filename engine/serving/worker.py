@@ -22,8 +22,7 @@ from collections import deque
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.request import Event, QueueFull, Request, RequestHandle
 from engine.core.timeline import Timeline, now_ns
-from engine.measure import roofline
-from engine.serving import public_prefix, scheduler
+from engine.serving import public_prefix, scheduler, work
 from engine.serving.decoding import Pause, Step
 from engine.serving.generate import generate
 from engine.serving.scheduler import BatchedDecoding, Sequence, Stats
@@ -45,7 +44,7 @@ class Worker:
         self.prefix_cache = prefix_cache  # KV reuse across requests (None: every prompt is prefilled)
         self.variants = variants if variants is not None else VariantSet(loaded)  # per-request quantization
         self.max_queue = max_queue
-        self.machine_limits = None  # engine.machine_limits.MachineLimits: the roofline's ceilings
+        self.on_done: list = []  # fn(timeline, variant), called as a reply finishes (Engine.on_done: the publishers)
         self.decoding_factory = decoding_factory  # tests inject one; a BatchedDecoding subclass still batches
         self.stats = Stats()
         self.completed = 0
@@ -269,10 +268,11 @@ class Worker:
                         tl.batch_size = [1] * tl.output_tokens
                         tl.batch_prompt_tokens = [tl.prefill_tokens or 0] + [0] * (tl.output_tokens - 1) \
                             if tl.output_tokens else []  # its own prompt, in the forward of its first token
-                    roofline.annotate(tl, seq.variant.loaded.model, seq.variant.weight_bytes, self.machine_limits,
-                                      getattr(seq.variant.loaded, "dtype_name", None), seq.handle.request.config)
+                    work.record(tl, seq.variant.loaded.model, seq.variant.weight_bytes,  # the work it did, counted
+                                getattr(seq.variant.loaded, "dtype_name", None), seq.handle.request.config)
                     mode = "compiled" if tl.counters.get("decode_step") == "compiled" else "eager"  # what served it
                     tl.counters["kernels"] = seq.variant.runner.plan.for_reply(tl.prefill_tokens or 1, mode)
+                    self._publish(tl, seq.variant)
                     self.completed += 1
                     self.variants.record(seq.variant.name, tl)
                 if event.kind == "done":
@@ -287,6 +287,15 @@ class Worker:
             seq.done = True
         except Exception as exc:  # the request fails alone; the others and the worker live on
             self._fail(seq, exc)
+
+    def _publish(self, tl: Timeline, variant) -> None:
+        """The publishers registered above the runtime (engine/lab.py: the machine's limits) stamp the
+        finished reply before its done event goes out; one that fails is logged, the reply goes out."""
+        for publish in self.on_done:
+            try:
+                publish(tl, variant)
+            except Exception:  # noqa: BLE001 - a measuring tool must not fail a reply
+                log.exception("a done publisher failed; the reply goes out without its figures")
 
     def _fail(self, seq: Sequence, exc: Exception) -> None:
         """The request ends with an error event; its generator is closed (its lease released)."""

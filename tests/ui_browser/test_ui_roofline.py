@@ -34,10 +34,12 @@ def send(page, text):
 
 @pytest.fixture
 def measured(bundled_engine):
-    old = bundled_engine.worker.machine_limits
-    bundled_engine.worker.machine_limits = LIMITS
+    from engine.lab import attach
+
+    old = bundled_engine.limits
+    attach(bundled_engine, LIMITS)  # the publisher stamps each reply with these limits
     yield LIMITS
-    bundled_engine.worker.machine_limits = old
+    bundled_engine.limits = old
 
 
 def test_a_reply_shows_its_prefill_rate_context_and_roofline_bars(page_server, measured, browser_page, artifacts):
