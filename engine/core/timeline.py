@@ -70,7 +70,7 @@ class Timeline:
     copy_gbps: float | None = None  # the machine's measured memory copy bandwidth (for reference)
     limits_date: str | None = None
     # feature figures: speculation, quantization, `kernels` ({"prefill": ..., "decode": ...}: the
-    # projections' kernels, engine/kernels/choose.for_reply)...
+    # projections' kernels, engine/runtime/plan.py Plan.for_reply)...
     counters: dict = field(default_factory=dict)
     client: dict = field(default_factory=dict)  # browser timestamps and metrics, joined later
     # Work inside a stage, for the per-reply trace (engine/measure/trace.py): {"name", "start_ns",

@@ -1,4 +1,4 @@
-// The decoder layers of a forward (engine/model/forward.py, for a batch of sequences or one
+// The decoder layers of a forward (engine/runtime/eager.py, for a batch of sequences or one
 // sequence) in one call: the same ATen ops and our kernels, on the same tensors, in the same order as
 // the Python loop, so the same bits.
 //
@@ -15,7 +15,7 @@
 // gate/up, down), undefined where none. outs: the 4 projections' output sizes. Sequence b brings
 // lengths[b] rows from row offsets[b], at positions from starts[b]; `decode` lists the sequences
 // whose single row goes through our decode attention kernel, `others` those through SDPA with
-// masks[b] (engine/model/forward.py makes both lists and the masks).
+// masks[b] (engine/runtime/eager.py makes both lists and the masks).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
