@@ -13,8 +13,9 @@ from engine.model.loader import resolve_dtype
 from engine.platform import capabilities
 from engine.quant import quantize, weight_only
 from engine.quant.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+from engine.runtime import activations
 from engine.runtime import plan as kernel_plan
-from engine.runtime.plan import probe_results, weight_only_activations
+from engine.runtime.activations import probe_results, weight_only_activations
 from engine.serving.variants import build
 
 CAPS = capabilities.detect()
@@ -196,14 +197,14 @@ def test_a_kernel_that_fails_its_check_is_refused_before_building(tiny, monkeypa
     def broken(*args):
         raise RuntimeError("no kernel for this CPU")
 
-    kernel_plan._layers_for.cache_clear()
+    activations._layers_for.cache_clear()
     monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", broken)
     try:
         with pytest.raises(LoadError, match="int4wo kernel cannot run.*no kernel for this CPU"):
             build(tiny, "int4wo")
     finally:
         monkeypatch.undo()
-        kernel_plan._layers_for.cache_clear()
+        activations._layers_for.cache_clear()
     assert build(tiny, "int4wo") is not None
 
 

@@ -10,7 +10,6 @@ recorder. No time is asserted.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import threading
 from pathlib import Path
 

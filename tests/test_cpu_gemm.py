@@ -9,7 +9,7 @@ from torch import nn
 from engine.kernels import cpu_gemm
 from engine.platform import capabilities
 from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
-from engine.runtime.plan import weight_only_activations
+from engine.runtime.activations import weight_only_activations
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
              and bool(capabilities.detect().cpp_compiler))

@@ -22,7 +22,7 @@ from engine.kernels.catalogue import Kernel
 from engine.platform import capabilities
 from engine.runtime import plan as kernel_plan
 from engine.runtime.plan import make_plan
-from engine.runtime.runner import Batch, Runner, open_runner
+from engine.runtime.runner import Batch, Runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPS = capabilities.detect()

@@ -12,7 +12,7 @@ from engine.core.errors import LoadError
 from engine.platform import capabilities
 from engine.quant import quantize, weight_only
 from engine.quant.weight_only import int8_dequant_matmul, shape_rule
-from engine.runtime import plan
+from engine.runtime import activations
 from engine.serving import variants
 
 CUDA = torch.device("cuda")
@@ -42,7 +42,7 @@ def test_int4_on_a_gpu_is_refused_naming_each_layer_shape_that_breaks_the_rule(t
 
 def test_the_kernel_check_probes_the_models_own_shapes_lm_head_included(tiny, monkeypatch):
     seen = []
-    monkeypatch.setattr(plan, "_activations",
+    monkeypatch.setattr(activations, "_activations",
                         lambda kernel, dev, cands, shapes, cache_dir: seen.append((dev, shapes)) or cands[0])
     for name, head in (("int8wo", False), ("int8wo+head", True)):
         seen.clear()
@@ -52,14 +52,14 @@ def test_the_kernel_check_probes_the_models_own_shapes_lm_head_included(tiny, mo
         assert seen == [("cuda", tuple(sorted(want)))]
     seen.clear()
     variants.precheck(tiny, "int8wo")  # on CPU: the dtype race's own probe shape
-    assert seen == [("cpu", (plan._PROBE,))]
+    assert seen == [("cpu", (activations._PROBE,))]
 
 
 def test_the_probe_checks_every_shape_it_is_given():
-    got = plan._activations("int8wo", "cpu", (torch.float32,), ((64, 32), (96, 48)), None)
+    got = activations._activations("int8wo", "cpu", (torch.float32,), ((64, 32), (96, 48)), None)
     assert got == torch.float32
     with pytest.raises(LoadError, match="int4wo kernel cannot run"):  # 40 inputs: not whole groups of 32
-        plan._activations("int4wo", "cpu", (torch.float32,), ((64, 32), (40, 32)), None)
+        activations._activations("int4wo", "cpu", (torch.float32,), ((64, 32), (40, 32)), None)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

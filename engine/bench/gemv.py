@@ -30,7 +30,7 @@ def run(args, out):
     from engine.platform import capabilities
     from engine.quant.w8a import Int4W8ALinear, Int8W8ALinear
     from engine.quant.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
-    from engine.runtime.plan import weight_only_activations
+    from engine.runtime.activations import weight_only_activations
 
     reason = cpu_gemm.unavailable_reason()
     if reason:

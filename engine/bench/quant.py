@@ -47,7 +47,7 @@ def run(args, out):
     from engine.platform import capabilities
     from engine.quant.quality import compare, next_token_logits, quality_inputs
     from engine.quant.quantize import QUANTIZED
-    from engine.runtime.plan import probe_results
+    from engine.runtime.activations import probe_results
     from engine.serving.variants import VariantSet, build
 
     lm = load_model(args)

@@ -33,7 +33,7 @@ from engine.platform.device_memory import device_memory
 from engine.quant import quantize
 from engine.quant.quality import compare, next_token_logits, quality_inputs
 from engine.quant.quantize import METHODS, describe
-from engine.runtime.plan import weight_only_activations
+from engine.runtime.activations import weight_only_activations
 from engine.runtime.runner import Runner, open_runner
 
 log = logging.getLogger(__name__)
