@@ -27,7 +27,7 @@ class VariantInfo:
     top1_agreement: float | None = None  # against the default variant (engine/quant/quality.py)
     mean_kl: float | None = None
     build_s: float | None = None
-    decode_kernels: str | None = None  # weight-only variants: which kernels their decode steps run (weight_only.decode_kernels)
+    decode_kernels: str | None = None  # weight-only variants: which kernels their decode steps run (the plan's weight_only_text)
     compiled_step: dict | None = None  # its compiled decode step, once built: agreement and times (engine/runtime/compiled.py)
     compiled_refused: str | None = None  # why these weights cannot take the compiled step (known once built)
 
