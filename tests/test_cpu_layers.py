@@ -157,3 +157,5 @@ def test_a_w8a_variants_layers_run_in_the_cpp_loop_with_the_python_loops_bits(bu
     _layers(monkeypatch, True)
     model.blocks[3].o.isa = None  # one layer served by the torch reference: the loop must not take it
     assert _runner(model).plan.layer_loop == "python"
+    bf16 = build(build(bundled, "bf16")[0], variant)[0].model  # bf16 activations: the loop runs fp32 only
+    assert "fp32 activations" in _runner(bf16).plan.layer_loop_text

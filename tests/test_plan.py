@@ -73,6 +73,7 @@ def test_every_weights_variant_has_a_plan_on_this_cpu(built, name):
         assert all(plan.linears[r].kernel(n) is Kernel.ATEN for r in ROLES for n in (1, 300))
     elif method in INT8_ACTIVATIONS:  # our integer kernels; a long prompt's rows: the fp32 GEMM, dequantized
         assert all(plan.linears[r].kernel(1) is Kernel.WO_INT8ACT for r in ROLES[:4])
+        assert (plan.layer_loop == "cpp") == (loaded.dtype == torch.float32 and cpu_gemm.available())
         assert all(plan.linears[r].kernel(plan.cpp_rows + 1 if plan.cpp_rows else 300) is Kernel.WO_DEQUANT_FP32
                    for r in ROLES[:4])
         assert plan.decision("w8a kernel form") is not None and plan.weight_only_text.startswith("int8 activations")

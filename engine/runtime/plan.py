@@ -257,6 +257,8 @@ def _layer_loop_reason(model, dev, linears) -> str | None:
     blocks = [linears[r] for r in ROLES[:4]]
     if dev != "cpu":
         return f"our kernels run on CPU; this plan is for {dev}"
+    if model.dtype != torch.float32:  # its norms, rotary tables and attention run fp32 activations only
+        return f"the C++ loop runs fp32 activations; this model's are {DTYPE_NAMES_BY.get(model.dtype, model.dtype)}"
     if cpu_layers.loop_kind(model) is None:
         return ("a projection is not a plain fp32 Linear nor a w8a layer of one form our kernels serve "
                 "(quantized, bf16, GPU)")
