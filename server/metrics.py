@@ -10,8 +10,8 @@ prometheus_client's ProcessCollector.
 
 `Metrics.instrument(backend, name)` wraps an engine (local or remote) so that every request it
 serves is counted when its consumer reads the final event, whoever submitted it: the API, the page
-or a bench. Feature counters are read defensively (missing → 0): `timeline.cached_tokens` (KV
-reuse) and `timeline.counters` keys `drafted`, `accepted`, `accepted_hist` (speculative decoding).
+or a bench. A feature that did not run adds nothing: `timeline.cached_tokens` (KV reuse) and
+`timeline.counters.speculation`'s `drafted`, `accepted`, `accepted_hist` (speculative decoding).
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ class Metrics:
         if prompt and timeline.cached_tokens is not None:  # a hit rate needs both; nothing was queried before tokenizing
             self.prefix_queries.labels(**m).inc(prompt)
             self.prefix_hits.labels(**m).inc(timeline.cached_tokens)
-        c = timeline.counters
-        drafted, accepted = _count(c.get("drafted")), _count(c.get("accepted"))
-        hist = [_count(n) for n in (c.get("accepted_hist") or ())]  # [j]: verify steps that accepted j guesses
+        spec = timeline.counters.speculation
+        drafted, accepted = (_count(spec.drafted), _count(spec.accepted)) if spec else (0, 0)  # nothing to add
+        hist = [_count(n) for n in (spec.accepted_hist if spec and spec.accepted_hist else ())]  # [j]: verify steps that accepted j guesses
         steps = sum(hist)  # verify steps that had guesses
         self.spec_drafts.labels(**m).inc(steps)
         self.spec_draft_tokens.labels(**m).inc(drafted)

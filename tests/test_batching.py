@@ -86,7 +86,7 @@ def test_max_batch_1_is_todays_worker(tiny):
         assert type(engine.worker) is Worker and engine.worker.max_batch == 1
         assert engine.info().batching is None
         done = engine.complete(ask("Hi."), GREEDY)
-        assert "batch_size" not in done.timeline.to_dict() and "batching" not in done.timeline.counters
+        assert "batch_size" not in done.timeline.to_dict() and done.timeline.counters.batching is None
         # strictly one at a time, first come first served, each told its place in line
         prompts = ["Name a color.", "Name a fruit.", "Count to five.", "Say hi."]
         alone = [engine.complete(ask(p), GREEDY).token_ids for p in prompts]
@@ -110,7 +110,7 @@ def test_greedy_tokens_equal_batched_and_alone_fp32(batching_bundled):
     batched = _staggered(batching_bundled, [(ask(p), GREEDY, {}) for p in PROMPTS])
     for a, b in zip(alone, batched):
         assert b.token_ids == a.token_ids
-        assert b.timeline.counters["batching"] == "batched"
+        assert b.timeline.counters.batching == "batched"
         assert len(b.timeline.batch_size) == b.output_tokens
         assert b.timeline.batch_size[0] >= 1  # its prefill shared the forward of the running batch
     assert all(a.timeline.batch_size == [1] * a.output_tokens for a in alone)
@@ -186,7 +186,7 @@ def test_speculative_requests_run_unbatched_beside_the_batch(batching_tiny):
     plain_alone = batching_tiny.complete(ask("Name a color."), GREEDY)
     done = _staggered(batching_tiny, [(ask("Name a color."), GREEDY, {}), (ask(text), spec, {})], join_after=1)
     assert done[1].token_ids == alone.token_ids and done[0].token_ids == plain_alone.token_ids
-    assert done[1].timeline.counters["batching"] == "unbatched (speculative)"
+    assert done[1].timeline.counters.batching == "unbatched (speculative)"
     assert done[1].timeline.batch_size == [1] * done[1].output_tokens
 
 
@@ -198,8 +198,8 @@ def test_compiled_step_requests_run_unbatched_beside_the_batch(batching_tiny):
     done = _staggered(batching_tiny, [(ask("Name a color."), GREEDY, {}), (ask("Name a fruit."), compiled, {})],
                       join_after=1)
     assert done[1].token_ids == alone.token_ids
-    assert done[1].timeline.counters["batching"] == "unbatched (compiled step)"
-    assert done[1].timeline.counters["decode_step"] == "compiled"
+    assert done[1].timeline.counters.batching == "unbatched (compiled step)"
+    assert done[1].timeline.counters.decode_step == "compiled"
     assert done[1].timeline.batch_size == [1] * done[1].output_tokens
 
 

@@ -52,7 +52,7 @@ def test_chunked_prefill_gives_the_same_greedy_reply_and_rising_progress(bundled
     assert len(progress) == n_chunks + 1 and all(b - a <= chunk for (a, _), (b, _) in zip(progress, progress[1:]))
     assert before_first_token
     tl = done.timeline
-    assert tl.prefill_tokens == total and tl.counters["forward_passes"] == n_chunks + len(done.token_ids) - 1
+    assert tl.prefill_tokens == total and tl.counters.forward_passes == n_chunks + len(done.token_ids) - 1
     assert not progress_of(one_forward)[0]  # one forward: no progress events
 
 
@@ -86,7 +86,7 @@ def test_stop_during_a_chunked_prefill_ends_before_the_first_token(tiny):
     done = events[-1]
     assert done.kind == "done" and done.detail["finish_reason"] == "cancelled"
     assert done.output_tokens == 0 and done.text == "" and tl.first_token_ns is None
-    assert seen == [0, 64] and tl.counters["forward_passes"] == 1  # the other four chunks never ran
+    assert seen == [0, 64] and tl.counters.forward_passes == 1  # the other four chunks never ran
 
 
 def test_the_generic_transformers_forward_prefills_in_chunks_too(tiny_model_dir):

@@ -40,9 +40,9 @@ def test_compiled_greedy_is_the_eager_greedy_in_fp32(bundled):
         compiled = run(bundled, ask(prompt), temperature=0.0, max_new_tokens=32, compiled_decode=True)
         assert compiled.token_ids == eager.token_ids
         counters = compiled.timeline.counters
-        assert counters["decode_step"] == "compiled"
-        assert ("compile_ms" in counters) == (i == 0 and runner_for(bundled).compiled_info()["compile_s"] > 0)
-        assert "decode_step" not in eager.timeline.counters
+        assert counters.decode_step == "compiled"
+        assert (counters.compile_ms is not None) == (i == 0 and runner_for(bundled).compiled_info()["compile_s"] > 0)
+        assert eager.timeline.counters.decode_step is None
     info = runner_for(bundled).compiled_info()
     assert info["top1_agreement"] == 1.0 and info["positions"] >= 16
     assert info["max_logit_diff"] < 1e-2  # fp32 rounding in another order, not a different computation
@@ -78,7 +78,7 @@ def test_compiled_int4_step_measures_its_agreement_and_serves(bundled):
                max_new_tokens=24, compiled_decode=True)
     info = variant.runner.compiled_info()
     assert done.output_tokens == 24 or done.detail["finish_reason"] == "stop"
-    assert done.timeline.counters["decode_step"] == "compiled"
+    assert done.timeline.counters.decode_step == "compiled"
     assert info["top1_agreement"] >= 0.9, info  # measured on a real text; the eager step is the reference
     assert info["compiled_ms"] > 0 and info["eager_ms"] > 0
 
@@ -125,7 +125,7 @@ def test_a_bf16_model_whose_every_linear_is_weight_only_compiles(tiny_model_dir)
     assert runner.compiled_info()["top1_agreement"] >= 0.9
     eager = run(variant, ask("hi"), runner=runner, temperature=0.0, max_new_tokens=8)
     compiled = run(variant, ask("hi"), runner=runner, temperature=0.0, max_new_tokens=8, compiled_decode=True)
-    assert compiled.timeline.counters["decode_step"] == "compiled" and compiled.output_tokens == eager.output_tokens
+    assert compiled.timeline.counters.decode_step == "compiled" and compiled.output_tokens == eager.output_tokens
 
 
 @needs_compiler

@@ -144,6 +144,6 @@ def test_engine_info_and_each_reply_say_which_kernels_served(bundled_engine, bun
     assert set(want.split("+")) <= set(info["names"])
     done = bundled_engine.complete([{"role": "user", "content": "Hi."}],
                                    GenerationConfig(temperature=0.0, max_new_tokens=3))
-    kernels = done.timeline.counters["kernels"]
+    kernels = done.timeline.counters.kernels
     assert kernels == {"prefill": plan.used(done.timeline.prefill_tokens), "decode": want}
     assert done.timeline.to_dict()["kernels"] == kernels

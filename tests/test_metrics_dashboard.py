@@ -3,6 +3,7 @@ queries resolves here once `vllm:` is swapped for `latency_lab:`. No model is lo
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.core.counters import SpeculationCounters
 from engine.core.timeline import Timeline
 from server.metrics import Metrics
 
@@ -71,7 +72,7 @@ def finished(reason: str, spec: bool = False) -> Timeline:
     tl.prompt_tokens, tl.cached_tokens, tl.prefill_tokens = 12, 4, 8
     tl.finish_reason = reason
     if spec:
-        tl.counters.update(drafted=6, accepted=3, accepted_hist=[1, 1, 1])
+        tl.counters.speculation = SpeculationCounters(drafted=6, accepted=3, accepted_hist=[1, 1, 1])
     return tl
 
 

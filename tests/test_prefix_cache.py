@@ -57,7 +57,7 @@ def converse(lm, cache, conv, turns, session="s"):
         tl = done.timeline
         assert tl.cached_tokens == expect_cached
         assert tl.cached_tokens + tl.prefill_tokens == tl.prompt_tokens == len(prompt)
-        assert ref.timeline.cached_tokens == 0 and ref.timeline.counters["kv_reuse"] == "off"
+        assert ref.timeline.cached_tokens == 0 and ref.timeline.counters.kv.kv_reuse == "off"
         conv.add_reply(done)
         dones.append(done)
     return dones
@@ -73,12 +73,12 @@ def test_multi_turn_conversation_is_identical_and_prefills_only_new_tokens(bundl
         held = prev.timeline.prompt_tokens + prev.output_tokens - 1
         assert cur.timeline.cached_tokens >= held - 2  # re-tokenizing the reply may differ at its end only
         assert cur.timeline.prefill_tokens < cur.timeline.prompt_tokens / 2
-        assert cur.timeline.counters["kv_reuse"] == "session"
+        assert cur.timeline.counters.kv.kv_reuse == "session"
         # The session's own entry, all of it a prefix of the prompt: handed over, not copied.
         whole = cur.timeline.cached_tokens == held
-        assert cur.timeline.counters["kv_handover"] == ("taken" if whole else "copied")
+        assert cur.timeline.counters.kv.kv_handover == ("taken" if whole else "copied")
     assert len(cache.entries()) == 1  # each turn's entry replaced the one it extends
-    assert cache.stats()["handovers"] == sum(d.timeline.counters.get("kv_handover") == "taken" for d in dones) >= 1
+    assert cache.stats()["handovers"] == sum(d.timeline.counters.kv.kv_handover == "taken" for d in dones) >= 1
     s = cache.stats()
     assert s["hits"] == 2 and s["lookups"] == 3 and 0 < s["token_hit_rate"] < 1
 
@@ -118,7 +118,7 @@ def test_sessions_are_isolated_by_default(bundled):
     bob = run(bundled, cache, messages=messages, session="bob")
     assert bob.timeline.cached_tokens == 0
     anonymous = run(bundled, cache, messages=messages, session=None)
-    assert anonymous.timeline.cached_tokens == 0 and anonymous.timeline.counters["kv_reuse"] == "no_session"
+    assert anonymous.timeline.cached_tokens == 0 and anonymous.timeline.counters.kv.kv_reuse == "no_session"
     assert {e.scope for e in cache.entries()} == {"session:alice", "session:bob"}  # nothing kept for None
     alice = run(bundled, cache, messages=messages, session="alice")
     assert alice.timeline.cached_tokens == alice.timeline.prompt_tokens - 1
@@ -135,7 +135,7 @@ def test_a_shared_cache_serves_one_sessions_prefix_to_another(bundled):
     shared_start = common_prefix_length(np.asarray(build_prompt_ids(bundled.tokenizer, alice_messages)),
                                         np.asarray(build_prompt_ids(bundled.tokenizer, messages)))
     assert shared_start > 40 and bob.timeline.cached_tokens == shared_start
-    assert bob.timeline.counters["kv_reuse"] == "shared"
+    assert bob.timeline.counters.kv.kv_reuse == "shared"
     assert bob.token_ids == plain(bundled, messages=messages).token_ids
     anonymous = run(bundled, cache, messages=messages, session=None)  # a shared cache serves everyone
     assert anonymous.timeline.cached_tokens == anonymous.timeline.prompt_tokens - 1

@@ -61,7 +61,7 @@ def test_a_taken_entry_goes_back_whole_after_an_error(bundled):
     assert cache.stats()["handovers"] == 1
     assert held_ids(cache) == before and cache.stats()["pinned"] == 0
     done = run(bundled, cache, messages=messages)  # served from the entry that came back
-    assert done.timeline.cached_tokens == entry.length and done.timeline.counters["kv_handover"] == "taken"
+    assert done.timeline.cached_tokens == entry.length and done.timeline.counters.kv.kv_handover == "taken"
     assert done.token_ids == plain(bundled, messages=messages).token_ids
 
 

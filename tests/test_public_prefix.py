@@ -38,16 +38,16 @@ def test_the_idle_worker_prefills_it_once_and_every_request_is_served_it_exactly
         for messages in TURNS:
             off = engine.complete(messages, GenerationConfig(temperature=0.0, max_new_tokens=8, kv_reuse=False))
             on = engine.complete(messages, GREEDY)  # no session: before, no reuse at all
-            assert off.timeline.cached_tokens == 0 and off.timeline.counters["kv_reuse"] == "off"
-            assert on.timeline.cached_tokens == public and on.timeline.counters["kv_from"] == "public_prefix"
+            assert off.timeline.cached_tokens == 0 and off.timeline.counters.kv.kv_reuse == "off"
+            assert on.timeline.cached_tokens == public and on.timeline.counters.kv.kv_from == "public_prefix"
             assert on.token_ids == off.token_ids  # fp32 greedy: reuse changes no token
         first = engine.complete(TURNS[0], GREEDY, session="tab-1")  # a session's first turn: the preamble
-        assert first.timeline.cached_tokens == public and first.timeline.counters["kv_reuse"] == "session"
+        assert first.timeline.cached_tokens == public and first.timeline.counters.kv.kv_reuse == "session"
         again = engine.complete(TURNS[0], GREEDY, session="tab-1")  # then its own, longer prefix
-        assert again.timeline.cached_tokens > public and "kv_from" not in again.timeline.counters
+        assert again.timeline.cached_tokens > public and again.timeline.counters.kv.kv_from is None
         assert engine.prefix_cache.has_public(key)  # served, never handed over: it stays for the next user
         custom = engine.complete([{"role": "system", "content": "You are a pirate."}, *TURNS[0]], GREEDY)
-        assert custom.timeline.cached_tokens == 0 and "kv_from" not in custom.timeline.counters
+        assert custom.timeline.cached_tokens == 0 and custom.timeline.counters.kv.kv_from is None
         # "user\n" + "\n\n…" tokenizes the preamble's last newline into the user's: whole match or none
         merged = engine.complete([{"role": "user", "content": "\n\nindented?"}], GREEDY)
         assert merged.timeline.cached_tokens == 0

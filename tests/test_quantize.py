@@ -152,7 +152,7 @@ def test_each_request_is_served_by_the_variant_it_names(worker, variants):
     for q, p, h in handles:
         done = h.result(timeout=300)
         name = q or variants.default_name
-        assert done.timeline.counters["quantization"] == name
+        assert done.timeline.counters.quantization == name
         served.setdefault((name, p), set()).add(tuple(done.token_ids))
     for (name, prompt), outputs in served.items():
         # alone, and through the worker: on this thread it would race the worker's idle forwards on the
@@ -279,7 +279,7 @@ def test_an_engine_measures_a_new_variants_quality_after_the_request_not_inside_
     try:
         done = engine.complete([{"role": "user", "content": "hi"}],
                                GenerationConfig(max_new_tokens=2, temperature=0.0, quantization="int8wo"))
-        assert done.timeline.counters["quantization"] == "int8wo"
+        assert done.timeline.counters.quantization == "int8wo"
         deadline = time.time() + 120
         while engine.info().variant("int8wo").top1_agreement is None and time.time() < deadline:
             time.sleep(0.1)  # the idle worker measures it

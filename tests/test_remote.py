@@ -47,16 +47,16 @@ def test_remote_reproduces_the_local_text_and_measures_from_the_client(remote, b
     done = remote.complete(messages, GREEDY)
     tl, c = done.timeline, done.timeline.counters
     assert done.text == local.text and done.detail["finish_reason"] == local.detail["finish_reason"]
-    server = c["server_timings"]
-    assert server["output_tokens"] == local.output_tokens == c["completion_tokens"]
+    server = c.remote.server_timings
+    assert server["output_tokens"] == local.output_tokens == c.remote.completion_tokens
     assert tl.prompt_tokens == local.timeline.prompt_tokens
     # The client's interval contains the server's: its ttft can only be longer.
-    assert c["server_ttft_source"] == "ttft_ms"
-    assert 0 < c["server_ttft_ms"] <= tl.ttft_ms
-    assert c["transport_overhead_ms"] == pytest.approx(tl.ttft_ms - c["server_ttft_ms"])
+    assert c.remote.server_ttft_source == "ttft_ms"
+    assert 0 < c.remote.server_ttft_ms <= tl.ttft_ms
+    assert c.remote.transport_overhead_ms == pytest.approx(tl.ttft_ms - c.remote.server_ttft_ms)
     assert server["e2e_ms"] <= tl.e2e_ms
-    assert 0 < c["chunks"] == tl.output_tokens <= local.output_tokens
-    assert c["measured_at"] == "client"
+    assert 0 < c.remote.chunks == tl.output_tokens <= local.output_tokens
+    assert c.remote.measured_at == "client"
 
 
 def test_async_events_give_the_same_stream(remote, bundled_engine):
@@ -156,9 +156,9 @@ def test_llama_cpp_timings_are_kept_as_server_timings():
             engine.close()
     tl, c = done.timeline, done.timeline.counters
     assert done.text == "Hello, world" and tl.finish_reason == "stop"
-    assert c["server_timings"] == llama_timings
-    assert c["server_ttft_source"] == "prompt_ms" and c["server_ttft_ms"] == 20.5
-    assert (tl.prompt_tokens, tl.cached_tokens, tl.prefill_tokens, c["completion_tokens"]) == (12, 4, 8, 3)
+    assert c.remote.server_timings == llama_timings
+    assert c.remote.server_ttft_source == "prompt_ms" and c.remote.server_ttft_ms == 20.5
+    assert (tl.prompt_tokens, tl.cached_tokens, tl.prefill_tokens, c.remote.completion_tokens) == (12, 4, 8, 3)
     assert tl.output_tokens == 3 and len(tl.itl_ms) == 2
 
 

@@ -58,10 +58,10 @@ def test_vllm_per_request_metrics_keep_its_queue_out_of_the_transport_overhead()
     done, _ = run(sse_server(chunks))
     tl, c = done.timeline, done.timeline.counters
     assert done.text == "Hello"
-    assert c["server_queue_ms"] == 12.3 and c["server_decode_ms"] == 1240.5
-    assert c["server_ttft_ms"] == pytest.approx(12.3 + 85.2)
-    assert c["server_ttft_source"] == "queue_time_ms+time_to_first_token_ms"
-    assert c["transport_overhead_ms"] == pytest.approx(tl.ttft_ms - (12.3 + 85.2))
+    assert c.remote.server_queue_ms == 12.3 and c.remote.server_decode_ms == 1240.5
+    assert c.remote.server_ttft_ms == pytest.approx(12.3 + 85.2)
+    assert c.remote.server_ttft_source == "queue_time_ms+time_to_first_token_ms"
+    assert c.remote.transport_overhead_ms == pytest.approx(tl.ttft_ms - (12.3 + 85.2))
     # vLLM's usage has no prompt_tokens_details unless asked: cached is unknown, not 0
     assert (tl.prompt_tokens, tl.cached_tokens, tl.prefill_tokens) == (42, None, None)
 
@@ -76,10 +76,10 @@ def test_llama_cpp_server_timings_cache_and_drafts():
     done, _ = run(sse_server(chunks))
     tl, c = done.timeline, done.timeline.counters
     assert (tl.prompt_tokens, tl.cached_tokens, tl.prefill_tokens) == (68, 60, 8)
-    assert (c["drafted"], c["accepted"], c["acceptance_rate"]) == (4, 3, 0.75)
-    assert c["server_prefill_ms"] == 43.237 and c["server_decode_ms"] == 23.8
-    assert c["server_ttft_source"] == "prompt_ms"  # no queue reported: a lower bound
-    assert c["server_timings"] == timings
+    assert (c.speculation.drafted, c.speculation.accepted, c.speculation.acceptance_rate) == (4, 3, 0.75)
+    assert c.remote.server_prefill_ms == 43.237 and c.remote.server_decode_ms == 23.8
+    assert c.remote.server_ttft_source == "prompt_ms"  # no queue reported: a lower bound
+    assert c.remote.server_timings == timings
 
 
 def test_llama_cpp_python_without_usage_leaves_tokens_unknown():
@@ -88,7 +88,7 @@ def test_llama_cpp_python_without_usage_leaves_tokens_unknown():
     done, _ = run(sse_server([delta("x"), delta("y", "stop")]))
     tl = done.timeline
     assert (tl.prompt_tokens, tl.cached_tokens, tl.prefill_tokens) == (None, None, None)
-    assert "transport_overhead_ms" not in tl.counters and "drafted" not in tl.counters
+    assert tl.counters.remote.transport_overhead_ms is None and tl.counters.speculation is None
     assert tl.llama_cpp_timings()["cache_n"] is None and tl.llama_cpp_timings()["prompt_n"] is None
 
 
@@ -115,9 +115,9 @@ def test_tgi_timing_headers_are_mapped_when_present():
                "usage": {"prompt_tokens": 21, "completion_tokens": 2, "total_tokens": 23}}]
     tl = run(sse_server(chunks, headers))[0].timeline
     c = tl.counters
-    assert (c["server_queue_ms"], c["server_inference_ms"]) == (7.0, 120.0)
+    assert (c.remote.server_queue_ms, c.remote.server_inference_ms) == (7.0, 120.0)
     assert tl.prompt_tokens == 21 and tl.cached_tokens is None
-    assert "server_ttft_ms" not in c and "transport_overhead_ms" not in c  # TGI reports no TTFT
+    assert c.remote.server_ttft_ms is None and c.remote.transport_overhead_ms is None  # TGI reports no TTFT
 
 
 def ollama_server(lines: list) -> FastAPI:
@@ -163,9 +163,9 @@ def test_ollama_native_api_is_used_and_its_durations_mapped():
     assert info.extra["dialect"] == "ollama" and done.text == "Hi!" and tl.finish_reason == "stop"
     assert app.state.bodies[0]["options"]["num_predict"] == GREEDY.max_new_tokens
     assert tl.prefill_tokens == 26 and tl.prompt_tokens is None and tl.cached_tokens is None
-    assert c["server_prefill_ms"] == 130.0 and c["server_decode_ms"] == 40.0 and c["server_e2e_ms"] == 5000.0
-    assert c["server_ttft_ms"] == pytest.approx(131.0)
-    assert c["server_timings"]["eval_count"] == 2
+    assert c.remote.server_prefill_ms == 130.0 and c.remote.server_decode_ms == 40.0 and c.remote.server_e2e_ms == 5000.0
+    assert c.remote.server_ttft_ms == pytest.approx(131.0)
+    assert c.remote.server_timings["eval_count"] == 2
 
 
 def test_the_openai_dialect_skips_the_ollama_probe():
@@ -194,7 +194,7 @@ def assert_thought(done, first: int, end: int, answer: int, source: str, text: s
     assert tl.thought_first_ns == tl.token_ns[first]
     assert tl.thought_end_ns == tl.token_ns[end] and tl.thought_tokens == end + 1
     assert tl.answer_first_ns == tl.token_ns[answer]
-    assert tl.counters["thought_source"] == source
+    assert tl.counters.thought_source == source
     assert tl.ttft_ms <= tl.ttft_thought_ms <= tl.ttfa_ms
 
 
@@ -217,7 +217,7 @@ def test_llama_cpp_reasoning_content_with_its_timings():
               delta("Yes"), delta(".", "stop", timings=timings)]
     done, _ = run(sse_server(chunks))
     assert_thought(done, first=0, end=2, answer=2, source="reasoning_content", text="<think>Hmm.</think>Yes.")
-    assert done.timeline.counters["server_output_tokens"] == 4
+    assert done.timeline.counters.remote.server_output_tokens == 4
 
 
 def test_llama_cpp_without_a_reasoning_format_streams_the_tags_in_its_text():

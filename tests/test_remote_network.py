@@ -70,8 +70,9 @@ def test_a_new_https_connection_shows_dns_connect_and_tls_and_a_reused_one_none(
     finally:
         engine.close()
     c = first.counters
-    assert all(c[k] is not None and c[k] >= 0 for k in (*OPENING, "net_send_ms", "net_headers_ms"))
-    assert c["connection_reused"] is False
+    assert all(getattr(c.network, k) is not None and getattr(c.network, k) >= 0
+               for k in (*OPENING, "net_send_ms", "net_headers_ms"))
+    assert c.network.connection_reused is False
     p = phases(first)
     assert p["net_dns"]["addresses"] >= 1 and p["net_tls"]["tls_version"].startswith("TLS")
     assert p["net_headers"]["http_version"] == "HTTP/1.1"
@@ -81,9 +82,9 @@ def test_a_new_https_connection_shows_dns_connect_and_tls_and_a_reused_one_none(
     assert first.started_ns <= p["net_dns"]["start_ns"] and p["net_headers"]["end_ns"] <= first.token_ns[0]
     # the same engine's next request rides the kept-alive connection: no DNS, connect or TLS at all
     c2 = again.counters
-    assert c2["connection_reused"] is True and all(c2[k] is None for k in OPENING)
+    assert c2.network.connection_reused is True and all(getattr(c2.network, k) is None for k in OPENING)
     assert set(phases(again)) == {"net_send", "net_headers"}
-    assert c2["net_headers_ms"] is not None
+    assert c2.network.net_headers_ms is not None
 
 
 def test_an_ip_address_needs_no_lookup(https_port, certificate):
@@ -92,7 +93,7 @@ def test_an_ip_address_needs_no_lookup(https_port, certificate):
         c = engine.complete(ask("hi"), GREEDY).timeline.counters
     finally:
         engine.close()
-    assert c["net_dns_ms"] is None and c["net_connect_ms"] is not None and c["net_tls_ms"] is not None
+    assert c.network.net_dns_ms is None and c.network.net_connect_ms is not None and c.network.net_tls_ms is not None
 
 
 def test_the_trace_and_otel_carry_the_phases(https_port, certificate):
@@ -105,7 +106,7 @@ def test_the_trace_and_otel_carry_the_phases(https_port, certificate):
     network = {e["name"]: e for e in events if e.get("cat") == "network"}
     assert {"network in: DNS", "network in: connect", "network in: TLS handshake", "network in: request sent",
             "remote: response headers"} <= set(network)
-    assert network["network in: TLS handshake"]["dur"] == pytest.approx(tl.counters["net_tls_ms"] * 1e3, abs=0.01)
+    assert network["network in: TLS handshake"]["dur"] == pytest.approx(tl.counters.network.net_tls_ms * 1e3, abs=0.01)
     assert not [e for e in events if e.get("cat") == "server" and e["name"].startswith("net")]
 
     exporter = InMemorySpanExporter()
@@ -127,7 +128,7 @@ def test_a_connection_refused_says_so_and_claims_no_reuse():
     finally:
         engine.close()
     c = handle.timeline.counters
-    assert c["connection_reused"] is None and c["net_headers_ms"] is None
+    assert c.network.connection_reused is None and c.network.net_headers_ms is None
 
 
 def test_our_api_serving_a_remote_backend_puts_the_phases_in_timings(https_port, certificate):

@@ -25,9 +25,9 @@ def test_the_log_prices_each_step_with_the_cost_model():
     log.verified(1, [5, 6, 7, 8], 2)  # 3 tokens for 1 + 0.2 + 4 * 0.05 = 1.4 steps
     assert log.tokens == 4 and log.cost == pytest.approx(2.4)
     assert log.predicted_speedup == pytest.approx(4 / 2.4)
-    c = log.counters()
-    assert c["draft_steps"] == [[1, 2, [5, 6, 7, 8]]] and c["draft_step_count"] == 1 and c["plain_step_ms"] is None
-    assert DraftStep.from_list(c["draft_steps"][0]) == DraftStep(1, (5, 6, 7, 8), 2)
+    listed = [s.to_list() for s in log.steps]  # as the Timeline keeps them (counters.speculation.draft_steps)
+    assert listed == [[1, 2, [5, 6, 7, 8]]] and log.count == 1 and log.costs.step_ms is None
+    assert DraftStep.from_list(listed[0]) == DraftStep(1, (5, 6, 7, 8), 2)
     bad = DraftLog(CostModel(0.5, 0.1, measured=False))
     bad.verified(0, [1, 2, 3, 4], 0)  # nothing accepted: one token for 1.9 steps
     assert bad.predicted_speedup < 1
@@ -37,7 +37,7 @@ def test_the_log_keeps_a_bounded_number_of_steps_but_counts_them_all():
     log = DraftLog(CostModel(0.2, 0.03, measured=False))
     for i in range(MAX_STEPS_KEPT + 5):
         log.verified(i, [1], 1)
-    assert len(log.counters()["draft_steps"]) == MAX_STEPS_KEPT and log.count == MAX_STEPS_KEPT + 5
+    assert len(log.steps) == MAX_STEPS_KEPT and log.count == MAX_STEPS_KEPT + 5
 
 
 def test_acceptance_by_position():

@@ -85,7 +85,7 @@ def test_greedy_speculation_equals_plain_greedy(bundled, plain_greedy, mode):
                    num_speculative_tokens=KS[i % len(KS)], speculative_adaptive=False)
         assert done.token_ids == plain_greedy[prompt], f"{mode}, k={KS[i % len(KS)]}: {prompt!r}"
         c = done.timeline.counters
-        drafted, accepted = drafted + c["drafted"], accepted + c["accepted"]
+        drafted, accepted = drafted + c.speculation.drafted, accepted + c.speculation.accepted
     assert drafted > 0 and 0 < accepted < drafted  # guesses were made, some accepted, some rejected
 
 
@@ -98,8 +98,8 @@ def test_adaptive_prompt_lookup_equals_plain_greedy_and_verifies_only_where_it_p
                    num_speculative_tokens=8)
         assert done.token_ids == plain_greedy[prompt], prompt
         c = done.timeline.counters
-        assert c["cost_model"]["measured"] and c["cost_model"]["verify_steps"]
-        verified += c["drafted"] > 0
+        assert c.speculation.cost_model["measured"] and c.speculation.cost_model["verify_steps"]
+        verified += c.speculation.drafted > 0
     assert verified >= 1
 
 
@@ -109,7 +109,7 @@ def test_seeded_sampling_with_adaptive_prompt_lookup_is_reproducible(bundled):
     a = run(bundled, ask(PROMPTS[0]), **cfg)
     b = run(bundled, ask(PROMPTS[0]), **cfg)
     assert a.token_ids == b.token_ids and len(a.token_ids) >= 8  # (the reply may end before 24)
-    assert a.timeline.counters["k_changes"] == b.timeline.counters["k_changes"]
+    assert a.timeline.counters.speculation.k_changes == b.timeline.counters.speculation.k_changes
 
 
 @pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
@@ -173,10 +173,10 @@ def test_the_cost_model_is_measured_once_per_model_and_reported(tiny, tmp_path_f
     assert first.measured and first.step_ms > 0 and first.verify_fixed >= 0 and first.verify_per_token >= 0
     assert measured_costs(runner_for(tiny)) is first
     done = run(tiny, ask("Hello there"), temperature=0.0, max_new_tokens=8, speculative="prompt_lookup")
-    assert done.timeline.counters["cost_model"] == first.to_dict()
+    assert done.timeline.counters.speculation.cost_model == first.to_dict()
     fixed = run(tiny, ask("Hello there"), temperature=0.0, max_new_tokens=8, speculative="prompt_lookup",
                 speculative_adaptive=False)
-    assert fixed.timeline.counters["cost_model"]["measured"] is False  # k is fixed: nothing to decide
+    assert fixed.timeline.counters.speculation.cost_model["measured"] is False  # k is fixed: nothing to decide
     from conftest import build_tiny_model_dir
 
     same = load_draft(str(build_tiny_model_dir(tmp_path_factory.mktemp("same"), tokenizer, seed=4)), tiny)
@@ -213,7 +213,7 @@ def test_an_idle_engine_calibrates_so_the_first_speculative_request_measures_not
         monkeypatch.setattr(costs, "_timed_forwards", no_measuring)
         done = engine.complete(ask("Repeat: one two three, one two three"),
                                GenerationConfig(temperature=0.0, max_new_tokens=8, speculative="prompt_lookup"))
-        assert done.timeline.counters["cost_model"] == calibrated.to_dict()
+        assert done.timeline.counters.speculation.cost_model == calibrated.to_dict()
     finally:
         engine.close()
 
@@ -319,8 +319,8 @@ def test_adaptive_backoff_engages_on_the_model_when_guesses_never_match(tiny, tm
     assert done.token_ids == plain.token_ids
     # a draft as big as the target never pays (its cost model says so before any guess); either way
     # the policy ends at k = 0 and guesses far less than 4 per step
-    assert c["k_changes"] and c["k_changes"][-1]["k"] == 0
-    assert c["drafted"] < 60
+    assert c.speculation.k_changes and c.speculation.k_changes[-1]["k"] == 0
+    assert c.speculation.drafted < 60
 
 
 # --- cancellation and errors ---------------------------------------------------------------------
@@ -387,4 +387,4 @@ def test_a_draft_with_another_tokenizer_is_refused(tiny, tmp_path_factory, token
 def test_plain_decoding_is_unchanged_by_the_toggle_plumbing(bundled, plain_greedy):
     done = run(bundled, ask(PROMPTS[6]), factory=Decoding, temperature=0.0, max_new_tokens=N_TOKENS)
     assert done.token_ids == plain_greedy[PROMPTS[6]]
-    assert "drafted" not in done.timeline.counters
+    assert done.timeline.counters.speculation is None

@@ -83,7 +83,7 @@ def test_a_local_source_streaming_a_think_block_stamps_thought_end_and_answer():
     assert m["ttft_thought_ms"] == pytest.approx((tl.token_ns[first] - tl.received_ns) / 1e6)
     assert m["thinking_ms"] == pytest.approx((tl.token_ns[close] - tl.token_ns[first]) / 1e6)
     assert m["ttft_ms"] < m["ttft_thought_ms"] < m["ttfa_ms"]
-    assert tl.counters["thought_source"] == "text"
+    assert tl.counters.thought_source == "text"
     d = tl.to_dict()
     assert d["events_ms"]["thought_first"] < d["events_ms"]["thought_end"] < d["events_ms"]["answer_first"]
     assert "thought at" in tl.summary()
@@ -94,7 +94,7 @@ def test_a_reply_without_a_thought_answers_at_its_first_token():
     m = tl.metrics()
     assert m["ttft_thought_ms"] is None and m["thinking_ms"] is None and m["thought_tokens"] is None
     assert m["ttfa_ms"] == m["ttft_ms"]
-    assert "thought_source" not in tl.counters
+    assert tl.counters.thought_source is None
 
 
 def test_a_thought_cut_by_max_tokens_never_ends():

@@ -125,8 +125,8 @@ def test_a_speculative_reply_has_drafted_and_accepted_per_step(tiny):
     server_checks(tl, trace)
     steps = slices(trace, "decode step")
     spec = [s for s in steps if "drafted" in s["args"]]
-    assert sum(s["args"]["drafted"] for s in spec) == tl.counters["drafted"]
-    assert sum(s["args"]["accepted"] for s in spec) == tl.counters["accepted"]
+    assert sum(s["args"]["drafted"] for s in spec) == tl.counters.speculation.drafted
+    assert sum(s["args"]["accepted"] for s in spec) == tl.counters.speculation.accepted
     for s in spec:  # a verify step yields its accepted guesses and one token of its own
         assert s["args"]["tokens"] <= s["args"]["accepted"] + 1
 

@@ -105,7 +105,7 @@ def run(args, out):
         "prefill_tokens": tl.prefill_tokens,
         "prefill_ms_with_reuse": round(median([t.prefill_ms for t in with_reuse]), 2),
         "setup_ms_with_reuse": round(median([t.setup_ms for t in with_reuse]), 2),
-        "kv_copy_ms": round(median([t.counters.get("kv_copy_ms") for t in with_reuse]), 3),
+        "kv_copy_ms": round(median([t.counters.kv.kv_copy_ms for t in with_reuse]), 3),
         "prefill_ms_without_reuse": round(median([t.prefill_ms for t in without]), 2),
         "cached_kv_bytes": state.nbytes,
         "dtype": lm.dtype_name,

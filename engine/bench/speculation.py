@@ -42,23 +42,23 @@ def compare(lm, prompts, mode: str, args, out, label: str) -> dict:
             s_runs.append(spec.timeline.decode_tps)
             same = base.token_ids == spec.token_ids
             identical &= same
-        c = spec.timeline.counters
-        drafted, accepted = drafted + c["drafted"], accepted + c["accepted"]
-        hist = [a + b for a, b in zip(hist, c["accepted_hist"])]
-        steps += c["target_forward_passes"] - 1
+        c = spec.timeline.counters.speculation
+        drafted, accepted = drafted + c.drafted, accepted + c.accepted
+        hist = [a + b for a, b in zip(hist, c.accepted_hist)]
+        steps += c.target_forward_passes - 1
         steps_tokens += spec.output_tokens - 1
         off_tps += o_runs
         on_tps += s_runs
         row = {"prompt": prompt[:48], "off_tps": median(o_runs), "on_tps": median(s_runs),
                "ratio": round(median(s_runs) / median(o_runs), 3), "tokens": spec.output_tokens, "identical": same,
-               "acceptance_rate": c["acceptance_rate"], "tokens_per_step": c["tokens_per_step"], "backoffs": c["backoffs"]}
+               "acceptance_rate": c.acceptance_rate, "tokens_per_step": c.tokens_per_step, "backoffs": c.backoffs}
         per_prompt.append(row)
         out(f"  {prompt[:44].replace(chr(10), ' '):<46} off {row['off_tps']:6.1f}  on {row['on_tps']:6.1f} tok/s  "
-            f"ratio {row['ratio']:.2f}  accept {c['acceptance_rate'] if c['acceptance_rate'] is not None else 'n/a'}  "
-            f"tok/step {c['tokens_per_step']}  {row['tokens']} tok  identical {same}")
+            f"ratio {row['ratio']:.2f}  accept {c.acceptance_rate if c.acceptance_rate is not None else 'n/a'}  "
+            f"tok/step {c.tokens_per_step}  {row['tokens']} tok  identical {same}")
     ratio = math.exp(sum(math.log(r["ratio"]) for r in per_prompt) / len(per_prompt))
     rate = accepted / drafted if drafted else None
-    costs = c.get("cost_model") or {}
+    costs = c.cost_model or {}
     out(f"{label}: cost model (plain steps, measured once per process): verify = 1 + {costs.get('verify_fixed')} "
         f"+ {costs.get('verify_per_token')} x k, measured (T, steps) {costs.get('verify_steps')}, draft token "
         f"{costs.get('draft_cost')}, step {costs.get('step_ms')} ms")

@@ -156,7 +156,8 @@ class ThoughtClock:
             if mark == "answer":
                 self.tl.answer_first_ns = t_mark
                 continue
-            self.tl.counters.setdefault("thought_source", "text")  # unless a server's field said otherwise
+            if self.tl.counters.thought_source is None:  # unless a server's field said otherwise
+                self.tl.counters.thought_source = "text"
             if mark == "thought":
                 self.tl.thought_first_ns = t_mark
             else:

@@ -3,8 +3,8 @@
 Raw events are readings of the one clock (engine/core/clock.py: `perf_counter_ns` of the server
 process; the decode loop waits for the device before a stamp that claims work is done). Derived metrics use
 the names of the metric glossary (ui/glossary.py, the page's Glossary tab) and are computed, never stored, so they cannot
-drift from the events. Later features add fields (cached tokens, speculation counts, browser
-timestamps) in `counters` and `client` without reshaping the record.
+drift from the events. Each feature's figures are typed fields of `counters` (engine/core/counters.py),
+the browser's timestamps arrive in `client`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from engine.core.clock import now_ns  # the one clock (re-exported: the engine's modules stamp through it)
+from engine.core.counters import Counters
 
 
 def _ms(start_ns: int | None, end_ns: int | None) -> float | None:
@@ -69,9 +70,8 @@ class Timeline:
     read_gbps: float | None = None  # the machine's measured memory read bandwidth: decode's roof
     copy_gbps: float | None = None  # the machine's measured memory copy bandwidth (for reference)
     limits_date: str | None = None
-    # feature figures: speculation, quantization, `kernels` ({"prefill": ..., "decode": ...}: the
-    # projections' kernels, engine/runtime/plan.py Plan.for_reply)...
-    counters: dict = field(default_factory=dict)
+    # feature figures: the seed, the variant, the kernels, KV reuse, speculation, a remote's report...
+    counters: Counters = field(default_factory=Counters)
     client: dict = field(default_factory=dict)  # browser timestamps and metrics, joined later
     # Work inside a stage, for the per-reply trace (engine/measure/trace.py): {"name", "start_ns",
     # "end_ns", **figures} — the KV lookup/copy and compile in setup, each prefill chunk, each
@@ -247,7 +247,7 @@ class Timeline:
         below `tpot_ms`, which divides by the gaps (output_tokens − 1)."""
         prompt_n, prompt_ms = self.prefill_tokens, self.prefill_ms
         predicted_n, predicted_ms = (self.output_tokens or None), self.decode_ms
-        c = self.counters
+        spec = self.counters.speculation
         return {
             "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,
@@ -258,8 +258,8 @@ class Timeline:
             "predicted_per_token_ms": _ratio(predicted_ms, predicted_n),
             "predicted_per_second": _ratio(predicted_n, predicted_ms, 1e3),
             "cache_n": self.cached_tokens,
-            "draft_n": _int_or_none(c.get("drafted")),  # None: no speculation ran (llama.cpp omits them)
-            "draft_n_accepted": _int_or_none(c.get("accepted")),
+            "draft_n": _int_or_none(spec and spec.drafted),  # None: no speculation ran (llama.cpp omits them)
+            "draft_n_accepted": _int_or_none(spec and spec.accepted),
         }
 
     def vllm_metrics(self) -> dict:
@@ -312,7 +312,7 @@ class Timeline:
                          "read_gbps": self.read_gbps, "copy_gbps": self.copy_gbps,
                          "limits_date": self.limits_date},
             "weight_bytes": self.weight_bytes,
-            **self.counters,
+            **self.counters.to_dict(),
             "client": dict(self.client),
         }
 

@@ -8,16 +8,16 @@ A/B and the bench use local and remote engines alike.
 What its Timeline means (this machine's clock): `received` = submit, `started` = the HTTP request
 is sent, `token_ns` = arrival of each streamed chunk that carries text (the client cannot see the
 server's tokens, so one chunk counts as one token: most servers send one token per chunk; the
-server's own `usage.completion_tokens` is kept in `counters`). `ttft_ms`, `itl_ms`, `e2e_ms` are
+server's own `usage.completion_tokens` is kept in `counters.remote`). `ttft_ms`, `itl_ms`, `e2e_ms` are
 therefore client-measured. Whatever timings the server returns land raw in
-`counters["server_timings"]` and, mapped onto our glossary by `server_report` (one reader per
+`counters.remote.server_timings` and, mapped onto our glossary by `server_report` (one reader per
 server, each naming where its format is documented: engine/remote/dialects.py), in the Timeline's
 own fields: token counts (`prompt_tokens`, `cached_tokens`, `prefill_tokens`; None while unknown,
 never a guessed 0),
-speculation counts (`counters["drafted"]`, `["accepted"]`) and the server's intervals on its own
-clock (`counters["server_queue_ms"]`, `["server_ttft_ms"]`, `["server_prefill_ms"]`,
-`["server_decode_ms"]`, `["server_e2e_ms"]`). Where the server's time to first token from its
-receipt is known, `counters["transport_overhead_ms"]` is client ttft − server ttft (network +
+speculation counts (`counters.speculation.drafted`, `.accepted`) and the server's intervals on its own
+clock (`counters.remote.server_queue_ms`, `.server_ttft_ms`, `.server_prefill_ms`,
+`.server_decode_ms`, `.server_e2e_ms`). Where the server's time to first token from its
+receipt is known, `counters.remote.transport_overhead_ms` is client ttft − server ttft (network +
 HTTP + streaming; vLLM's queue counts on the server's side, not in the overhead).
 
 Ollama: when the base URL is an Ollama server (`GET /api/version` answers when the engine is
@@ -30,7 +30,7 @@ stream through httpx-sse, not the openai SDK: we need the arrival time of each S
 bytes land, the servers' non-standard fields, and no hidden retries inside a measured request.
 Every request's network phases (DNS, connect, TLS, request sent, response headers; a reused
 connection has none of the first three) are timed through httpcore's trace hooks
-(engine/remote/network.py) and land in the Timeline's spans and `counters["net_*_ms"]`.
+(engine/remote/network.py) and land in the Timeline's spans and `counters.network`.
 Cancelling a handle cancels its task, which closes the connection: the server sees the client go.
 
 Sessions: our session strings (the page's secret tab ids) never leave this machine. For a server
@@ -53,6 +53,7 @@ import httpx
 from httpx_sse import EventSource
 
 from engine.core.config import GenerationConfig
+from engine.core.counters import RemoteCounters
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.info import EngineInfo
 from engine.core.request import Event, Request, RequestHandle, validate_messages
@@ -63,6 +64,7 @@ from engine.remote.dialects import (
     absorb,
     apply_usage,
     ollama_report,
+    remote_counters,
     server_report,
     server_timings,
     server_ttft,
@@ -145,7 +147,7 @@ class RemoteEngine:
         timeline.request_id = request.id
         timeline.queue_position = 0
         timeline.prompt_tokens = timeline.cached_tokens = timeline.prefill_tokens = None  # until the server says
-        timeline.counters["measured_at"] = "client"
+        timeline.counters.remote = RemoteCounters()  # measured_at "client": what the server says fills it
         handle = RemoteHandle(request, timeline)
         timeline.mark("enqueued")
         handle.push(Event("status", stage="queued", detail={"position": 0}))
@@ -227,7 +229,7 @@ class RemoteEngine:
             handle.push(Event("status", stage="setup"))
             async with self._client.stream("POST", url, json=body, headers=headers,
                                            extensions=phases.extensions("chat")) as resp:
-                tl.counters["response_headers_ms"] = (now_ns() - tl.received_ns) / 1e6
+                remote_counters(tl).response_headers_ms = (now_ns() - tl.received_ns) / 1e6
                 if resp.status_code != 200:
                     raise remote_error(resp.status_code, await resp.aread())
                 absorb(tl, tgi_headers(resp.headers))
@@ -239,7 +241,7 @@ class RemoteEngine:
                         parts.append(piece)
                         handle.push(Event("chunk", text=piece, output_tokens=len(parts)))
             tl.finish_reason = finish or "stop"
-            tl.counters["chunks"] = len(parts)
+            remote_counters(tl).chunks = len(parts)
             server_ttft(tl)
             phases.finish()  # before the done/error event: whoever it wakes reads the whole Timeline
             tl.mark("done")
@@ -303,7 +305,7 @@ class RemoteEngine:
             reason = None
             if payload.get("done"):
                 raw = {k: v for k, v in payload.items() if k.endswith(("_count", "_duration"))}
-                tl.counters.setdefault("server_timings", {}).update(raw)
+                _keep_timings(tl, raw)
                 absorb(tl, ollama_report(payload))
                 reason = {"stop": "stop", "length": "length"}.get(payload.get("done_reason"), "stop")
             yield t, piece, reason
@@ -337,7 +339,7 @@ class RemoteEngine:
         payload = json_object(data, "chunk")
         timings = server_timings(payload)
         if timings:
-            tl.counters.setdefault("server_timings", {}).update(timings)
+            _keep_timings(tl, timings)
         if isinstance(payload.get("usage"), dict):
             apply_usage(tl, payload["usage"])
         absorb(tl, server_report(payload))
@@ -360,9 +362,15 @@ def _reasoning(tl: Timeline, delta: dict, fields: tuple[str, ...]) -> str:
     """A delta's reasoning text, from the first of `fields` that holds some; the field is noted once."""
     for name in fields:
         if isinstance(delta.get(name), str) and delta[name]:
-            tl.counters.setdefault("thought_source", name)
+            if tl.counters.thought_source is None:
+                tl.counters.thought_source = name
             return delta[name]
     return ""
+
+
+def _keep_timings(tl: Timeline, raw: dict) -> None:
+    r = remote_counters(tl)
+    r.server_timings = {**(r.server_timings or {}), **raw}
 
 
 def _root(base_url: str) -> str:

@@ -7,6 +7,7 @@ Timeline. Nothing is guessed: a figure the server did not report stays unknown.
 
 from __future__ import annotations
 
+from engine.core.counters import RemoteCounters, SpeculationCounters
 from engine.core.timeline import Timeline
 
 
@@ -123,28 +124,41 @@ def _num(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def remote_counters(tl: Timeline) -> RemoteCounters:
+    """The Timeline's `counters.remote`: made by the remote engine's submit, or here for a Timeline without one."""
+    if tl.counters.remote is None:
+        tl.counters.remote = RemoteCounters()
+    return tl.counters.remote
+
+
 def absorb(tl: Timeline, report: dict) -> None:
     """A server's report onto the Timeline: token counts where still unknown, the rest in counters.
     Another Latency Lab's own figures win over its vLLM-style `metrics` (which say less)."""
-    c = tl.counters
-    if not report or c.get("server_dialect") == "latency-lab" and report.get("dialect") != "latency-lab":
+    if not report:
         return
-    c["server_dialect"] = report.get("dialect")
+    r = remote_counters(tl)
+    if r.server_dialect == "latency-lab" and report.get("dialect") != "latency-lab":
+        return
+    r.server_dialect = report.get("dialect")
     for name in ("prompt_tokens", "cached_tokens", "prefill_tokens"):
         if name in report and getattr(tl, name) is None:
             setattr(tl, name, report[name])
     if tl.prefill_tokens is None and tl.prompt_tokens is not None and tl.cached_tokens is not None:
         tl.prefill_tokens = max(tl.prompt_tokens - tl.cached_tokens, 0)
-    for name in ("drafted", "accepted"):
-        if name in report:
-            c[name] = report[name]
-    if report.get("drafted"):
-        c["acceptance_rate"] = round(report.get("accepted", 0) / report["drafted"], 4)
-    for name in ("queue_ms", "ttft_ms", "prefill_ms", "decode_ms", "e2e_ms", "inference_ms", "output_tokens"):
-        if name in report:
-            c[f"server_{name}"] = report[name]
-    if "ttft_source" in report:
-        c["server_ttft_source"] = report["ttft_source"]
+    if "drafted" in report or "accepted" in report:
+        spec = tl.counters.speculation = tl.counters.speculation or SpeculationCounters()
+        spec.drafted = report.get("drafted", spec.drafted)
+        spec.accepted = report.get("accepted", spec.accepted)
+        if report.get("drafted"):
+            spec.acceptance_rate = round(report.get("accepted", 0) / report["drafted"], 4)
+    r.server_queue_ms = report.get("queue_ms", r.server_queue_ms)
+    r.server_ttft_ms = report.get("ttft_ms", r.server_ttft_ms)
+    r.server_prefill_ms = report.get("prefill_ms", r.server_prefill_ms)
+    r.server_decode_ms = report.get("decode_ms", r.server_decode_ms)
+    r.server_e2e_ms = report.get("e2e_ms", r.server_e2e_ms)
+    r.server_inference_ms = report.get("inference_ms", r.server_inference_ms)
+    r.server_output_tokens = report.get("output_tokens", r.server_output_tokens)
+    r.server_ttft_source = report.get("ttft_source", r.server_ttft_source)
 
 
 def apply_usage(tl: Timeline, usage: dict) -> None:
@@ -160,11 +174,11 @@ def apply_usage(tl: Timeline, usage: dict) -> None:
     if tl.prompt_tokens is not None and tl.cached_tokens is not None:
         tl.prefill_tokens = max(tl.prompt_tokens - tl.cached_tokens, 0)
     if _num(usage.get("completion_tokens")):
-        tl.counters["completion_tokens"] = usage["completion_tokens"]
+        remote_counters(tl).completion_tokens = usage["completion_tokens"]
 
 
 def server_ttft(tl: Timeline) -> None:
     """The overhead between the server's first token and ours: client ttft − server ttft (from its receipt)."""
-    server = tl.counters.get("server_ttft_ms")
-    if _num(server) and tl.ttft_ms is not None:
-        tl.counters["transport_overhead_ms"] = tl.ttft_ms - float(server)
+    r = remote_counters(tl)
+    if _num(r.server_ttft_ms) and tl.ttft_ms is not None:
+        r.transport_overhead_ms = tl.ttft_ms - float(r.server_ttft_ms)

@@ -7,7 +7,7 @@ httpcore (under httpx) reports each step of an exchange to a request's `trace` e
 addresses it got. `Phases` turns both into Timeline spans (`net_dns`, `net_connect`, `net_tls`,
 `net_send`, `net_headers`; each with its `exchange`: "chat", or "session" for the one POST
 /sessions a session's first request to another Latency Lab makes) and, when the request ends, into
-scalar figures in `counters` (glossary names):
+scalar figures in `counters.network` (engine/core/counters.py NetworkCounters; glossary names):
 
 - `net_dns_ms`, `net_connect_ms`, `net_tls_ms`: time spent opening connections for this request
   (null where no connection was opened: a reused connection has no such phase; DNS also null for
@@ -30,9 +30,9 @@ from contextvars import ContextVar
 import httpcore
 import httpx
 
+from engine.core.counters import NetworkCounters
 from engine.core.timeline import Timeline, now_ns
 
-OPENING = ("dns", "connect", "tls")  # phases only a new connection has
 # httpcore's step → our phase, and whether the step starts or ends it
 STEPS = {"connect_tcp": "connect", "start_tls": "tls", "send_request_headers": "send",
          "send_request_body": "send", "receive_response_headers": "headers"}
@@ -96,13 +96,11 @@ class Phases:
             found = [s for s in spans if s["name"] == f"net_{phase}" and exchange in (None, s["exchange"])]
             return sum(s["end_ns"] - s["start_ns"] for s in found) / 1e6 if found else None
 
-        c = self.tl.counters
-        for phase in OPENING:
-            c[f"net_{phase}_ms"] = total(phase)
-        for phase in ("send", "headers"):
-            c[f"net_{phase}_ms"] = total(phase, "chat")
-        answered = c["net_headers_ms"] is not None
-        c["connection_reused"] = (c["net_connect_ms"] is None) if answered else None
+        c = self.tl.counters.network = NetworkCounters(
+            net_dns_ms=total("dns"), net_connect_ms=total("connect"), net_tls_ms=total("tls"),
+            net_send_ms=total("send", "chat"), net_headers_ms=total("headers", "chat"))
+        answered = c.net_headers_ms is not None
+        c.connection_reused = (c.net_connect_ms is None) if answered else None
 
 
 def _extra(stream, key: str):

@@ -135,7 +135,7 @@ class Plan:
         return "+".join(dict.fromkeys(self.linears[r].kernel(rows).short for r in ROLES))
 
     def for_reply(self, prefill_rows: int, mode: str = "eager") -> dict:
-        """A reply's timeline (`counters["kernels"]`): what its prefill and its decode steps ran on."""
+        """A reply's timeline (`counters.kernels`): what its prefill and its decode steps ran on."""
         decode = self.used(1)
         if mode == "compiled":
             decode = ("CUDA graph replay of the static step (engine/runtime/cuda_graph.py)" if self.device == "cuda"

@@ -156,11 +156,6 @@ class Decoding:
         if self.speculation is not None:
             self.speculation.truncate(length)
 
-    def counters(self) -> dict:
-        """Figures for the Timeline's counters."""
-        spec = self.speculation.counters(self.forward_passes) if self.speculation is not None else {}
-        return {"forward_passes": self.forward_passes, **spec}
-
     @property
     def output_ids(self) -> list[int]:
         return self.ids[self.prompt_len :]

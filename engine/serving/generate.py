@@ -78,15 +78,18 @@ def _answer(runner, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, 
     if cfg.compiled_decode:  # compiled (CPU) or captured (GPU) in the setup of a request that asks (InvalidRequest: cannot here)
         t0, stage = now_ns(), runner.setup_stage
         if runner.prepare("compiled", tokenizer, cache_capacity(len(prompt_ids), cfg)):
-            end = timeline.add_span(stage, t0)
-            timeline.counters[f"{stage}_ms"] = round((end - t0) / 1e6, 1)
-        timeline.counters["decode_step"] = "compiled"
+            ms = round((timeline.add_span(stage, t0) - t0) / 1e6, 1)
+            if stage == "capture":
+                timeline.counters.capture_ms = ms
+            else:
+                timeline.counters.compile_ms = ms
+        timeline.counters.decode_step = "compiled"
     dec = decoding_factory(runner, prompt_ids, cfg, cache=reuse.kv, cached_tokens=reuse.cached_tokens, draft=draft)
     timeline.prompt_tokens = len(prompt_ids)
     timeline.cached_tokens = dec.cached_tokens
     timeline.prefill_tokens = len(prompt_ids) - dec.cached_tokens
-    timeline.counters["seed"] = dec.sampler.seed
-    timeline.counters.update(reuse.counters())
+    timeline.counters.seed = dec.sampler.seed
+    timeline.counters.kv = reuse.counters()
     timeline.mark("setup_done")
     yield Event("status", stage="prefill", detail={"prefill_tokens": timeline.prefill_tokens})
 
@@ -128,7 +131,8 @@ def _answer(runner, tokenizer, eos_token_ids, cfg, prompt_ids, reuse, timeline, 
             yield Event("chunk", text=tail, token_ids=[], output_tokens=produced)
     dec.truncate(dec.prompt_len + produced)
     timeline.finish_reason = finish
-    timeline.counters.update(dec.counters())
+    timeline.counters.forward_passes = dec.forward_passes
+    timeline.counters.speculation = dec.speculation.counters(dec.forward_passes) if dec.speculation is not None else None
     timeline.mark("done")
     reuse.keep(dec)  # after a cancel too: between steps the sequence and its KV agree
     yield Event("done", text="".join(text_parts), token_ids=dec.output_ids[:produced], output_tokens=produced,

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.core import clock
+from engine.core.counters import KvReuseCounters
 
 DEFAULT_BUDGET_MB = 512  # MiB; ~22k positions of SmolLM2-135M KV in bf16 (23 KB per position); an engine sizes
 # its own from the device (engine/serving/kv_budget.py, `--kv-cache-mb auto`)
@@ -391,13 +392,10 @@ class RequestReuse:
             self.kv.crop(len(ids))
             self.cache.insert(self.model_key, self.scope, ids, self.kv)
 
-    def counters(self) -> dict:
-        """Figures for `Timeline.counters` (cached_tokens itself is a Timeline field)."""
-        out = {"kv_reuse": self.mode}
-        if self.active:
-            out["kv_copy_ms"] = round(self.copy_ms, 3)
-            if self.handover:
-                out["kv_handover"] = self.handover
-            if self.public:
-                out["kv_from"] = "public_prefix"  # the template's preamble, prefilled once for everyone
-        return out
+    def counters(self) -> KvReuseCounters:
+        """The Timeline's `counters.kv` (cached_tokens itself is a Timeline field)."""
+        if not self.active:
+            return KvReuseCounters(self.mode)
+        return KvReuseCounters(self.mode, kv_copy_ms=round(self.copy_ms, 3), kv_handover=self.handover or None,
+                               # the template's preamble, prefilled once for everyone
+                               kv_from="public_prefix" if self.public else None)

@@ -115,7 +115,7 @@ def record(timeline: Timeline, model, weight_bytes: int | None, dtype: str | Non
     timeline.weight_bytes = weight_bytes
     timeline.compute_dtype = dtype
     timeline.prefill_flops = prefill_flops(shape, timeline.prefill_tokens or 0, timeline.cached_tokens or 0)
-    passes = timeline.counters.get("target_forward_passes", timeline.counters.get("forward_passes"))
+    passes = timeline.counters.forward_passes  # speculation's target_forward_passes is this count too
     if passes is not None and timeline.output_tokens > 1 and weight_bytes:
         chunked = bool(getattr(config, "chunked_prefill", False))
         steps = passes - prefill_passes(timeline, chunked, getattr(config, "prefill_chunk_tokens", 512) or 512)

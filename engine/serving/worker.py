@@ -244,8 +244,8 @@ class Worker:
                 factory = factory or BatchedDecoding
             else:
                 self.stats.unbatched_requests += 1
-            tl.counters["batching"] = "batched" if seq.batched else f"unbatched ({why or 'custom decoding'})"
-            tl.counters["max_batch"] = self.max_batch
+            tl.counters.batching = "batched" if seq.batched else f"unbatched ({why or 'custom decoding'})"
+            tl.counters.max_batch = self.max_batch
         kwargs = {"decoding_factory": factory} if factory else {}
         seq.gen = generate(runner, lm.tokenizer, lm.eos_token_ids, handle.request, tl,
                            should_stop=lambda: handle.cancelled, draft=getattr(lm, "draft", None),
@@ -270,8 +270,8 @@ class Worker:
                             if tl.output_tokens else []  # its own prompt, in the forward of its first token
                     work.record(tl, seq.variant.loaded.model, seq.variant.weight_bytes,  # the work it did, counted
                                 getattr(seq.variant.loaded, "dtype_name", None), seq.handle.request.config)
-                    mode = "compiled" if tl.counters.get("decode_step") == "compiled" else "eager"  # what served it
-                    tl.counters["kernels"] = seq.variant.runner.plan.for_reply(tl.prefill_tokens or 1, mode)
+                    mode = "compiled" if tl.counters.decode_step == "compiled" else "eager"  # what served it
+                    tl.counters.kernels = seq.variant.runner.plan.for_reply(tl.prefill_tokens or 1, mode)
                     self._publish(tl, seq.variant)
                     self.completed += 1
                     self.variants.record(seq.variant.name, tl)
@@ -324,8 +324,8 @@ class Worker:
         """The model variant the request asked for; building one here counts in its setup_ms."""
         t0, resident = now_ns(), self.variants.is_resident(name)
         variant = self.variants.get(name)
-        tl.counters["quantization"] = variant.name
+        tl.counters.quantization = variant.name
         tl.context_max = getattr(variant.loaded, "max_context", None)
         if not resident:
-            tl.counters["variant_build_ms"] = round((now_ns() - t0) / 1e6, 1)
+            tl.counters.variant_build_ms = round((now_ns() - t0) / 1e6, 1)
         return variant

@@ -4,7 +4,7 @@ measured acceptance and verify costs predict for its speed.
 
 A `DraftStep` is one verify: where in the output its tokens start, the drafted ids, and how many
 of them the target accepted (the target's own next token follows them). On the Timeline
-(`counters["draft_steps"]`) each is `[at, accepted, [drafted ids]]`; the first MAX_STEPS_KEPT only
+(`counters.speculation.draft_steps`) each is `[at, accepted, [drafted ids]]`; the first MAX_STEPS_KEPT only
 (`draft_step_count` says how many there were), so a long reply's record stays small.
 """
 
@@ -58,12 +58,6 @@ class DraftLog:
         """Tokens per plain-step cost: what the measured acceptance and costs predict against plain
         decoding (1: no gain; below 1: speculation costs time)."""
         return self.tokens / self.cost if self.cost else None
-
-    def counters(self) -> dict:
-        p = self.predicted_speedup
-        return {"draft_steps": [s.to_list() for s in self.steps], "draft_step_count": self.count,
-                "predicted_speedup": None if p is None else round(p, 3),
-                "plain_step_ms": self.costs.step_ms}  # the plain step the costs were measured against
 
 
 def acceptance_by_position(steps: list[DraftStep]) -> list[float | None]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from engine.core import clock
+from engine.core.counters import SpeculationCounters
 from engine.core.errors import InvalidRequest
 from engine.speculative.costs import DEFAULT_COSTS, matmul_weight_ratio, measured_costs, measured_draft_cost
 from engine.speculative.lookup_policy import LookupPolicy
@@ -157,23 +158,27 @@ class Speculation:
                                    "acceptance_estimate": round(self.policy.acceptance, 3)})
         self._last_k = k
 
-    def counters(self, target_forward_passes: int) -> dict:
-        """Speculation figures for the Timeline (glossary names)."""
-        return {
-            "speculative": self.config.speculative,
-            "num_speculative_tokens": self.config.num_speculative_tokens,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
-            "tokens_per_step": round(self.step_tokens / self.steps, 3) if self.steps else None,
-            "accepted_hist": list(self.accepted_hist),  # [m]: verify steps that accepted m guesses
-            "target_forward_passes": target_forward_passes,
-            "draft_forward_passes": getattr(self.proposer, "forward_passes", 0),
-            "draft_ms": round(self.draft_ns / 1e6, 3),
-            "verify_ms": round(self.verify_ns / 1e6, 3),
-            "backoffs": self.backoffs,
-            "k_changes": self.k_changes,  # the first MAX_K_CHANGES_KEPT
-            "k_change_count": self.k_change_count,
-            "cost_model": self.costs.to_dict(),  # in plain steps, measured once per process and model
-            **self.log.counters(),  # draft_steps, draft_step_count, predicted_speedup (replay.py)
-        }
+    def counters(self, target_forward_passes: int) -> SpeculationCounters:
+        """Speculation figures for the Timeline's `counters.speculation` (glossary names)."""
+        log, speedup = self.log, self.log.predicted_speedup
+        return SpeculationCounters(
+            speculative=self.config.speculative,
+            num_speculative_tokens=self.config.num_speculative_tokens,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance_rate=round(self.accepted / self.drafted, 4) if self.drafted else None,
+            tokens_per_step=round(self.step_tokens / self.steps, 3) if self.steps else None,
+            accepted_hist=list(self.accepted_hist),  # [m]: verify steps that accepted m guesses
+            target_forward_passes=target_forward_passes,
+            draft_forward_passes=getattr(self.proposer, "forward_passes", 0),
+            draft_ms=round(self.draft_ns / 1e6, 3),
+            verify_ms=round(self.verify_ns / 1e6, 3),
+            backoffs=self.backoffs,
+            k_changes=list(self.k_changes),  # the first MAX_K_CHANGES_KEPT
+            k_change_count=self.k_change_count,
+            cost_model=self.costs.to_dict(),  # in plain steps, measured once per process and model
+            draft_steps=[s.to_list() for s in log.steps],  # the replay log (replay.py): the first MAX_STEPS_KEPT
+            draft_step_count=log.count,
+            predicted_speedup=None if speedup is None else round(speedup, 3),
+            plain_step_ms=log.costs.step_ms,  # the plain step the costs were measured against
+        )

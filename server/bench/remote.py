@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import asdict
 
 from engine.bench import CHAT_PROMPTS, load_model, median
+from engine.core.counters import NetworkCounters
 
 
 def add_args(p):
@@ -62,7 +64,7 @@ def run(args, out):
         out(f"{model} at {base_url}: {len(prompts)} prompts x {args.runs} runs, greedy, "
             f"{args.max_new_tokens} new tokens")
         warm = remote.complete(prompts[0], gen).timeline.counters  # warm-up: connection, first-run allocations
-        opening = {k: warm.get(k) for k in NETWORK}
+        opening = network_row(warm)
         out("first request's network phases (a connection opened, unless the dialect probe opened it): "
             + ", ".join(f"{k} {_ms(v)}" for k, v in opening.items()))
 
@@ -70,14 +72,14 @@ def run(args, out):
         for run_i in range(args.runs):
             for i, messages in enumerate(prompts):
                 done = remote.complete(messages, gen)
-                tl, c = done.timeline, done.timeline.counters
-                server = c.get("server_timings") or {}
-                row = {"client_ttft_ms": tl.ttft_ms, "server_ttft_ms": c.get("server_ttft_ms"),
-                       "transport_overhead_ms": c.get("transport_overhead_ms"),
+                tl, r = done.timeline, done.timeline.counters.remote
+                server = r.server_timings or {}
+                row = {"client_ttft_ms": tl.ttft_ms, "server_ttft_ms": r.server_ttft_ms,
+                       "transport_overhead_ms": r.transport_overhead_ms,
                        "client_itl_p50_ms": tl.metrics()["itl_p50_ms"], "client_e2e_ms": tl.e2e_ms,
                        "server_e2e_ms": server.get("e2e_ms"), "client_decode_tps": tl.decode_tps,
-                       "chunks": c.get("chunks"), "completion_tokens": c.get("completion_tokens"),
-                       **{k: c.get(k) for k in NETWORK}}
+                       "chunks": r.chunks, "completion_tokens": r.completion_tokens,
+                       **network_row(tl.counters)}
                 rows.append(row)
                 texts.setdefault(i, set()).add(done.text)
                 out(f"run {run_i} prompt {i}: " + " | ".join(
@@ -112,8 +114,9 @@ def run(args, out):
     return result
 
 
-# a remote request's network phases (engine/remote/network.py; null where the phase did not run)
-NETWORK = ("net_dns_ms", "net_connect_ms", "net_tls_ms", "net_send_ms", "net_headers_ms", "connection_reused")
+def network_row(counters) -> dict:
+    """A remote request's network phases (engine/remote/network.py; null where the phase did not run)."""
+    return asdict(counters.network or NetworkCounters())
 
 
 def _ms(v) -> str:

@@ -58,7 +58,7 @@ def offered_toggles(engine, probe_tokens: int = 8, variants: str = "auto") -> di
     offers = {"speculative": None, "quantization": None}
     probe = engine.complete([{"role": "user", "content": "Repeat: one two three one two three one two three"}],
                             GenerationConfig(temperature=0.0, max_new_tokens=probe_tokens, speculative="prompt_lookup"))
-    if "drafted" in probe.timeline.counters:
+    if probe.timeline.counters.speculation is not None:
         offers["speculative"] = "prompt_lookup"
     if variants != "none":
         names = [v.name for v in engine.info().variants if not v.default and v.available]
