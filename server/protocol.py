@@ -122,7 +122,7 @@ DECLARED = {name: t for t in (*SAMPLING, *CONFIG_TOGGLES) if t.sampling or t.nam
             for name in API_NAMES.get(t.name, (t.name,))}  # API name -> declaration
 _Session = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_SESSION_CHARS)]
 _Scope = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_SCOPE_CHARS)]
-ChatBody = create_model(
+ChatBody = create_model(  # messages: the one check (validate_messages); a Request takes the Messages it makes as they are
     "ChatBody", __config__=ConfigDict(strict=True, extra="forbid"),
     model=(StrictStr | None, None),
     messages=(Annotated[Any, AfterValidator(lambda m: validate_messages(_messages(m))),

@@ -1,5 +1,7 @@
 """The engine's wire types, without torch: what a request is (`Request`), what it yields (`Event`),
-the handle a caller holds while it runs (`RequestHandle`), and the check of chat messages.
+the handle a caller holds while it runs (`RequestHandle`), and the one check of chat messages
+(`validate_messages`): it makes the `Messages` a Request holds, so each request's messages are checked
+once, where they enter (the API's body model, server/protocol.py; else when the Request is made).
 
 The API, the page, the remote engine and the paced test source use these without importing the
 decode loop; the worker (engine/serving/worker.py) produces them. Every chunk any engine pushes
@@ -20,9 +22,14 @@ from engine.core.thinking import ThoughtClock
 from engine.core.timeline import Timeline, now_ns
 
 
+class Messages(list):
+    """Chat messages that passed `validate_messages` (only it makes one): [{role, content}], checked."""
+
+
 @dataclass
 class Request:
-    """What to answer: chat `messages` (rendered with the chat template) or ready `prompt_ids`."""
+    """What to answer: chat `messages` (rendered with the chat template) or ready `prompt_ids`.
+    Messages not checked yet are checked when the Request is made (InvalidRequest, before any queue)."""
 
     messages: list[dict] | None = None
     prompt_ids: list[int] | None = None
@@ -30,6 +37,10 @@ class Request:
     session: str | None = None  # prefix-cache scope (KV reuse); None: private to this request
     batch_scope: str | None = None  # a run-scoped batch limit (Worker.open_batch_scope); None: the engine's own
     id: str = ""
+
+    def __post_init__(self):
+        if self.prompt_ids is None and not isinstance(self.messages, Messages):
+            self.messages = validate_messages(self.messages)
 
 
 @dataclass
@@ -50,7 +61,8 @@ class Event:
         return d
 
 
-def validate_messages(messages) -> list[dict]:
+def validate_messages(messages) -> Messages:
+    """The one check of chat messages: their shape, roles, Unicode, and a prompt that says something."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects", "messages")
     out = []
@@ -65,7 +77,7 @@ def validate_messages(messages) -> list[dict]:
         out.append({"role": m["role"], "content": m["content"]})
     if not any(m["content"].strip() for m in out if m["role"] != "system"):
         raise InvalidRequest("the prompt is empty: write a message first", "messages")
-    return out
+    return Messages(out)
 
 
 def _is_unicode(text: str) -> bool:

@@ -56,7 +56,7 @@ from engine.core.config import GenerationConfig
 from engine.core.counters import RemoteCounters
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.info import EngineInfo
-from engine.core.request import Event, Request, RequestHandle, validate_messages
+from engine.core.request import Event, Request, RequestHandle
 from engine.core.thinking import ReasoningText
 from engine.core.timeline import Timeline, now_ns
 from engine.remote import network
@@ -216,7 +216,7 @@ class RemoteEngine:
             if handle.cancelled:
                 raise asyncio.CancelledError
             ollama = self.dialect == "ollama"
-            messages = validate_messages(req.messages)
+            messages = req.messages  # checked when the Request was made
             if ollama:
                 url, body = f"{_root(self.base_url)}/api/chat", ollama_body(self.model, messages, req.config)
                 headers, read = {}, self._read_ollama

@@ -5,7 +5,7 @@ how to prefill and take one decode step. `generate` drives it for a request, tur
 the stop rules and records every timestamp on the request's `Timeline`. It yields `Event`s, which
 the worker forwards to whoever waits (CLI, API, page), and, for a batched sequence, the scheduler's
 own `Step`/`Pause` signals (engine/serving/decoding.py), which the worker keeps to itself.
-The request's config is trusted: a GenerationConfig is checked when it is made.
+The request is trusted: its GenerationConfig and its messages were checked when they were made.
 
 Stopping: EOS, a stop string, `max_new_tokens`, or cancellation, checked before every step.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from engine.core.config import GenerationConfig
-from engine.core.request import Event, Request, validate_messages
+from engine.core.request import Event, Request
 from engine.core.timeline import Timeline, now_ns
 from engine.serving.decoding import Decoding, Pause, Step, cache_capacity, check_lengths
 from engine.serving.detokenize import IncrementalDetokenizer, StopStrings
@@ -23,8 +23,8 @@ from engine.serving.prefix_cache import PrefixCache, RequestReuse
 
 
 def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Render chat messages with the model's chat template and tokenize them."""
-    messages = validate_messages(messages)
+    """Render chat messages with the model's chat template and tokenize them. The messages are the
+    caller's, checked where they entered (a Request's are: engine/core/request.py validate_messages)."""
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):

@@ -65,8 +65,6 @@ class Worker:
     def submit(self, request: Request, timeline: Timeline | None = None) -> RequestHandle:
         """Queue a request. Bad options raise InvalidRequest here, before it waits in line."""
         self.variants.check(request.config.quantization)
-        if request.prompt_ids is None and request.messages is None:
-            raise InvalidRequest("a request needs messages or prompt_ids", "messages")
         if request.batch_scope is not None and request.batch_scope not in self._scopes:
             raise InvalidRequest("unknown batch_scope: a scope exists only while the load run that opened it "
                                  "runs", "batch_scope")
