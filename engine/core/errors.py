@@ -24,10 +24,6 @@ class LoadError(LatencyLabError):
     """A model (or tokenizer) could not be loaded; the message says why and what to try."""
 
 
-class Cancelled(LatencyLabError):
-    """The request was cancelled before it finished."""
-
-
 # Exit codes of every command (app.py / latency-lab, python -m engine, -m engine.bench, -m server).
 EXIT_OK = 0  # done; a bench's own verdict passed
 EXIT_FAILURE = 1  # it ran and failed: a model that does not load, a failed request, a bench verdict "ok": false

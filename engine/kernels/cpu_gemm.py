@@ -237,11 +237,6 @@ def plain_fp32_cpu(linear: nn.Module) -> bool:
     return type(linear) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
 
 
-def ours_serves(linear: nn.Module) -> bool:
-    """Whether our fp32 kernel (engine/kernels/cpu_gemm.py) runs this Linear here."""
-    return plain_fp32_cpu(linear) and available()
-
-
 class _Panels:
     """Our fp32 kernel's copy of one Linear's weight (fp32_panels), kept on the module, where
     the compiled step's tracing can read it. Not deep-copied: a variant copied from the model makes

@@ -14,7 +14,6 @@ for the metrics of `--percentile-metrics` (ttft, tpot, itl, e2el) are vLLM's; th
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -125,7 +124,3 @@ def saturated(row: dict, ttft_objective_ms: float, factor: float = STOP_FACTOR) 
     """The sweep's stop rule: p90 TTFT past `factor` times its objective, or nothing completed."""
     p90 = row.get("p90_ttft_ms")
     return p90 is None or p90 > factor * ttft_objective_ms
-
-
-def next_rate(rate: float, factor: float) -> float:
-    return rate * factor if not math.isinf(rate) else rate

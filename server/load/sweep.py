@@ -12,7 +12,6 @@ Used by `python -m server.bench load --request-rate sweep` and the page's Load t
 
 from __future__ import annotations
 
-import math
 import statistics
 import threading
 from dataclasses import dataclass, field
@@ -187,7 +186,3 @@ def level_line(row: dict) -> str:
             f"goodput {f(row['request_goodput'])} req/s | ttft p50/p90 {f(row.get('median_ttft_ms'))}/"
             f"{f(row.get('p90_ttft_ms'))} ms, tpot p90 {f(row.get('p90_tpot_ms'))} ms, queue p90 "
             f"{f(row.get('p90_queue_ms'))} ms | {bad}")
-
-
-def rate_label(rate: float) -> str:
-    return "inf" if math.isinf(rate) else f"{rate:g}"
