@@ -69,7 +69,7 @@ def load_config_from_args(args, progress: bool = True) -> LoadConfig:
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
     """One flag per declared field (engine/core/config.py), with its default; its bounds are checked
-    by `GenerationConfig.validate` (an error naming the field, exit code 2)."""
+    by `GenerationConfig` when it is made (an error naming the field, exit code 2)."""
     g = p.add_argument_group("generation")
     for t in (*SAMPLING, *TOGGLES):
         if t.kind == "bool" and t.default:

@@ -99,8 +99,8 @@ def _off(allowed: tuple):
 
 def _declared_type(t: Toggle):
     """A GenerationConfig field's type in the body, from its declaration. Each string's length is left
-    to `GenerationConfig.validate`: pydantic refuses to measure text with a lone surrogate, which JSON
-    allows and a stop string may hold."""
+    to the GenerationConfig the body makes (its `__post_init__`): pydantic refuses to measure text with a
+    lone surrogate, which JSON allows and a stop string may hold."""
     if t.kind == "bool":
         return StrictBool
     if t.kind == "int":

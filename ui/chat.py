@@ -56,7 +56,7 @@ class Reply:
 
 @dataclass
 class Pane:
-    """One tab pane: its conversation (engine.sessions.Conversation, replies kept exactly as
+    """One tab pane: its conversation (engine.serving.sessions.Conversation, replies kept exactly as
     generated) and the request streaming into it now."""
 
     conversation: Conversation

@@ -62,12 +62,12 @@ class EngineInfo:
     speculation: tuple[SpeculationInfo, ...] = ()
     toggles: tuple[str, ...] = ()  # the GenerationConfig toggles this engine honours
     unavailable_toggles: dict = field(default_factory=dict)  # toggle name -> why no variant can switch it on here
-    capabilities: dict | None = None  # engine.capabilities.Capabilities.to_dict(): what the machine can do
-    prefix_cache: dict | None = None  # engine.prefix_cache.PrefixCache.stats()
+    capabilities: dict | None = None  # engine.platform.capabilities.Capabilities.to_dict(): what the machine can do
+    prefix_cache: dict | None = None  # engine.serving.prefix_cache.PrefixCache.stats()
     variant_budget_bytes: int | None = None
     packed_weight_bytes: int | None = None  # oneDNN copies of bf16 weights for multi-row matmuls
     draft: dict | None = None  # the speculative draft model, if one is loaded
-    machine_limits: dict | None = None  # engine.machine_limits.MachineLimits.to_dict(): the roofline's ceilings
+    machine_limits: dict | None = None  # engine.measure.machine_limits.MachineLimits.to_dict(): the roofline's ceilings
     batching: dict | None = None  # with --max-batch > 1: the scheduler's settings (engine/serving/scheduler.py)
     extra: dict = field(default_factory=dict)  # facts of one backend only (e.g. a remote's base URL)
 

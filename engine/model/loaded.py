@@ -33,7 +33,7 @@ class LoadedModel:
     weights: str = ""  # the folder (or hub id) transformers read the weights from
     eos_token_ids: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
-    draft: object | None = None  # engine.draft.Draft for speculative='draft' (None: no draft loaded)
+    draft: object | None = None  # engine.speculative.draft.Draft for speculative='draft' (None: no draft loaded)
     cache_dir: object | None = None  # a Path: where measured kernel decisions are kept (None: not kept)
     device_reason: str | None = None  # why this device serves (engine/platform/device.py), e.g. 'cpu: --device cpu asked for'
 

@@ -64,13 +64,13 @@ class Capabilities:
 
     @property
     def packed_bf16_weights(self) -> bool:
-        """Pre-packed oneDNN bf16 weights for multi-row matmuls (engine.fast_llama)."""
+        """Pre-packed oneDNN bf16 weights for multi-row matmuls (engine/kernels/catalogue.py packed_weight)."""
         return self.onednn and self.onednn_bf16
 
     @property
     def packed_fp32_weights(self) -> bool:
-        """Pre-packed oneDNN fp32 weights for multi-row matmuls and batched steps (engine.fast_llama):
-        oneDNN's fp32 kernels run on every x86 CPU torch runs on, so only the build decides."""
+        """Pre-packed oneDNN fp32 weights for multi-row matmuls and batched steps (engine/kernels/catalogue.py
+        packed_weight): oneDNN's fp32 kernels run on every x86 CPU torch runs on, so only the build decides."""
         return self.onednn
 
     @property

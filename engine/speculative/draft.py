@@ -106,7 +106,7 @@ def bundled_draft(target) -> Draft:
 
 
 def load_draft(spec: str | None, target) -> Draft | None:
-    """The draft for a loaded target (`engine.model.loader.LoadedModel`).
+    """The draft for a loaded target (`engine.model.loaded.LoadedModel`).
 
     `spec` None: the bundled draft when the target is the bundled model, else no draft.
     Otherwise a model folder (or .gguf file) that shares the target's tokenizer.
