@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from engine.core.config import TOGGLES, GenerationConfig
+from engine.core.config import TOGGLE, TOGGLES, GenerationConfig
 from engine.core.errors import LatencyLabError
 
 # The toggles another Latency Lab honours: derived from their one declaration (engine/core/config.py).
@@ -35,8 +35,7 @@ def request_body(model: str, messages: list[dict], cfg: GenerationConfig, sessio
     if cfg.top_k:
         body["top_k"] = cfg.top_k  # vLLM, SGLang and llama.cpp take it; OpenAI itself does not
     if send_toggles:
-        default = GenerationConfig()
-        body.update({name: getattr(cfg, name) for name in FORWARDED if getattr(cfg, name) != getattr(default, name)})
+        body.update({name: getattr(cfg, name) for name in FORWARDED if getattr(cfg, name) != TOGGLE[name].default})
         if session:
             body["session"] = session
     return body
