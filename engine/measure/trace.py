@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from engine.core.counters import Counters
+
 TRACKS = ("browser", "network", "server")  # top to bottom in the viewer, one process each per reply
 # A remote request's network phases (engine/remote/network.py: Timeline spans `net_*`), on the network
 # track as sub-stages of network in (this machine → the remote server), and the wait for its answer.
@@ -52,23 +54,24 @@ def server_spans(tl: dict) -> list[Span]:
     ev = {k: _ns(origin, v) for k, v in (tl.get("events_ms") or {}).items()}
     tokens = [_ns(origin, t) for t in tl.get("token_ms") or []]
     first, last = (tokens[0], tokens[-1]) if tokens else (None, None)
-    kernels = tl.get("kernels") if isinstance(tl.get("kernels"), dict) else {}
+    counters = Counters.from_dict(tl)
+    kernels = counters.kernels if isinstance(counters.kernels, dict) else {}
     out = [Span("server", "received", ev["received"], args={"request_id": tl.get("request_id")})]
 
     def interval(name, start, end, **args):
         if start is not None and end is not None:
             out.append(Span("server", name, start, end, {k: v for k, v in args.items() if v is not None}))
 
-    remote = tl.get("measured_at") == "client"
+    remote = counters.remote is not None and counters.remote.measured_at == "client"
     interval("queue", ev.get("enqueued"), ev.get("started"), queue_position=tl.get("queue_position"))
     interval("setup", ev.get("started"), ev.get("setup_done"), prompt_tokens=tl.get("prompt_tokens"),
-             cached_tokens=tl.get("cached_tokens"), compile_ms=tl.get("compile_ms"),
-             capture_ms=tl.get("capture_ms"))
+             cached_tokens=tl.get("cached_tokens"), compile_ms=counters.compile_ms,
+             capture_ms=counters.capture_ms)
     interval("prefill", ev.get("prefill_start"), first, prefill_tokens=tl.get("prefill_tokens"),
              kernels=kernels.get("prefill"))
     if remote:  # a remote engine: its queue, setup and prefill are on its own machine, not here
         interval("remote: waiting for the first token", ev.get("started"), first)
-        headers = tl.get("response_headers_ms")
+        headers = counters.remote.response_headers_ms
         if headers is not None:
             out.append(Span("server", "remote: response headers", _ns(origin, headers)))
     interval("decode", first, last, output_tokens=tl.get("output_tokens"), tpot_ms=tl.get("tpot_ms"))
@@ -76,7 +79,7 @@ def server_spans(tl: dict) -> list[Span]:
         out.append(Span("server", "first token", first))
     # a reply that opens with a thought (engine/core/thinking.py): thinking, then the answer
     interval("thinking", ev.get("thought_first"), ev.get("thought_end"), thought_tokens=tl.get("thought_tokens"),
-             source=tl.get("thought_source"))
+             source=counters.thought_source)
     if ev.get("thought_first") is not None and ev.get("answer_first") is not None:
         out.append(Span("server", "first answer token", ev["answer_first"], args={"ttfa_ms": tl.get("ttfa_ms")}))
     for s in tl.get("spans_ms") or []:

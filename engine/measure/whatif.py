@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from engine.core.counters import Counters
 from engine.serving.work import ModelShape, prefill_flops
 
 
@@ -57,8 +58,9 @@ def fit(tl: dict, shape: ModelShape) -> Fit | None:
     if not n or prefill_ms is None or tl.get("ttft_ms") is None:
         return None
     weights = roof.get("weight_bytes") or tl.get("weight_bytes")
-    if tl.get("draft_step_count") or tl.get("drafted"):
-        read, read_from = tl.get("plain_step_ms"), "the calibrated plain step"
+    spec = Counters.from_dict(tl).speculation
+    if spec is not None and (spec.draft_step_count or spec.drafted):
+        read, read_from = spec.plain_step_ms, "the calibrated plain step"
     else:
         read, read_from = tl.get("tpot_ms"), "this reply's TPOT"
     if not read and weights and roof.get("read_gbps"):  # decode's roof (engine/measure/machine_limits.py)
