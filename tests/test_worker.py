@@ -80,10 +80,9 @@ def test_bad_sampling_values_are_refused_with_the_field_named(bundled_engine, co
     [{"role": "user"}],
 ])
 def test_empty_or_malformed_prompts_fail_alone(bundled_engine, messages):
-    h = bundled_engine.submit(messages, GREEDY)
-    with pytest.raises(InvalidRequest):
-        h.result(timeout=60)
-    assert h.final.kind == "error" and h.final.detail["user_error"]
+    with pytest.raises(InvalidRequest) as err:  # refused when the Request is made, before it is queued
+        bundled_engine.submit(messages, GREEDY)
+    assert err.value.param == "messages"
     assert bundled_engine.complete(ask("Say ok."), GREEDY).output_tokens > 0
 
 
