@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.paced_source:
-            from ui.paced import PacedSource
+            from ui.chat.paced import PacedSource
 
             backends = {"paced test source": PacedSource(args.paced_source)}
         else:

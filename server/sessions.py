@@ -8,7 +8,7 @@ ids it issued (`POST /v1/sessions`): `sess_<128 random bits>.<HMAC of them>` und
 at start. Checking one needs no table (nothing to grow, nothing to evict); an id from an
 earlier run of the server is refused, which loses nothing (the KV cache died with that run).
 
-The engine sees `api:<random part>`: the page's sessions (ui/chat.py, random ids without ':')
+The engine sees `api:<random part>`: the page's sessions (ui/chat/store.py, random ids without ':')
 can never collide with the API's.
 """
 

@@ -3,7 +3,7 @@
 Every request an instrumented backend serves (the API's and the page's: server/metrics.py reports
 each one once, at its final event) is kept here by id, the latest `keep`, and, with an OTLP
 endpoint, exported as spans (engine/measure/otel.py). A page reply's browser timings join its
-Timeline later (ui/chat.py), so its trace fetched afterwards has the browser and network tracks too.
+Timeline later (ui/chat/store.py), so its trace fetched afterwards has the browser and network tracks too.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from starlette.routing import Mount
 from server.api import create_api
 from server.auth import COOKIE, cookie_token
 from server.run import BackgroundServer
-from ui.paced import PacedSource
+from ui.chat.paced import PacedSource
 from ui.webapp import create_app
 
 KEY = "s3cret-key"

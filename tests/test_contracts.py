@@ -13,9 +13,12 @@ from engine.core.info import EngineInfo
 from engine.remote.wire import FORWARDED, request_body
 from server import protocol
 from server.protocol import parse_chat_request
-from ui import controls, engine_info, glossary, records, settings
-from ui.page import preset_missing, preset_settings
-from ui.presets import load_prompt_sets, teaching_presets
+from ui.chat import controls as pane_controls
+from ui.shell import controls
+from ui.shell import engine_info, glossary
+from ui.chat import records, settings
+from ui.compare.tab import preset_missing, preset_settings
+from ui.shell.presets import load_prompt_sets, teaching_presets
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -134,7 +137,7 @@ def test_each_pane_starts_from_the_declarations_and_its_named_overrides(bundled_
 
     for overrides in (settings.CHAT_PANE, settings.AB_PANE):
         with gr.Blocks():
-            made = dict(zip(settings.FIELDS, controls.settings_controls("t", bundled_engine.info(), ["local"],
+            made = dict(zip(settings.FIELDS, pane_controls.settings_controls("t", bundled_engine.info(), ["local"],
                                                                          **overrides)))
         for t in settings.ON_PAGE:
             assert made[t.name].value == overrides.get(t.name, t.default), t.name
@@ -204,7 +207,7 @@ def test_a_toggle_the_machine_cannot_run_is_shown_disabled_with_its_reason(tiny_
     from engine.model.loader import load
     from engine.platform import capabilities
     from engine.serving.service import Engine
-    from ui.controls import toggle_control
+    from ui.shell.controls import toggle_control
 
     with capabilities.forced(cpp_compiler=None):
         engine = Engine(load(LoadConfig(model=str(tiny_model_dir), dtype="fp32", progress=False)))
@@ -230,7 +233,7 @@ def test_weights_that_cannot_compile_leave_the_toggle_on_offer_for_the_variants_
     from engine.core.config import LoadConfig
     from engine.model.loader import load
     from engine.serving.service import Engine
-    from ui.controls import toggle_control
+    from ui.shell.controls import toggle_control
 
     engine = Engine(load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", progress=False)))
     try:
@@ -262,7 +265,7 @@ def test_controls_cover_every_field(bundled_engine):
     import gradio as gr
 
     with gr.Blocks():
-        made = controls.settings_controls("t", bundled_engine.info(), ["local"], **settings.AB_PANE)
+        made = pane_controls.settings_controls("t", bundled_engine.info(), ["local"], **settings.AB_PANE)
     assert len(made) == len(settings.FIELDS)
     ids = [c.elem_id for c in made]
     assert len(set(ids)) == len(ids) and all(i.startswith("lab-t-") for i in ids)

@@ -13,7 +13,7 @@ from engine.core.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from engine.remote.client import RemoteEngine
 from server.api import create_api
 from server.run import BackgroundServer
-from ui.paced import PacedSource
+from ui.chat.paced import PacedSource
 
 
 def fake_scenario(result: dict):

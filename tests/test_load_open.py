@@ -174,7 +174,7 @@ def test_the_pareto_frontier_and_sentence_state_the_measured_trade_off():
 
 def test_the_default_tpot_objective_is_the_pages_reading_pace():
     from server.load.serve_figures import DEFAULT_OBJECTIVES
-    from ui.records import READING_PACE_TPS
+    from ui.chat.records import READING_PACE_TPS
 
     assert DEFAULT_OBJECTIVES["tpot"] == round(1000 / READING_PACE_TPS)
 

@@ -157,7 +157,7 @@ def test_reuse_holds_while_the_conversations_fit_and_collapses_past_the_budget(c
 
 
 def test_every_figure_of_a_reuse_row_is_in_the_glossary():
-    from ui.glossary import METRICS
+    from ui.shell.glossary import METRICS
 
     for name in ("think_time_s", "kv_budget_mb", "follow_up_reuse_rate", "prefix_hit_rate", "kv_evictions",
                  "kv_rejected", "kv_peak_mb", "follow_ups", "follow_up_ttft_ratio"):

@@ -258,7 +258,7 @@ def test_the_page_imports_the_load_package_never_the_bench():
 
 
 def test_each_request_of_run_2_against_the_same_request_in_run_1_gets_the_ab_statistics():
-    """The Load tab's pair through the one statistics module (ui/stats.py): each whole reply of run 2
+    """The Load tab's pair through the one statistics module (ui/compare/stats.py): each whole reply of run 2
     against the same scripted request in run 1, intervals, Holm and the floors; the delta table marks a
     latency figure only where those statistics decide it."""
     from ui.load.report import request_pairs

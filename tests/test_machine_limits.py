@@ -84,7 +84,7 @@ def test_the_api_the_page_and_bench_bandwidth_divide_by_the_one_cached_limit(tin
     from engine.core.config import GenerationConfig
     from engine.serving.service import Engine
     from server.protocol import timings_of
-    from ui import records
+    from ui.chat import records
 
     monkeypatch.setenv("LATENCY_LAB_CACHE", str(tmp_path))
     limits = MachineLimits(**{**FAKE.__dict__, "key": machine_limits.machine_key("cpu"),

@@ -10,10 +10,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE_SUFFIXES = (".py", ".cpp")
 
 
-def map_entries(doc: str) -> set[str]:
-    """Paths named by the first code block after '## Modules': a tree in which a line whose first
-    word ends in '/' opens a folder and deeper-indented lines are inside it."""
-    section = doc.split("## Modules", 1)[1]
+def map_entries(doc: str, heading: str = "## Modules", suffixes: tuple[str, ...] = SOURCE_SUFFIXES) -> set[str]:
+    """Paths named by the first code block after `heading`: a tree in which a line whose first
+    word ends in '/' opens a folder and deeper-indented lines are inside it (tests/test_page_map.py
+    reads the page's map with it too)."""
+    section = doc.split(heading, 1)[1]
     block = re.search(r"```\n(.*?)```", section, re.S).group(1)
     stack: list[tuple[int, str]] = []  # (indent, folder)
     paths = set()
@@ -26,7 +27,7 @@ def map_entries(doc: str) -> set[str]:
         while names[-1].endswith(",") and len(names) < len(words):  # "a.py, b.py  what they are"
             names.append(words[len(names)])
         word = words[0]
-        if not re.fullmatch(r"[\w.]+(/|\.py,?|\.cpp,?)", word):
+        if not re.fullmatch(r"[\w.]+(/|(%s),?)" % "|".join(map(re.escape, suffixes)), word):
             continue  # a description's continuation line
         while stack and stack[-1][0] >= indent:
             stack.pop()

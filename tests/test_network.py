@@ -1,4 +1,4 @@
-"""The simulated network and streaming off (ui/network.py): order kept, delays within the link's
+"""The simulated network and streaming off (ui/chat/network.py): order kept, delays within the link's
 bounds, the source read at its own pace, and a non-streamed reply delivered in one piece at the end."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from engine.core.errors import InvalidRequest
 from engine.core.timeline import Timeline
 from server.protocol import completion_body
-from ui import network, records, settings
+from ui.chat import network, records, settings
 
 
 async def source(n: int, gap_s: float, produced: list):

@@ -71,11 +71,11 @@ def test_wheel_holds_what_the_code_reads_at_run_time(wheel):
         "engine/__main__.py", "server/__main__.py",
         # the C++ kernels' sources (engine/kernels/cpu_gemm.py builds them at first use)
         "engine/kernels/cpu_gemm.cpp", "engine/kernels/cpu_attention.cpp", "engine/kernels/cpu_layers.cpp",
-        # the bundled draft (engine/speculative/draft.py) and the prompt sets (ui/presets.py)
+        # the bundled draft (engine/speculative/draft.py) and the prompt sets (ui/shell/presets.py)
         "engine/assets/draft-smollm2-135m/draft.json", "engine/assets/draft-smollm2-135m/draft.safetensors",
-        "ui/prompts/copy_edits.json", "ui/prompts/long_history.json", "ui/prompts/open_questions.json",
+        "ui/shell/prompts/copy_edits.json", "ui/shell/prompts/long_history.json", "ui/shell/prompts/open_questions.json",
         # the page's own scripts and style (ui/page.py)
-        "ui/page.js", "ui/page.css", "ui/markdown.js",
+        "ui/chat/page.js", "ui/shell/page.css", "ui/chat/markdown.js",
     }
     assert not sorted(needed - names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or n.startswith(("tests/", "build/"))]

@@ -146,7 +146,7 @@ def test_our_api_serving_a_remote_backend_puts_the_phases_in_timings(https_port,
 
 
 def test_every_network_figure_is_in_the_glossary():
-    from ui.glossary import METRICS
+    from ui.shell.glossary import METRICS
 
     for name in (*OPENING, "net_send_ms", "net_headers_ms", "connection_reused"):
         assert METRICS[name].end, name

@@ -117,15 +117,14 @@ def test_the_page_serves_the_newest_report_and_says_how_to_make_one(tmp_path, mo
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from ui.chat import ChatStore
-    from ui.paced import PacedSource
-    from ui.presets import load_prompt_sets, teaching_presets
-    from ui.stream_api import lab_router
+    from ui.chat.paced import PacedSource
+    from ui.chat.store import ChatStore
+    from ui.shell.header import header_router
 
     monkeypatch.setenv("LATENCY_LAB_CACHE", str(tmp_path))
     source = PacedSource(tokens_per_s=1000, prefill_ms=1)
     app = FastAPI()
-    app.include_router(lab_router(ChatStore(source), teaching_presets(load_prompt_sets())))
+    app.include_router(header_router(ChatStore(source)))  # the header's report link
     try:
         with TestClient(app) as c:
             none = c.get("/lab/report")

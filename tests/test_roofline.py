@@ -95,7 +95,8 @@ def test_limits_are_cached_per_machine_with_their_date(tmp_path, monkeypatch):
 
 
 def test_stats_line_dashes_unknowns_and_flags_fractions_above_the_roof():
-    from ui import compare, record_view
+    from ui.chat import record_view
+    from ui.compare import delta as compare
 
     remote = {"ttft_ms": 80.0, "e2e_ms": 200.0, "decode_tps": 30.0, "prompt_tokens": None, "output_tokens": 5,
               "context_tokens": None, "context_max": None, "prefill_tps": None, "measured_at": "client"}

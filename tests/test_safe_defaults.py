@@ -120,8 +120,8 @@ def test_model_paths_come_only_from_the_command_line(served, bundled_engine, tmp
             if resp.status_code == 200:
                 assert resp.json()["model"] == name  # served by the model loaded at start
     # The page: a setting naming a path is refused, and backends are only those built at start.
-    from ui.chat import ChatStore
-    from ui.settings import parse
+    from ui.chat.store import ChatStore
+    from ui.chat.settings import parse
 
     for setting in ("model", "model_path", "draft_model"):
         with pytest.raises(InvalidRequest, match="unknown setting"):

@@ -23,7 +23,7 @@ from engine.measure.otel import OtlpExport
 from engine.measure.trace import chrome_trace
 from server.api import create_api
 from server.run import BackgroundServer
-from ui.paced import THINK, PacedSource
+from ui.chat.paced import THINK, PacedSource
 
 REPLY = "  <think>\nFirst, the capital.</think>\n\nParis."
 
@@ -161,7 +161,7 @@ def test_the_local_engine_stamps_its_first_answer_token(bundled_engine):
 
 
 def test_every_thinking_figure_is_in_the_glossary():
-    from ui.glossary import METRICS
+    from ui.shell.glossary import METRICS
 
     for name in ("ttft_thought_ms", "thinking_ms", "ttfa_ms", "thought_tokens", "thought_source",
                  "client_ttft_thought_ms", "client_thinking_ms", "client_ttfa_ms"):

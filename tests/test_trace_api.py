@@ -157,8 +157,8 @@ def test_the_pages_trace_route_reads_a_load_runs_requests_from_the_api(tiny):
     from fastapi.testclient import TestClient
 
     from server.tracing import RequestTraces
-    from ui.chat import ChatStore
-    from ui.trace_routes import trace_router
+    from ui.chat.store import ChatStore
+    from ui.trace.routes import trace_router
 
     engine = Engine(tiny)
     try:

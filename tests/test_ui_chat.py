@@ -9,9 +9,9 @@ import pytest
 
 from engine.core.config import GenerationConfig
 from engine.core.errors import InvalidRequest
-from ui.chat import ChatStore
-from ui.paced import PacedSource
-from ui.sweep import run_sweep, summary
+from ui.chat.store import ChatStore
+from ui.chat.paced import PacedSource
+from ui.compare.sweep import run_sweep, summary
 
 
 def run(coro):

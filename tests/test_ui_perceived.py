@@ -1,11 +1,12 @@
-"""Engine-free tests of the perceived-latency metrics (ui/perceived.py), their join to a reply's
+"""Engine-free tests of the perceived-latency metrics (ui/chat/perceived.py), their join to a reply's
 timeline, how the page shows them, and the smoothing / chunked-prefill settings and presets."""
 
 import pytest
 
 from engine.core.errors import InvalidRequest
-from ui import perceived, presets, record_view, records, settings
-from ui.glossary import METRICS
+from ui.chat import perceived, record_view, records, settings
+from ui.shell import presets
+from ui.shell.glossary import METRICS
 
 TEXT = "The cat sat. On the mat"  # five words; word ends at 3, 7, 12, 15, 19, 23
 

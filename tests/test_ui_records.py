@@ -8,8 +8,10 @@ import json
 import pytest
 
 from engine.core.errors import InvalidRequest
-from ui import compare, presets, record_view, records, settings
-from ui.glossary import METRICS, as_json, hover
+from ui.compare import delta as compare
+from ui.shell import presets
+from ui.chat import record_view, records, settings
+from ui.shell.glossary import METRICS, as_json, hover
 
 
 def timeline(**over):

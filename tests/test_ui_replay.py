@@ -1,4 +1,4 @@
-"""The speculation replay's block (ui/replay.py) from a made-up Timeline: every token in its
+"""The speculation replay's block (ui/insight/replay.py) from a made-up Timeline: every token in its
 step, accepted and rejected drafts told apart, the figures and the warning."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ui import replay
+from ui.insight import replay
 
 
 def decode(ids):
@@ -51,7 +51,7 @@ def test_a_plain_warning_when_speculation_costs_time():
 
 
 def test_the_ttft_change_splits_into_measured_terms_that_add_up():
-    from ui import attribution
+    from ui.compare import attribution
 
     a = {"ttft_ms": 900.0, "queue_ms": 5.0, "setup_ms": 10.0, "prefill_ms": 880.0, "prefill_tokens": 400,
          "client": {"client_ttft_ms": 960.0, "transport_overhead_ms": 60.0}}

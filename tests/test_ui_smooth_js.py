@@ -1,4 +1,4 @@
-"""The smoothing schedule (ui/smooth.js) is pure JavaScript; its unit tests (tests/js/) run in
+"""The smoothing schedule (ui/chat/smooth.js) is pure JavaScript; its unit tests (tests/js/) run in
 Node: the one on PATH, else the Node that the playwright package ships with its driver."""
 
 import re

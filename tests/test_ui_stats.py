@@ -1,5 +1,5 @@
-"""A/B that decides: paired intervals (ui/stats.py), the replies check (ui/replies.py) and the
-verdict sentence (ui/verdict.py), on made-up figures and through a sweep of the paced source."""
+"""A/B that decides: paired intervals (ui/compare/stats.py), the replies check (ui/compare/replies.py) and the
+verdict sentence (ui/compare/verdict.py), on made-up figures and through a sweep of the paced source."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import random
 import pytest
 
 from engine.core.config import SAMPLING, TOGGLES
-from ui import replies, stats, sweep, verdict
-from ui.chat import ChatStore
-from ui.glossary import METRICS
-from ui.paced import PacedSource
-from ui.settings import PAGE_SETTINGS
+from ui.compare import replies, stats, sweep, verdict
+from ui.chat.store import ChatStore
+from ui.shell.glossary import METRICS
+from ui.chat.paced import PacedSource
+from ui.chat.settings import PAGE_SETTINGS
 
 
 def rows_of(a: list[float], b: list[float], metric: str = "ttft_ms", orders: list[str] | None = None) -> list[dict]:
@@ -242,7 +242,7 @@ def test_a_sweep_with_the_same_server_settings_is_an_aa_check():
 
 
 def test_repeated_ab_runs_of_one_prompt_pair_up_after_a_warmup_in_their_order():
-    from ui import ab_stats
+    from ui.compare import repeated as ab_stats
 
     store = ChatStore(PacedSource(2000.0))
     s = store.new_session()
@@ -269,7 +269,7 @@ def test_repeated_ab_runs_of_one_prompt_pair_up_after_a_warmup_in_their_order():
     assert [r["order"] for r in rep["rows"] if r["pane"] == "A"] == ["AB", "AB", "BA", "BA", "AB"]
     assert {p.metric for p in rep["paired"]} >= {"ttft_ms", "tpot_ms"} and all(p.n == 4 for p in rep["paired"])
     assert rep["verdict"].endswith("4 items, order counterbalanced; 4 of 4 replies identical.")
-    assert ab_stats.token_ids(store, s, a) is not None
+    assert store.token_ids(s, a) is not None
     assert "Over 5 runs of this prompt (the first a warm-up, not counted)" in ab_stats.repeated_html(store, s, a, b)
     first = store.replies(s, "A")[0], store.replies(s, "B")[0]
     assert "run the same prompt again" in ab_stats.repeated_html(store, s, *first)

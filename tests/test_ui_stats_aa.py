@@ -1,7 +1,7 @@
 """A/A comparisons must not find a winner (issue 44): synthetic sweeps where A and B are the same
 config, with a shared machine's drift and the order effect measured on the page (the second run of a
-pair 0.92x the first, TTFT), through the whole decision (ui/stats.py: intervals, Holm, floors) and
-the verdict sentence (ui/verdict.py); and the rate of false winners over many seeded draws, which must
+pair 0.92x the first, TTFT), through the whole decision (ui/compare/stats.py: intervals, Holm, floors) and
+the verdict sentence (ui/compare/verdict.py); and the rate of false winners over many seeded draws, which must
 stay at most the stated α."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from ui import stats, verdict
+from ui.compare import stats, verdict
 
 ORDER_EFFECT = 0.92  # the second run of a pair against the first: "B cuts TTFT (server) to 0.92x" in an A/A sweep
 

@@ -10,10 +10,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ui.chat import ChatStore
-from ui.paced import PacedSource
-from ui.presets import load_prompt_sets, teaching_presets
-from ui.stream_api import lab_router
+from ui.chat.store import ChatStore
+from ui.chat.paced import PacedSource
+from ui.shell.presets import load_prompt_sets, teaching_presets
+from ui.chat.routes import lab_router
 
 
 @pytest.fixture(scope="module")

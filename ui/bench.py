@@ -12,11 +12,11 @@ rate       The paced test source at increasing token rates: does the page keep u
            a transport keeps up when that lag does not grow over the reply (last fifth vs first
            fifth of the chunks).
 
-markdown   The markdown renderer alone (ui/markdown.js) against one plain Text node: a 600-token
+markdown   The markdown renderer alone (ui/chat/markdown.js) against one plain Text node: a 600-token
            markdown reply appended token by token with a forced layout after each, ms per reply.
 
 smooth     One bursty reply, painted with smoothing off, adaptive by word and adaptive by
-           character, alternating: the perceived metrics (ui/perceived.py) per mode, medians.
+           character, alternating: the perceived metrics (ui/chat/perceived.py) per mode, medians.
            Default source: a recorded speculative reply (tests/js/traces/prompt_lookup_cpu.json)
            replayed by the paced source at its recorded times, so every mode gets the very same
            bursts; --engine: the bundled model with prompt-lookup speculation on a copy edit.
@@ -33,8 +33,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from .compare import percentile
-from .settings import defaults
+from .compare.delta import percentile
+from .chat.settings import defaults
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "js" / "traces" / "prompt_lookup_cpu.json"
 SMOOTH_MODES = (("off", "word"), ("adaptive", "word"), ("adaptive", "char"))
@@ -193,7 +193,7 @@ def bench_rate(url: str, browser, source, rates: list[float], seconds: float, ke
 
 def _frame_gaps(client: dict) -> tuple[float | None, float | None]:
     """CV and longest gap between the frames that painted new text (not per word: for comparison)."""
-    from .perceived import gap_stats
+    from .chat.perceived import gap_stats
 
     frames = sorted({p for p in client["shown_paint_ms"] if p is not None})
     return gap_stats(frames)
@@ -228,14 +228,14 @@ def bench_smooth(url: str, browser, prompt: str, max_tokens: int, rounds: int, s
     return out
 
 
-MARKDOWN_JS = Path(__file__).resolve().parent / "markdown.js"
+MARKDOWN_JS = Path(__file__).resolve().parent / "chat" / "markdown.js"
 
 
 def bench_markdown(browser, tokens: int, rounds: int) -> dict:
     """Main-thread cost of putting a streamed reply on the page, markdown renderer vs one plain Text
     node: the paced source's markdown tokens appended one by one into a bubble styled like the page's,
     each append followed by a forced style + layout (what the next paint needs). Medians over rounds."""
-    from .paced import MARKDOWN
+    from .chat.paced import MARKDOWN
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_content('<div id="box" style="width:560px;white-space:pre-wrap;font:15px sans-serif"></div>')
@@ -305,12 +305,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from server.run import BackgroundServer
 
-    from .paced import PacedSource
+    from .chat.paced import PacedSource
     from .webapp import create_app
 
     prompt, smooth_settings = "", {}
     if args.scenario == "smooth":
-        from .presets import load_prompt_sets
+        from ..shell.presets import load_prompt_sets
 
         prompt = load_prompt_sets()["copy_edits"]["items"][0]["turns"][0]
         if args.engine:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import gradio as gr
 from fastapi import APIRouter, FastAPI
 
-from .chat import ChatStore
-from .insight_api import insight_router
+from .chat.routes import lab_router
+from .chat.store import ChatStore
+from .compare.routes import compare_router
+from .insight.routes import insight_router
 from .load.api import load_router
 from .load.run import LoadRunner
 from .page import build_page, css, head
-from .presets import load_prompt_sets, teaching_presets
-from .stream_api import lab_router
-from .trace_routes import trace_router
+from .shell.header import header_router
+from .shell.presets import load_prompt_sets, teaching_presets
+from .trace.routes import trace_router
 
 
 def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None = None) -> FastAPI:
@@ -26,8 +28,10 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
     app = app or FastAPI(title="Latency Lab", docs_url=None, redoc_url=None)
     app.state.store = store
     app.include_router(lab_router(store, presets))
-    app.include_router(trace_router(store))  # the Trace downloads (ui/trace.js)
-    app.include_router(insight_router(store))  # a reply's speculation replay (ui/replay.py)
+    app.include_router(header_router(store))  # the header's limits and report
+    app.include_router(compare_router(store))  # the A/B pair's delta table
+    app.include_router(trace_router(store))  # the Trace downloads (ui/trace/trace.js)
+    app.include_router(insight_router(store))  # a reply's speculation replay (ui/insight/)
     # the Load tab's clients go through the API's /v1 routes, when this app has them (app.py mounts them)
     has_api = any(getattr(r, "path", "") == "/v1/chat/completions" for r in app.routes)
     app.include_router(load_router(LoadRunner(store.engines, prompt_sets), has_api))

@@ -23,7 +23,7 @@ GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # vLLM's --goodput keys
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")  # vLLM's --percentile-metrics names
 DEFAULT_PERCENTILES = (50, 90, 99)
 # The default objectives (--goodput, the Load tab): TTFT 2 s, the wait a chat user still takes as
-# interactive; TPOT 189 ms = 1000 / 5.3 tok/s, the page's reading pace (ui/records.py READING_PACE_TPS,
+# interactive; TPOT 189 ms = 1000 / 5.3 tok/s, the page's reading pace (ui/chat/records.py READING_PACE_TPS,
 # tests/test_load_open.py keeps them equal): a reply that streams at least as fast as its reader reads.
 DEFAULT_OBJECTIVES = {"ttft": 2000.0, "tpot": 189.0}
 KNEE_SHARE = 0.95  # the knee: the lowest rate whose goodput is within 5% of the sweep's best

@@ -1,9 +1,9 @@
-// The smoothing schedule (ui/smooth.js) on synthetic arrival traces: no engine, no browser.
+// The smoothing schedule (ui/chat/smooth.js) on synthetic arrival traces: no engine, no browser.
 // Run by tests/test_ui_smooth_js.py (`node --test tests/js/`).
 "use strict";
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { Smoother, simulate } = require("../../ui/smooth.js");
+const { Smoother, simulate } = require("../../ui/chat/smooth.js");
 
 const FRAME = 1000 / 60;
 
@@ -107,7 +107,7 @@ test("adaptive holds no text longer than maxHoldMs after it arrived, so none lon
   }
 });
 
-// The page's paint-interval smoothness (ui/records.py, paint_gap_cv / paint_gap_max_ms): gaps
+// The page's paint-interval smoothness (ui/chat/records.py, paint_gap_cv / paint_gap_max_ms): gaps
 // between successive words appearing (a word appears when its last character is painted).
 function wordGaps(releases) {
   const text = joined(releases);

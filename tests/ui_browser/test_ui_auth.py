@@ -6,7 +6,7 @@ import pytest
 
 from server.api import create_api
 from server.run import BackgroundServer
-from ui.paced import PacedSource
+from ui.chat.paced import PacedSource
 from ui.webapp import create_app
 
 KEY = "page-key"

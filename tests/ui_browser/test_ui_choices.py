@@ -8,8 +8,8 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from engine.platform import capabilities
-from ui.page import preset_missing
-from ui.presets import load_prompt_sets, teaching_presets
+from ui.compare.tab import preset_missing
+from ui.shell.presets import load_prompt_sets, teaching_presets
 
 from .test_ui_page import last_run, open_ab, open_page, run_ab, set_number
 

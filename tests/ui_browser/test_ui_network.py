@@ -2,7 +2,7 @@
 reader the whole reply; a simulated 4G link adds about one round trip to the browser's TTFT while
 the server's figures stay the engine's."""
 
-from ui.network import PRESETS
+from ui.chat.network import PRESETS
 
 from .test_ui_page import last_run, open_page
 

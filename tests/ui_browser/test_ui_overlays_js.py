@@ -1,11 +1,11 @@
-"""The overlay builders (ui/overlays.js) are pure functions; these tests run them in Chromium on
+"""The overlay builders (ui/chat/overlays.js) are pure functions; these tests run them in Chromium on
 synthetic replies: no engine, no server."""
 
 from pathlib import Path
 
 import pytest
 
-OVERLAYS = Path(__file__).resolve().parents[2] / "ui" / "overlays.js"
+OVERLAYS = Path(__file__).resolve().parents[2] / "ui" / "chat" / "overlays.js"
 
 # A reply: the server received it at server-clock 1,000,000 ms; the browser pressed send at its
 # 500 ms and its clock is 999,490 ms behind, so "received" is 10 ms after send. Queue 2 ms, setup

@@ -4,7 +4,7 @@ the predicted speedup beside the measured one."""
 
 import re
 
-from ui.presets import load_prompt_sets
+from ui.shell.presets import load_prompt_sets
 
 from .test_ui_choices import choose
 from .test_ui_page import last_run, open_page, set_number

@@ -69,7 +69,7 @@ def test_a_reply_shows_its_prefill_rate_context_and_roofline_bars(page_server, m
 @pytest.fixture(scope="module")
 def paced_markdown():
     """A paced source replaying a hostile markdown reply in small chunks."""
-    from ui.paced import PacedSource
+    from ui.chat.paced import PacedSource
     from ui.webapp import create_app
 
     pieces = [HOSTILE[i:i + 7] for i in range(0, len(HOSTILE), 7)]

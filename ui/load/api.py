@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from engine.core.errors import LatencyLabError
 
+from ..shell.http import refused
 from .report import delta_html
 from .run import LoadBusy, LoadRunner
 
@@ -50,14 +51,11 @@ def _runs_router(runner, has_api: bool, prefix: str, snapshot) -> APIRouter:
     event; `snapshot(run)` is what a poll returns."""
     router = APIRouter(prefix=prefix)
 
-    def refuse(status: int, exc: Exception):
-        return HTTPException(status, {"message": str(exc), "param": getattr(exc, "param", None)})
-
     def get(run_id: str):
         try:
             return runner.get(run_id)
         except LatencyLabError as exc:
-            raise refuse(404, exc) from exc
+            raise refused(404, exc) from exc
 
     @router.post("/start")
     async def start(body: LoadIn, request: Request):
@@ -68,9 +66,9 @@ def _runs_router(runner, has_api: bool, prefix: str, snapshot) -> APIRouter:
         try:
             run = runner.start(body.settings, loopback_url(request), headers)
         except LoadBusy as exc:
-            raise refuse(409, exc) from exc
+            raise refused(409, exc) from exc
         except LatencyLabError as exc:
-            raise refuse(400, exc) from exc
+            raise refused(400, exc) from exc
         return {"id": run.id}
 
     @router.get("/{run_id}")

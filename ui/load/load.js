@@ -27,7 +27,7 @@
     traceLink(s);
   }
 
-  // When both runs are over: every request of both on one timeline, a track each (ui/trace.js).
+  // When both runs are over: every request of both on one timeline, a track each (ui/trace/trace.js).
   function traceLink(s) {
     const holder = q("#lab-load-trace");
     if (!holder) return;

@@ -7,7 +7,7 @@ import gradio as gr
 
 from engine.core.info import EngineInfo
 
-from ..controls import toggle_control
+from ..shell.controls import toggle_control
 from .open_run import OPEN_FIELDS, OPEN_SETTINGS, PROBE_DEFAULT, batch_choices
 from .run import scope_limit
 

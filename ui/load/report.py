@@ -1,7 +1,7 @@
 """The Load tab's figures: a point per finished request, a run's figures (the load's
 `level_row`, typed), throughput over time, the delta table of two runs and the sentence that
 states their trade-off, and each request of run 2 against the same request in run 1 through the
-A/B statistics (ui/stats.py, ui/verdict.py): a verdict with intervals, floors and Holm's correction.
+A/B statistics (ui/compare/stats.py, ui/compare/verdict.py): a verdict with intervals, floors and Holm's correction.
 Unknown values are None (a dash on the page), never 0."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 from server.load.figures import COMPLETE, JUDGED, level_row, prefill_clause
 
-from .. import stats, verdict
-from ..glossary import METRICS
+from ..compare import stats, verdict
+from ..shell.glossary import METRICS
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class LoadPoint:
     tpot_ms: float | None
     queue_ms: float | None
     e2e_ms: float | None
-    request_id: str | None = None  # the server's id (its trace: POST /lab/trace, ui/trace.js)
+    request_id: str | None = None  # the server's id (its trace: POST /lab/trace, ui/trace/trace.js)
     key: str | None = None  # which scripted turn ("c3t1"): the same request in the other run
 
     @classmethod

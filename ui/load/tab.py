@@ -11,16 +11,9 @@ import gradio as gr
 
 from engine.core.info import EngineInfo
 
-from ..controls import toggle_control
+from ..shell.controls import toggle_control
 from . import open_tab
-from .run import (
-    LOAD_FIELDS,
-    LOAD_POOL,
-    LOAD_SETTINGS,
-    PAGE_MAX_BATCH,
-    prompt_set_choices,
-    scope_limit,
-)
+from .run import LOAD_FIELDS, LOAD_POOL, LOAD_SETTINGS, PAGE_MAX_BATCH, prompt_set_choices, scope_limit
 
 EXPLAIN = (
     "N simulated clients send requests through this server's own API (HTTP on loopback, as "

@@ -1,0 +1,120 @@
+"""Prompt sets (ui/shell/prompts/*.json) and the one-click teaching presets built on them.
+
+A prompt set is `{title, description, items: [{history?, turns: [...]}]}`: each item is one
+conversation — an optional history the server seeds, then user turns sent one by one, so a
+multi-turn item shows what KV reuse does to later turns. A teaching preset pairs one item
+with two configs that differ in exactly one toggle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.core.errors import InvalidRequest
+
+ASSETS = Path(__file__).resolve().parent / "prompts"  # package data: installed with ui/
+MAX_CUSTOM_PROMPTS = 200
+
+
+def load_prompt_sets(folder: Path = ASSETS) -> dict[str, dict]:
+    sets = {}
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        for i, item in enumerate(data["items"]):
+            if not item.get("turns"):
+                raise ValueError(f"{path.name}: item {i} has no turns")
+        sets[path.stem] = data
+    return sets
+
+
+def custom_prompt_set(text: str) -> dict:
+    """The user's own list: one prompt per line (blank lines ignored)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        raise InvalidRequest("write at least one prompt, one per line", "prompts")
+    if len(lines) > MAX_CUSTOM_PROMPTS:
+        raise InvalidRequest(f"at most {MAX_CUSTOM_PROMPTS} prompts per sweep", "prompts")
+    return {"title": "Your prompts", "description": "", "items": [{"turns": [line]} for line in lines]}
+
+
+# Each teaching preset changes one thing between A and B, so the delta table shows one effect.
+TEACHING = {
+    "kv_reuse": {
+        "title": "Long conversation: KV reuse off vs on",
+        "explain": "Both panes continue the same ~1,000-token conversation for two turns. A prefills the "
+                   "whole history every turn; B reuses the KV of what it already saw, so its second turn "
+                   "prefills only the new tokens. Watch TTFT and 'cached' in the delta table.",
+        "set": "long_history", "item": 0,
+        "a": {"kv_reuse": False}, "b": {"kv_reuse": True},
+    },
+    "prompt_lookup": {
+        "title": "Copy-heavy edit: prompt lookup off vs on",
+        "explain": "The reply mostly copies the prompt. B drafts tokens by looking them up in the prompt "
+                   "and verifies several per forward pass; watch tok/s, acceptance and the token timeline's "
+                   "steps (several tokens at one instant).",
+        "set": "copy_edits", "item": 0,
+        "a": {"speculative": "off"}, "b": {"speculative": "prompt_lookup", "num_speculative_tokens": 8},
+    },
+    "smoothing": {
+        "title": "Bursty reply: smoothing off vs adaptive",
+        "explain": "Both panes write the same copy-heavy edit with prompt lookup on, so tokens come in bursts "
+                   "(several per verify step). A paints each burst as it lands; B's adaptive smoothing releases "
+                   "the text word by word at the pace the bursts arrive, holding nothing more than "
+                   "150 ms. Compare word-gap CV, longest stall and smoothing hold in the delta table.",
+        "set": "copy_edits", "item": 0,
+        "a": {"speculative": "prompt_lookup", "num_speculative_tokens": 8, "max_new_tokens": 96, "smoothing": "off"},
+        "b": {"speculative": "prompt_lookup", "num_speculative_tokens": 8, "max_new_tokens": 96,
+              "smoothing": "adaptive", "smooth_unit": "word"},
+    },
+    "chunked_prefill": {
+        "title": "Long prompt: one-forward prefill vs chunked",
+        "explain": "Both panes prefill the same ~1,000-token conversation (KV reuse off, so every turn prefills "
+                   "it all). A runs it in one forward pass: the page can only say 'processing the prompt'. "
+                   "B runs it in chunks and reports each: a progress bar, at a small cost in prefill time.",
+        "set": "long_history", "item": 0,
+        "a": {"kv_reuse": False, "chunked_prefill": False}, "b": {"kv_reuse": False, "chunked_prefill": True},
+    },
+    "streaming": {
+        "title": "Streaming on vs off",
+        "explain": "The same reply, streamed (A) and delivered in one piece when complete (B). The server's TTFT "
+                   "is the same; B's reader sees the first word only at the total time.",
+        "set": "open_questions", "item": 0,
+        "a": {"streaming": True, "max_new_tokens": 64}, "b": {"streaming": False, "max_new_tokens": 64},
+    },
+    "network": {
+        "title": "Loopback vs 4G",
+        "explain": "The same config over loopback (A) and a simulated 4G link (B: 50 ms one way ± 15 ms, 10 Mbit/s). "
+                   "The server's figures match; B's browser figures are later by about one round trip. The Sweep "
+                   "does not apply the network, so there these two are one config: an A/A check.",
+        "set": "open_questions", "item": 1,
+        "a": {"network": "loopback"}, "b": {"network": "4g"},
+    },
+    "compiled_step": {
+        "title": "4-bit weights: eager step vs compiled step",
+        "explain": "Both panes decode with the same 4-bit weight-only variant (int4wo+head). With weights this small the "
+                   "matmuls are only about half of a step; the rest is ~900 small operations launched one by one. B "
+                   "runs each step as one torch.compile graph that fuses them. Watch TPOT and tok/s; B's first turn "
+                   "also shows the one-time compile in its setup time.",
+        "set": "open_questions", "item": 2,
+        "a": {"quantization": "int4wo+head"}, "b": {"quantization": "int4wo+head", "compiled_decode": True},
+        "needs_variant": "int4wo+head",
+    },
+    "nf4": {
+        "title": "Unquantized vs nf4 weights",
+        "explain": "Same prompt, the weights as loaded against 4-bit nf4 (bitsandbytes): fewer bytes per token, "
+                   "the measured speed, and the weights' memory in the delta table.",
+        "set": "open_questions", "item": 2,
+        "a": {"quantization": None}, "b": {"quantization": "nf4"},
+        "needs_variant": "nf4",
+    },
+}
+
+
+def teaching_presets(prompt_sets: dict[str, dict]) -> dict[str, dict]:
+    """The presets with their conversation filled in: {name: {title, explain, a, b, history, turns}}."""
+    out = {}
+    for name, p in TEACHING.items():
+        item = prompt_sets[p["set"]]["items"][p["item"]]
+        out[name] = {**p, "history": item.get("history", []), "turns": list(item["turns"])}
+    return out
