@@ -67,7 +67,7 @@ class GenerationConfig:
     """Per-request options: sampling, stopping, and the optimization toggles."""
 
     # Sampling: each field is its one declaration; the page's panes start some of them elsewhere (their
-    # named overrides in ui/settings.py). No upper bound on max_new_tokens: the model's context is one
+    # named overrides in ui/chat/settings.py). No upper bound on max_new_tokens: the model's context is one
     # (a request past it is refused as context_length_exceeded), and the page's slider ends there.
     max_new_tokens: int = toggle(
         256, "int", "Max tokens", "the most tokens the reply may have", lo=1, step=1, sampling=True)

@@ -188,7 +188,7 @@ def perceived_thinking(text: str, shown_chars: list, shown_paint_ms: list) -> di
     """The browser's counterparts (ms since the user pressed send, the browser's clock): when the
     first thought character, the closing tag and the first answer character were first painted.
     `shown_chars[i]`: the visible reply's length after update i, `shown_paint_ms[i]`: the frame that
-    painted it (None: not painted), as ui/perceived.py receives them. Unknown points are None."""
+    painted it (None: not painted), as ui/chat/perceived.py receives them. Unknown points are None."""
     marks = thought_marks(text)
 
     def painted(offset):

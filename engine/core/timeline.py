@@ -2,7 +2,7 @@
 
 Raw events are readings of the one clock (engine/core/clock.py: `perf_counter_ns` of the server
 process; the decode loop waits for the device before a stamp that claims work is done). Derived metrics use
-the names of the metric glossary (ui/glossary.py, the page's Glossary tab) and are computed, never stored, so they cannot
+the names of the metric glossary (ui/shell/glossary.py, the page's Glossary tab) and are computed, never stored, so they cannot
 drift from the events. Each feature's figures are typed fields of `counters` (engine/core/counters.py),
 the browser's timestamps arrive in `client`.
 """

@@ -5,7 +5,7 @@ optimization toggles.
 A declaration (name, kind, default, bounds, slider step, help, glossary entry, which backends
 honour it) is the metadata of its field in engine/core/config.py. Everything else derives from it:
 `GenerationConfig`'s check at construction, the API's body model (server/protocol.py), the CLI flags
-(engine/cli.py), the page's controls and labels (ui/controls.py, ui/records.py), the remote
+(engine/cli.py), the page's controls and labels (ui/shell/controls.py, ui/chat/records.py), the remote
 engine's forwarding (engine/remote/wire.py), the sweep and the exports. Adding a toggle is one
 `toggle(...)` field plus the code that honours it.
 """
@@ -35,7 +35,7 @@ class Toggle:
     max_chars: int | None = None  # strings: the most characters of each
     sampling: bool = False  # a sampling field, not an optimization toggle (config labels, remote forwarding)
     page: bool = True  # the page's panes offer a control for it
-    glossary: str | None = None  # the metric (ui/glossary.py) this toggle moves
+    glossary: str | None = None  # the metric (ui/shell/glossary.py) this toggle moves
     backends: tuple[str, ...] = BACKENDS  # who honours it; other remote servers never get it
     off_label: str | None = None  # the A/B label when a bool toggle is off ("no kv reuse")
     only_with: str | None = None  # the toggle that must be on (not at its default) for this one to matter
@@ -49,7 +49,7 @@ class Toggle:
     @property
     def keeps_reply(self) -> bool:
         """Lossless: switching it leaves a greedy fp32 reply identical (the A/B replies check says
-        how many were; ui/replies.py)."""
+        how many were; ui/compare/replies.py)."""
         return (not self.sampling) if self.lossless is None else self.lossless
 
     @property

@@ -9,7 +9,7 @@ begins with the tokens whose KV the cache holds.
 
 A conversation's `session` is its prefix-cache scope. It is the only thing that separates one
 user's cached KV from another's, so whoever hands out session ids makes them unguessable (the
-page's ChatStore in ui/chat.py, the API's signed ids in server/sessions.py).
+page's ChatStore in ui/chat/store.py, the API's signed ids in server/sessions.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What each speculative step drafted and how much of it the target kept, small and typed, so a
-reply can be replayed step by step (the page's speculation replay, ui/replay.py), and what the
+reply can be replayed step by step (the page's speculation replay, ui/insight/replay.py), and what the
 measured acceptance and verify costs predict for its speed.
 
 A `DraftStep` is one verify: where in the output its tokens start, the drafted ids, and how many
