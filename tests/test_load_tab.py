@@ -241,8 +241,9 @@ def test_where_exactness_is_not_promised_an_unlike_reply_differs_and_still_count
     assert "differs (exactness not promised)" in delta_html(_run("a", 1, served, 1.0), _run("b", 8, served, 1.0))
 
 
-def test_the_page_imports_the_load_package_never_the_bench():
-    """ui/ runs the load generator (server/load/); server/bench only wraps it for the command line."""
+def test_the_page_imports_the_load_package_through_its_one_door_never_the_bench():
+    """ui/ runs the load generator (server/load/) through one module of it (server/load/runs.py);
+    server/bench only wraps it for the command line."""
     import ast
     from pathlib import Path
 
@@ -253,8 +254,9 @@ def test_the_page_imports_the_load_package_never_the_bench():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found += [(path.relative_to(root).as_posix(), n) for n in names if n.startswith("server.")]
-    assert ("ui/load/run.py", "server.load.pool") in found  # the walk sees the page's imports
+    assert ("ui/load/run.py", "server.load.runs") in found  # the walk sees the page's imports
     assert [f for f in found if f[1].startswith("server.bench")] == []
+    assert [f for f in found if f[1].startswith("server.load") and f[1] != "server.load.runs"] == []
 
 
 def test_each_request_of_run_2_against_the_same_request_in_run_1_gets_the_ab_statistics():

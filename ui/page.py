@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine.core.config import TOGGLES
-from server.load.figures import BAD, COMPLETE
+from server.load.runs import BAD, COMPLETE
 
 from .chat import tab as chat_tab
 from .chat.records import READING_PACE_TPS

@@ -25,5 +25,9 @@ Open loop (requests arriving at a rate, `--request-rate`; docs/load.md):
     pareto.py         tok/s per user against total, and the sentence
     open_scenario.py  the sweeps per max batch against our engines, or against a remote server
 
-The bench imports this package, never the other way round; the page imports it, never server.bench.
+Against a server while it serves (the page's Load tab):
+    runs.py           the page's one door into this package: a closed-loop run or a sweep per max batch
+                      under a batch scope of its own on the engine, the conversations and their references
+
+The bench imports this package, never the other way round; the page imports runs.py, never server.bench.
 """

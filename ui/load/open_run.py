@@ -14,16 +14,22 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.toggles import Toggle
-from server.load import pareto
-from server.load.open_scenario import PROBE_PROMPT, probe_turn
-from server.load.serve_figures import DEFAULT_OBJECTIVES
-from server.load.sweep import Sweep, SweepSettings
-
-from .run import REQUEST_DEADLINE_S, scope_limit
+from server.load.runs import (
+    DEFAULT_OBJECTIVES,
+    PROBE_PROMPT,
+    REQUEST_DEADLINE_S,
+    Sweep,
+    SweepSettings,
+    open_sweeps,
+    open_turns,
+    pareto_points,
+    pareto_sentence,
+    scope_limit,
+)
 
 MAX_PROMPT_CHARS = 2000
 OPEN_SETTINGS = (
@@ -128,13 +134,13 @@ class OpenRun:
                         "backend": self.spec.backend},
                "sweeps": [self._sweep_dict(sw) for sw in self.sweeps]}
         done = self.status in ("done", "stopped")
-        out["sentence"] = pareto.sentence({k: v for k, v in self.results.items() if k is not None}) if done else None
+        out["sentence"] = pareto_sentence({k: v for k, v in self.results.items() if k is not None}) if done else None
         return out
 
     def _sweep_dict(self, sw: Sweep) -> dict:
         r = sw.result()
         return {**r, "running_rate": sw.rate, "points": list(sw.points),
-                "pareto": pareto.points(r), "label": f"max batch {sw.max_batch}" if sw.max_batch else "the server's"}
+                "pareto": pareto_points(r), "label": f"max batch {sw.max_batch}" if sw.max_batch else "the server's"}
 
 
 class OpenLoopRunner:
@@ -154,44 +160,25 @@ class OpenLoopRunner:
         return self.runs.get(run_id, OpenRun, "no such sweep (the server keeps the latest few)")
 
     def _turns(self, run: OpenRun):
-        from server.load.open_scenario import references
-        from server.load.pool import build_pool
-
         spec = run.spec
         key = (spec.backend, spec.max_new_tokens, spec.probe, spec.sweep.num_prompts)
         if key not in self._references:
-            pool = build_pool(min(6, max(1, spec.sweep.num_prompts // 2)), spec.max_new_tokens,
-                              {"speculative": None, "quantization": None})
-            probe = probe_turn(spec.probe, spec.max_new_tokens) if spec.probe else None
             run.message = "references: each request alone first, for the judge and the first rate"
-            turns = references(self.engines[spec.backend], pool, probe, lambda line: None, spec.backend)
-            self._references[key] = (turns, probe)
+            self._references[key] = open_turns(self.engines[spec.backend], min(6, max(1, spec.sweep.num_prompts // 2)),
+                                               spec.max_new_tokens, spec.probe or None, spec.backend)
         return self._references[key]
 
     def _run(self, run: OpenRun, url: str, headers: dict) -> None:
-        from server.load.drive import wait_idle
+        def started(sweep: Sweep) -> None:
+            run.sweeps.append(sweep)
+            run.message = f"max batch {sweep.max_batch}: first level…" if sweep.max_batch else "first level…"
 
         try:
             turns, probe = self._turns(run)
             run.status = "running"
-            engine = self.engines[run.spec.backend]
-            for mb in run.spec.max_batches:
-                if run.stop.is_set():
-                    break
-                scope = engine.open_batch_scope(mb) if mb is not None else None
-                extra = {"model": run.spec.backend, **({"batch_scope": scope} if scope is not None else {})}
-                scoped = [replace(t, body={**t.body, **extra}) for t in turns]
-                sprobe = replace(probe, body={**probe.body, **extra}) if probe is not None else None
-                sw = Sweep(run.spec.sweep, url, scoped, probe=sprobe, max_batch=mb, headers=headers,
-                           after_level=lambda _: wait_idle(engine), stop=run.stop,
-                           out=lambda line, mb=mb: setattr(run, "message", line))
-                run.sweeps.append(sw)
-                run.message = f"max batch {mb}: first level…" if mb else "first level…"
-                try:
-                    run.results[mb] = sw.run()
-                finally:
-                    if scope is not None:
-                        engine.close_batch_scope(scope)
+            run.results = open_sweeps(self.engines[run.spec.backend], url, turns, probe, run.spec.sweep,
+                                      run.spec.max_batches, backend=run.spec.backend, headers=headers, stop=run.stop,
+                                      on_sweep=started, out=lambda line: setattr(run, "message", line))
             run.status = "stopped" if run.stop.is_set() else "done"
             run.message = "stopped" if run.stop.is_set() else ""
         except LatencyLabError as exc:

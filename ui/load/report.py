@@ -10,7 +10,7 @@ import html
 import math
 from dataclasses import asdict, dataclass
 
-from server.load.figures import COMPLETE, JUDGED, level_row, prefill_clause
+from server.load.runs import COMPLETE, JUDGED, level_row, prefill_clause
 
 from ..compare import stats, verdict
 from ..shell.glossary import METRICS

@@ -22,18 +22,18 @@ import math
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from engine.core.errors import InvalidRequest, LatencyLabError
 from engine.core.toggles import Toggle
 from server.cli import DEFAULT_MAX_BATCH
+from server.load.runs import closed_pool, closed_run, plain_pool, scope_limit, with_references
 
 from .registry import LoadBusy, Runs  # noqa: F401 - LoadBusy re-exported (api.py)
 from .report import LoadPoint, RunFigures, pair_sentence, throughput_series
 
 PAGE_MAX_BATCH = DEFAULT_MAX_BATCH  # the servers' default --max-batch: the Load tab compares 1 and this
 LOAD_POOL = "load_pool"  # the load bench's own two-turn conversations
-REQUEST_DEADLINE_S = 300.0  # a request past this is "stuck" (the bench's default)
 MAX_CONVERSATIONS = 12  # distinct conversations (each needs its reference computed alone first)
 LOAD_SETTINGS = (
     Toggle("clients", "int", 4, "Simulated clients",
@@ -93,13 +93,6 @@ def parse_spec(values: dict, prompt_sets: dict, engines: dict) -> LoadSpec:
     return LoadSpec(got["clients"], got["requests_per_client"], got["max_new_tokens"], batches, prompt_set, backend)
 
 
-def scope_limit(engine) -> int | None:
-    """The largest run max batch a backend takes (its --max-batch), None when it has no batch scopes."""
-    if not hasattr(engine, "open_batch_scope"):
-        return None
-    return ((engine.info().batching or {}).get("max_batch")) or 1
-
-
 def prompt_set_choices(prompt_sets: dict) -> list[str]:
     """The load bench's pool, then the page's sets of plain turns (a set with a seeded history is
     left out: every request would prefill ~1,000 tokens of it)."""
@@ -109,23 +102,10 @@ def prompt_set_choices(prompt_sets: dict) -> list[str]:
 def build_conversations(spec: LoadSpec, prompt_sets: dict) -> list:
     """The pool of conversations the clients cycle through (no speculation, no other weights: those run
     beside the batch, and would measure something else than the batch limit)."""
-    from server.load.pool import ScriptedConversation, Turn, build_pool
-
     n = max(1, min(MAX_CONVERSATIONS, math.ceil(spec.requests / 2)))
     if spec.prompt_set == LOAD_POOL:
-        return build_pool(n, spec.max_new_tokens, {"speculative": None, "quantization": None})
-    items = prompt_sets[spec.prompt_set]["items"][:n]
-    body = {"max_tokens": spec.max_new_tokens, "temperature": 0.0, "kv_reuse": True}
-    return [ScriptedConversation(i, with_session=True, turns=[
-        Turn(f"c{i}t{j + 1}", {**body, "messages": [{"role": "user", "content": text}]})
-        for j, text in enumerate(item["turns"])]) for i, item in enumerate(items)]
-
-
-def scoped(pool: list, backend: str, scope: str | None) -> list:
-    """The pool with every request naming the backend (the API's model) and the run's batch scope;
-    the references stay shared between the runs."""
-    extra = {"model": backend, **({"batch_scope": scope} if scope is not None else {})}
-    return [replace(c, turns=[replace(t, body={**t.body, **extra}) for t in c.turns]) for c in pool]
+        return closed_pool(n, spec.max_new_tokens)
+    return plain_pool([item["turns"] for item in prompt_sets[spec.prompt_set]["items"][:n]], spec.max_new_tokens)
 
 
 @dataclass
@@ -209,8 +189,6 @@ class LoadRunner:
             pair.status, pair.message = "error", f"the load run failed: {type(exc).__name__}: {exc}"
 
     def _pool(self, pair: LoadPair) -> list:
-        from server.load.pool import compute_references
-
         spec = pair.spec
         pool = build_conversations(spec, self.prompt_sets)
         key = (spec.backend, spec.prompt_set, spec.max_new_tokens, len(pool))
@@ -218,32 +196,19 @@ class LoadRunner:
             def progress(done, total):
                 pair.message = f"references: each request alone first, for the judge ({done} of {total})"
 
-            progress(0, sum(len(c.turns) for c in pool))
-            compute_references(self.engines[spec.backend], pool, progress=progress)
-            self._references[key] = pool
+            self._references[key] = with_references(self.engines[spec.backend], pool, progress)
         return self._references[key]
 
     def _one_run(self, pair: LoadPair, run: RunState, pool: list, url: str, headers: dict) -> None:
-        from server.load.clients import drive_elsewhere
-        from server.load.drive import wait_idle
-
-        engine = self.engines[pair.spec.backend]
-        scope = engine.open_batch_scope(run.max_batch) if run.max_batch is not None else None
         run.status, run.started = "running", time.perf_counter()
-        results = []
-
-        def on_result(r):
-            results.append(r)
-            run.points.append(LoadPoint.of(r, time.perf_counter() - run.started))
-
         try:
-            drive_elsewhere(url, scoped(pool, pair.spec.backend, scope), pair.spec.clients, REQUEST_DEADLINE_S * 4,
-                            pair.spec.requests, 0, REQUEST_DEADLINE_S, headers=headers, on_result=on_result,
-                            stop=pair.stop)  # Stop kills the clients: their streams close, the server cancels them
-        finally:
+            results, run.wall_s = closed_run(
+                self.engines[pair.spec.backend], url, pool, backend=pair.spec.backend, clients=pair.spec.clients,
+                requests=pair.spec.requests, max_batch=run.max_batch, headers=headers, stop=pair.stop,
+                # Stop kills the clients: their streams close, the server cancels them
+                on_result=lambda r: run.points.append(LoadPoint.of(r, time.perf_counter() - run.started)))
+        except Exception:  # the run ends here; its clock stops with it
             run.wall_s = time.perf_counter() - run.started
-            wait_idle(engine)  # cancelled requests leave before the next run starts
-            if scope is not None:
-                engine.close_batch_scope(scope)
+            raise
         run.figures = RunFigures.of(pair.spec.clients, results, run.wall_s)
         run.status = "stopped" if pair.stop.is_set() else "done"
