@@ -53,7 +53,7 @@ def test_each_toggle_reaches_the_config_from_every_door(t):
     # the API, as the openai SDK's extra_body sends it
     api = parse_chat_request({"messages": HI, t.name: value}).config
     # the page's endpoint
-    _, page = settings.parse({t.name: value})
+    page = settings.PaneSettings.read({t.name: value}).config
     # the CLI
     if t.kind == "bool":
         argv = ["hi", ("--no-" + t.cli_flag[2:]) if t.default else t.cli_flag]
@@ -101,14 +101,14 @@ def test_every_door_takes_its_default_and_bounds_from_the_declaration(t, bundled
     assert getattr(GenerationConfig(), t.name) == getattr(cli, t.name) == t.default
     assert getattr(parse_chat_request({"messages": HI}).config, t.name) == t.default
     if t.page:
-        assert settings.defaults()[t.name] == t.default == getattr(settings.parse(settings.defaults())[1], t.name)
+        assert settings.defaults()[t.name] == t.default == getattr(settings.PaneSettings.read(settings.defaults()).config, t.name)
     accepted, refused = bounds(t)
     for value in accepted:
         assert getattr(parse_chat_request({"messages": HI, api_name: wire(value)}).config, t.name) == value
         assert getattr(generation_config_from_args(build_parser().parse_args(["hi", *cli_args(t, value)])), t.name) \
             == value
         if t.page:
-            assert getattr(settings.parse({t.name: value})[1], t.name) == value
+            assert getattr(settings.PaneSettings.read({t.name: value}).config, t.name) == value
     for value in refused:
         with pytest.raises(InvalidRequest) as err:
             parse_chat_request({"messages": HI, api_name: wire(value)})
@@ -118,7 +118,7 @@ def test_every_door_takes_its_default_and_bounds_from_the_declaration(t, bundled
         assert err.value.param == t.name
         if t.page and not (t.name == "seed" and value in settings.RANDOM_SEED):
             with pytest.raises(InvalidRequest) as err:
-                settings.parse({t.name: value})
+                settings.PaneSettings.read({t.name: value})
             assert err.value.param == t.name
     if t.page and t.kind in ("int", "float"):
         info = bundled_engine.info()
@@ -167,7 +167,7 @@ def test_the_page_offers_exactly_the_variants_the_engine_runs(bundled_engine):
     assert set(offered) == {v.name for v in info.variants if v.available}
     assert set(offered) <= set(bundled_engine.variants.names())
     for name in offered:  # each choice is one the engine accepts (none is a report's key)
-        _, config = settings.parse({"quantization": name})
+        config = settings.PaneSettings.read({"quantization": name}).config
         assert bundled_engine.variants.check(config.quantization) == name
     assert engine_info.speculation_choices(info) == [s.name for s in info.speculation if s.available]
 
@@ -192,7 +192,7 @@ def test_every_preset_sets_only_declared_fields_with_values_the_page_offers(bund
             chosen = preset_settings(preset, side, info)
             assert set(chosen) <= set(settings.FIELDS), name
             assert chosen["quantization"] in offered, name
-            settings.parse(chosen)  # valid as the page will send it
+            settings.PaneSettings.read(chosen)  # valid as the page will send it
         if name == "compiled_step" and "compiled_decode" in info.unavailable_toggles:
             assert "cannot run here" in preset_missing(preset, info)  # e.g. no C++ compiler: said, not offered
         else:

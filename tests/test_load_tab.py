@@ -120,7 +120,7 @@ def test_settings_default_check_and_follow_the_backend():
     assert parse_spec({"backend": "remote"}, SETS, engines).max_batches == (None, None)  # its server batches
     for bad, param in (({"clients": 0}, "clients"), ({"max_batch_2": 9}, "max_batch_2"), ({"prompt_set": "x"}, "prompt_set"),
                        ({"prompt_set": "long_history"}, "prompt_set"), ({"backend": "x"}, "backend"),
-                       ({"what": 1}, "settings"), ({"max_new_tokens": "ten"}, "max_new_tokens")):
+                       ({"what": 1}, "what"), ({"max_new_tokens": "ten"}, "max_new_tokens")):
         with pytest.raises(InvalidRequest) as err:
             parse_spec(bad, SETS, engines)
         assert err.value.param == param

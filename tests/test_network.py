@@ -62,12 +62,12 @@ def test_loopback_with_streaming_passes_events_straight_through():
 
 
 def test_network_settings_are_checked_and_labelled():
-    s = settings.page_settings({"network": "custom", "net_delay_ms": 120.0, "streaming": False})
+    s = settings.PaneSettings.read({"network": "custom", "net_delay_ms": 120.0, "streaming": False}).page
     assert s["net_delay_ms"] == 120 and s["streaming"] is False
     assert network.link_for(s).delay_ms == 120
     for bad in ({"network": "dialup"}, {"net_delay_ms": -1}, {"streaming": "no"}):
         with pytest.raises(InvalidRequest):
-            settings.page_settings(bad)
+            settings.PaneSettings.read(bad)
     label = records.config_label({"temperature": 0, **s})
     assert "not streamed" in label and "network custom" in label and "delay=120" in label
     assert "delay=" not in records.config_label({"temperature": 0, "network": "4g", "net_delay_ms": 5})

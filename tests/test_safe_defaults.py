@@ -121,11 +121,11 @@ def test_model_paths_come_only_from_the_command_line(served, bundled_engine, tmp
                 assert resp.json()["model"] == name  # served by the model loaded at start
     # The page: a setting naming a path is refused, and backends are only those built at start.
     from ui.chat.store import ChatStore
-    from ui.chat.settings import parse
+    from ui.chat.settings import PaneSettings
 
     for setting in ("model", "model_path", "draft_model"):
         with pytest.raises(InvalidRequest, match="unknown setting"):
-            parse({setting: str(model_file)})
+            PaneSettings.read({setting: str(model_file)})
     with pytest.raises(InvalidRequest, match="backend must be one of"):
         ChatStore({name: bundled_engine}).engine(str(model_file))
     assert touched == []

@@ -92,14 +92,14 @@ def test_join_client_refuses_malformed_perceived_timings(bad):
 
 
 def test_smoothing_and_chunked_prefill_settings():
-    system, cfg = settings.parse({"chunked_prefill": True, "smoothing": "pace", "smooth_unit": "char"})
-    assert cfg.chunked_prefill is True
-    applied = settings.normalized({"chunked_prefill": False, "smoothing": "adaptive"})
+    read = settings.PaneSettings.read({"chunked_prefill": True, "smoothing": "pace", "smooth_unit": "char"})
+    assert read.config.chunked_prefill is True and read.page["smoothing"] == "pace"
+    applied = settings.PaneSettings.read({"chunked_prefill": False, "smoothing": "adaptive"}).applied()
     assert applied["chunked_prefill"] is False and applied["smoothing"] == "adaptive" and applied["smooth_unit"] == "word"
     for bad, param in (({"smoothing": "fast"}, "smoothing"), ({"smooth_unit": "line"}, "smooth_unit"),
                        ({"chunked_prefill": "yes"}, "chunked_prefill")):
         with pytest.raises(InvalidRequest) as err:
-            settings.parse(bad)
+            settings.PaneSettings.read(bad)
         assert err.value.param == param
 
 
@@ -109,5 +109,5 @@ def test_the_smoothing_and_chunked_prefill_presets_change_one_thing():
         differ = {k for k in set(p["a"]) | set(p["b"]) if p["a"].get(k) != p["b"].get(k)}
         assert toggle in differ and differ <= {toggle, "smooth_unit"}
         for side in ("a", "b"):
-            settings.parse(p[side])  # valid settings
+            settings.PaneSettings.read(p[side])  # valid settings
     assert presets.TEACHING["smoothing"]["a"]["speculative"] == "prompt_lookup"  # a bursty reply on both sides

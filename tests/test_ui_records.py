@@ -161,16 +161,18 @@ def test_glossary_gives_every_metric_its_events():
 
 
 def test_settings_parse_and_errors():
-    system, cfg = settings.parse({"system": "  Be brief. ", "max_new_tokens": 64.0, "temperature": 0, "seed": -1,
-                                  "quantization": "", "speculative": "prompt_lookup",
-                                  "num_speculative_tokens": 6.0, "backend": "local"})
+    read = settings.PaneSettings.read({"system": "  Be brief. ", "max_new_tokens": 64.0, "temperature": 0, "seed": -1,
+                                       "quantization": "", "speculative": "prompt_lookup",
+                                       "num_speculative_tokens": 6.0, "backend": "local"}, ["local", "remote"])
+    system, cfg = read.system, read.config
     assert system == "Be brief." and cfg.max_new_tokens == 64 and cfg.greedy and cfg.seed is None
+    assert read.backend == "local" and settings.PaneSettings.read({}, ["local", "remote"]).backend == "local"
     assert cfg.quantization is None and cfg.num_speculative_tokens == 6
     for bad, field in [({"max_new_tokens": 1.5}, "max_new_tokens"), ({"temperature": -1}, "temperature"),
                        ({"speculative": "magic"}, "speculative"), ({"nonsense": 1}, "nonsense"),
-                       ({"system": 5}, "system")]:
+                       ({"system": 5}, "system"), ({"backend": "gpu"}, "backend"), ([1], "settings")]:
         with pytest.raises(InvalidRequest) as err:
-            settings.parse(bad)
+            settings.PaneSettings.read(bad, ["local"])
         assert err.value.param == field
 
 

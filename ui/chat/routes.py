@@ -27,7 +27,7 @@ from engine.core.timeline import Timeline
 from ..shell.http import call, refused
 from . import network, record_view, records
 from .store import ChatStore, check_id
-from .settings import page_settings
+from .settings import PaneSettings
 
 
 class ChatIn(BaseModel):
@@ -58,16 +58,13 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
 
     @router.post("/chat")
     async def chat(body: ChatIn):
-        try:
-            pane = page_settings(body.settings)
-        except LatencyLabError as exc:
-            raise refused(400, exc) from exc
-        link = network.link_for(pane)
+        settings = call(PaneSettings.read, body.settings, list(store.engines))  # once: the turn takes it as read
+        link = network.link_for(settings.page)
         if link.simulated:  # network in: the request travels before the server can stamp it
             await asyncio.sleep(link.one_way_s(random.Random(), len(body.model_dump_json())))
         timeline = Timeline()  # "request received by the server": stamped before anything else
         try:
-            stream = store.run_turn(body.session, body.pane, body.message, body.settings,
+            stream = store.run_turn(body.session, body.pane, body.message, settings,
                                     regenerate=body.regenerate, timeline=timeline)
             first = await anext(stream)  # bad input fails here, before the stream starts
         except QueueFull as exc:
@@ -81,7 +78,7 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
                 yield item
 
         async def events():  # network out (simulated, if set) and streaming on/off happen here
-            async for kind, data in network.deliver(produced(), link, pane["streaming"], size=_wire_bytes):
+            async for kind, data in network.deliver(produced(), link, settings.page["streaming"], size=_wire_bytes):
                 yield {"event": kind, "data": json.dumps(data)}
 
         # No pings: a ping would interleave with chunks and the page has its own stop.

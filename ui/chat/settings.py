@@ -1,4 +1,4 @@
-"""A pane's settings as the page sends them → (system prompt, GenerationConfig).
+"""A pane's settings as the page sends them → `PaneSettings`: read once per turn, one GenerationConfig.
 
 The page's controls are named by `FIELDS`, which derives from the declarations: the system
 prompt, the sampling fields the page offers and every engine toggle (engine/core/config.py
@@ -7,16 +7,22 @@ browser paints text; the engine never sees them). The page's JS zips its control
 these names and sends an object keyed by name.
 
 The controls produce plain JSON values (sliders may give 64.0 for 64, an empty seed field gives
-None). Everything the engine cannot honour becomes an `InvalidRequest` naming the field, shown in
-the page next to the reply that did not run.
+None). They are read by the page's one settings parser (ui/shell/form.py); everything the engine
+cannot honour becomes an `InvalidRequest` naming the field, shown in the page next to the reply that
+did not run. The chat, the A/B panes and the Sweep all read a pane so, once per turn (the Sweep: once
+per config).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from engine.core.config import SAMPLING, TOGGLES, GenerationConfig
 from engine.core.errors import InvalidRequest
 from engine.core.toggles import Toggle
 
+from ..shell.form import Form, choose
 from .network import NETWORKS
 from .perceived import SMOOTHING_MODES, SMOOTHING_UNITS
 
@@ -50,7 +56,8 @@ PAGE_SETTINGS = (
     Toggle("net_kbps", "int", 10_000, "Bandwidth (kbit/s)", "custom network: link bandwidth, 0 = unlimited",
            lo=0, hi=10_000_000, backends=("page",), only_with="network=custom", short="kbit/s"),
 )
-FIELDS = ["system", *(t.name for t in (*ON_PAGE, *TOGGLES)), "backend", *(t.name for t in PAGE_SETTINGS)]
+FORM = Form((*ON_PAGE, *TOGGLES, *PAGE_SETTINGS), ("system", "backend"))
+FIELDS = ["system", *(t.name for t in (*ON_PAGE, *TOGGLES)), "backend", *(t.name for t in PAGE_SETTINGS)]  # the controls' order
 
 
 def defaults() -> dict:
@@ -60,33 +67,35 @@ def defaults() -> dict:
     return {"system": "", **{t.name: t.default for t in (*ON_PAGE, *TOGGLES, *PAGE_SETTINGS)}, "backend": ""}
 
 
-def parse(settings: dict | None) -> tuple[str | None, GenerationConfig]:
-    if settings is not None and not isinstance(settings, dict):
-        raise InvalidRequest("settings must be an object of setting: value", "settings")
-    s = dict(settings or {})
-    unknown = set(s) - set(FIELDS)
-    if unknown:
-        raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(unknown))}", sorted(unknown)[0])
-    system = s.get("system") or None
-    if system is not None and (not isinstance(system, str) or len(system) > MAX_SYSTEM_CHARS):
-        raise InvalidRequest(f"the system prompt must be text of at most {MAX_SYSTEM_CHARS:,} characters", "system")
-    if s.get("seed") in RANDOM_SEED:
-        s.pop("seed")
-    page_settings(s)
-    changes = {t.name: t.coerce(s[t.name]) for t in ON_PAGE if s.get(t.name) is not None}
-    changes.update({t.name: t.coerce(s[t.name]) for t in TOGGLES if t.name in s})
-    config = GenerationConfig(**changes)
-    return (system.strip() or None) if system else None, config
+@dataclass(frozen=True)
+class PaneSettings:
+    """A pane's settings, read: what the server is asked (`system`, `config`, `backend`) and what the page
+    does with the reply (`page`: smoothing, streaming, the simulated network; the engine never sees it)."""
 
+    system: str | None
+    config: GenerationConfig
+    backend: str | None  # None: the default backend (read() without the backends' names)
+    page: dict  # every PAGE_SETTINGS name: its value
 
-def normalized(settings: dict | None) -> dict:
-    """The settings as they were applied (for records and exports)."""
-    system, config = parse(settings)
-    return {"system": system, **{t.name: getattr(config, t.name) for t in (*ON_PAGE, *TOGGLES)},
-            **page_settings(settings)}
+    @classmethod
+    def read(cls, values, backends: Sequence[str] | None = None) -> PaneSettings:
+        """`values` as the page sends them; `backends`: the names on offer (the first the default), to check."""
+        if isinstance(values, dict) and values.get("seed") in RANDOM_SEED:
+            values = {**values, "seed": None}
+        got = FORM.read(values)
+        system = got["system"] or None
+        if system is not None and (not isinstance(system, str) or len(system) > MAX_SYSTEM_CHARS):
+            raise InvalidRequest(f"the system prompt must be text of at most {MAX_SYSTEM_CHARS:,} characters", "system")
+        config = GenerationConfig(**{t.name: got[t.name] for t in (*ON_PAGE, *TOGGLES)})
+        backend = choose(got["backend"], backends, "backend") if backends else got["backend"] or None
+        return cls((system.strip() or None) if system else None, config, backend,
+                   {t.name: got[t.name] for t in PAGE_SETTINGS})
 
+    def asks_server(self) -> tuple:
+        """What the server is asked for: two panes equal here differ only in the page's own settings."""
+        return self.system, self.config, self.backend
 
-def page_settings(settings: dict | None) -> dict:
-    """The pane's own settings (smoothing...), checked against their declarations, defaults filled in."""
-    s = settings or {}
-    return {t.name: t.read(s) for t in PAGE_SETTINGS}
+    def applied(self) -> dict:
+        """The settings as they were applied (records, exports, config labels)."""
+        return {"system": self.system, **{t.name: getattr(self.config, t.name) for t in (*ON_PAGE, *TOGGLES)},
+                **self.page, "backend": self.backend}

@@ -21,8 +21,9 @@ from engine.core.timeline import Timeline
 from engine.serving.sessions import Conversation, Message
 
 from ..shell import engine_info
+from ..shell.form import choose
 from . import records
-from .settings import normalized, parse
+from .settings import PaneSettings
 
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 PANES = ("chat", "A", "B")
@@ -95,11 +96,9 @@ class ChatStore:
         return next(iter(self.infos.values()))
 
     def engine(self, backend: str | None):
-        if not backend:
-            return next(iter(self.engines.items()))
-        if backend not in self.engines:
-            raise InvalidRequest(f"backend must be one of {', '.join(self.engines)}", "backend")
-        return backend, self.engines[backend]
+        """(name, engine) of a backend (the default when none is named); InvalidRequest for another name."""
+        name = choose(backend, list(self.engines), "backend")
+        return name, self.engines[name]
 
     # --- sessions ----------------------------------------------------------------------------
     def new_session(self) -> str:
@@ -181,11 +180,12 @@ class ChatStore:
         return reply
 
     # --- one turn ----------------------------------------------------------------------------
-    async def run_turn(self, session_id: str, pane: str, message: str | None, settings: dict | None, *,
+    async def run_turn(self, session_id: str, pane: str, message: str | None, settings: PaneSettings | dict | None, *,
                        regenerate: bool = False, timeline: Timeline | None = None) -> AsyncIterator[tuple[str, dict]]:
         """Stream one reply as (event, data) pairs: start, status*, chunk*, then done or error.
 
-        Bad input raises InvalidRequest before anything streams. Stopping (`cancel`) ends the
+        `settings`: the pane's, read (or as the page sends them: read here, once). Bad input raises
+        InvalidRequest before anything streams. Stopping (`cancel`) ends the
         stream with a normal `done` whose finish_reason is "cancelled"; the partial reply stays
         in the conversation. A consumer that goes away cancels the request.
         """
@@ -193,8 +193,10 @@ class ChatStore:
         state = self.pane(session_id, pane)
         if state.inflight is not None:
             raise InvalidRequest("a reply is still streaming in this pane; stop it or wait", "message")
-        system, config = parse(settings)
-        backend, engine = self.engine((settings or {}).get("backend"))
+        if not isinstance(settings, PaneSettings):
+            settings = PaneSettings.read(settings, list(self.engines))
+        backend, engine = self.engine(settings.backend)
+        system, config = settings.system, settings.config
         # The conversation changes only when a reply is done: a failed or abandoned turn loses nothing.
         history = list(state.conversation.messages)
         if regenerate:
@@ -209,8 +211,7 @@ class ChatStore:
             {"role": "user", "content": message}]
         handle = engine.submit(prompt, config, session=state.conversation.session, timeline=timeline)
         state.inflight = handle
-        applied = normalized(settings)
-        applied["backend"] = backend
+        applied = {**settings.applied(), "backend": backend}
         reply = Reply(request_id=handle.id, session=session_id, pane=pane,
                       turn=sum(m.role == "user" for m in history) + 1, settings=applied, prompt=message,
                       timeline=handle.timeline)

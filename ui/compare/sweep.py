@@ -26,7 +26,7 @@ from . import delta, replies, stats, verdict
 from ..chat import record_view, records
 from ..chat.store import ChatStore
 from ..shell.glossary import METRICS, hover
-from ..chat.settings import parse
+from ..chat.settings import PaneSettings
 
 SWEEP_METRICS = ["ttft_ms", "prefill_ms", "tpot_ms", "decode_tps", "e2e_ms", "queue_ms", "cached_tokens",
                  "acceptance_rate", "output_tokens"]
@@ -39,8 +39,7 @@ def same_on_server(settings_a: dict, settings_b: dict) -> bool:
     """A and B ask the server for the same thing (they may differ in the page's own settings, network
     or smoothing, which a sweep does not apply): the sweep is then an A/A check."""
     try:
-        return (parse(settings_a), (settings_a or {}).get("backend") or "") == (
-            parse(settings_b), (settings_b or {}).get("backend") or "")
+        return PaneSettings.read(settings_a).asks_server() == PaneSettings.read(settings_b).asks_server()
     except InvalidRequest:
         return False
 
@@ -59,11 +58,12 @@ async def run_sweep(store: ChatStore, prompt_set: dict, settings_a: dict, settin
     returns one row per reply (errors included)."""
     if max_items is not None and (isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1):
         raise InvalidRequest(f"max_items must be a whole number of at least 1, not {max_items!r}", "max_items")
+    settings = {"A": settings_a, "B": settings_b}
+    read = {pane: _read(pane, values, store) for pane, values in settings.items()}  # once per config
     plan = _plan(prompt_set["items"][: max_items or None])
     total = 2 * sum(len(item["turns"]) for _, item, _ in plan)
     # the warm-up in a session of its own: its prefix cache scope is not the counted items'
     warm_session, session, done, rows = store.new_session(), store.new_session(), 0, []
-    settings = {"A": settings_a, "B": settings_b}
     counted = len(plan) - stats.WARMUP_PAIRS
     for number, item, order in plan:
         where = warm_session if number == 0 else session
@@ -73,7 +73,7 @@ async def run_sweep(store: ChatStore, prompt_set: dict, settings_a: dict, settin
                 if progress:
                     what = "warm-up" if number == 0 else f"item {number}/{counted}"
                     progress(done, total, f"{what}, {pane} ({order})")
-                row = await _one_turn(store, where, pane, turn, settings[pane])
+                row = await _one_turn(store, where, pane, turn, read[pane])
                 if row.get("finish_reason") not in ("error", "cancelled"):  # the reply as generated, for ui/compare/replies.py
                     last = store.pane(where, pane).conversation.messages[-1]
                     row = {**row, "reply": last.content, "token_ids": last.token_ids, "settings": settings[pane]}
@@ -87,7 +87,14 @@ async def run_sweep(store: ChatStore, prompt_set: dict, settings_a: dict, settin
     return rows
 
 
-async def _one_turn(store: ChatStore, session: str, pane: str, message: str, settings: dict) -> dict:
+def _read(pane: str, values: dict, store: ChatStore) -> PaneSettings:
+    try:
+        return PaneSettings.read(values, list(store.engines))
+    except InvalidRequest as exc:  # bad settings: every turn would fail the same way, so stop here
+        raise InvalidRequest(f"config {pane}: {exc}", getattr(exc, "param", None)) from exc
+
+
+async def _one_turn(store: ChatStore, session: str, pane: str, message: str, settings: PaneSettings) -> dict:
     try:
         async with aclosing(store.run_turn(session, pane, message, settings)) as stream:
             async for kind, data in stream:
@@ -95,7 +102,7 @@ async def _one_turn(store: ChatStore, session: str, pane: str, message: str, set
                     return data["row"]
                 if kind == "error":
                     return {"pane": pane, "finish_reason": "error", "error": data["message"]}
-    except InvalidRequest as exc:  # bad settings: every turn would fail the same way, so stop here
+    except InvalidRequest as exc:  # the conversation itself refused (a turn still streaming): said per config
         raise InvalidRequest(f"config {pane}: {exc}", getattr(exc, "param", None)) from exc
     return {"pane": pane, "finish_reason": "error", "error": "the stream ended without a reply"}
 

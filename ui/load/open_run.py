@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from engine.core.errors import InvalidRequest, LatencyLabError
+from engine.core.errors import InvalidRequest
 from engine.core.toggles import Toggle
 from server.load.runs import (
     DEFAULT_OBJECTIVES,
@@ -30,6 +30,8 @@ from server.load.runs import (
     pareto_sentence,
     scope_limit,
 )
+
+from ..shell.form import Form, choose
 
 MAX_PROMPT_CHARS = 2000
 OPEN_SETTINGS = (
@@ -58,7 +60,8 @@ OPEN_SETTINGS = (
     Toggle("seed", "int", 0, "Seed", "the arrival schedule's seed: the same seed, the same gaps", lo=0,
            hi=2**31 - 1, backends=("page",)),
 )
-OPEN_FIELDS = [*(t.name for t in OPEN_SETTINGS), "max_batches", "probe", "backend"]
+OPEN_FORM = Form(OPEN_SETTINGS, ("max_batches", "probe", "backend"))
+OPEN_FIELDS = OPEN_FORM.fields
 
 
 @dataclass(frozen=True)
@@ -82,20 +85,13 @@ def batch_choices(limit: int | None) -> list[int]:
 
 
 def parse_open(values: dict, engines: dict) -> OpenSpec:
-    if not isinstance(values, dict):
-        raise InvalidRequest("settings must be an object of setting: value", "settings")
-    unknown = set(values) - set(OPEN_FIELDS)
-    if unknown:
-        raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(map(str, unknown)))}", "settings")
-    got = {t.name: t.read(values) for t in OPEN_SETTINGS}
-    backend = values.get("backend") or next(iter(engines))
-    if backend not in engines:
-        raise InvalidRequest(f"backend must be one of {', '.join(engines)}", "backend")
+    got = OPEN_FORM.read(values)
+    backend = choose(got["backend"], list(engines), "backend")
     limit = scope_limit(engines[backend])
     if limit is None:
         batches = (None,)
     else:
-        raw = values.get("max_batches") or [1]
+        raw = got["max_batches"] or [1]
         try:
             batches = tuple(sorted({int(b) for b in raw}))
         except (TypeError, ValueError):
@@ -103,7 +99,7 @@ def parse_open(values: dict, engines: dict) -> OpenSpec:
         if any(b < 1 or b > limit for b in batches):
             raise InvalidRequest(f"max batch must be 1 to {limit} on this engine: it was started with --max-batch "
                                  f"{limit}", "max_batches")
-    probe = str(values.get("probe") or "").strip()
+    probe = str(got["probe"] or "").strip()
     if len(probe) > MAX_PROMPT_CHARS:
         raise InvalidRequest(f"the probe prompt must be at most {MAX_PROMPT_CHARS} characters", "probe")
     objectives = {k: got[f"{k}_ms"] for k in ("ttft", "tpot", "e2el") if got[f"{k}_ms"]}
@@ -154,7 +150,7 @@ class OpenLoopRunner:
 
     def start(self, values: dict, url: str, headers: dict | None = None) -> OpenRun:
         run = OpenRun(secrets.token_urlsafe(12), parse_open(values, self.engines))
-        return self.runs.start(run, lambda r: self._run(r, url, headers or {}), "load-sweep")
+        return self.runs.start(run, lambda r: self._run(r, url, headers or {}), "load-sweep", "the sweep")
 
     def get(self, run_id: str) -> OpenRun:
         return self.runs.get(run_id, OpenRun, "no such sweep (the server keeps the latest few)")
@@ -173,18 +169,11 @@ class OpenLoopRunner:
             run.sweeps.append(sweep)
             run.message = f"max batch {sweep.max_batch}: first level…" if sweep.max_batch else "first level…"
 
-        try:
-            turns, probe = self._turns(run)
-            run.status = "running"
-            run.results = open_sweeps(self.engines[run.spec.backend], url, turns, probe, run.spec.sweep,
-                                      run.spec.max_batches, backend=run.spec.backend, headers=headers, stop=run.stop,
-                                      on_sweep=started, out=lambda line: setattr(run, "message", line))
-            run.status = "stopped" if run.stop.is_set() else "done"
-            run.message = "stopped" if run.stop.is_set() else ""
-        except LatencyLabError as exc:
-            run.status, run.message = "error", str(exc)
-        except Exception as exc:  # a bug or a backend down: said on the tab, never a traceback there
-            run.status, run.message = "error", f"the sweep failed: {type(exc).__name__}: {exc}"
+        turns, probe = self._turns(run)
+        run.status = "running"
+        run.results = open_sweeps(self.engines[run.spec.backend], url, turns, probe, run.spec.sweep,
+                                  run.spec.max_batches, backend=run.spec.backend, headers=headers, stop=run.stop,
+                                  on_sweep=started, out=lambda line: setattr(run, "message", line))
 
 
 PROBE_DEFAULT = PROBE_PROMPT

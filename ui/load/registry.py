@@ -24,8 +24,10 @@ class Runs:
     def busy(self) -> bool:
         return any(r.status in ACTIVE for r in self._runs.values())
 
-    def start(self, run, work, name: str):
-        """Register `run` and start `work(run)` on a thread of its own, unless a run is going (LoadBusy)."""
+    def start(self, run, work, name: str, what: str):
+        """Register `run` and start `work(run)` on a thread of its own, unless a run is going (LoadBusy).
+        `run` has `status`, `message` and a `stop` event: when `work` returns it is done (or stopped); when
+        it raises, an error the tab shows, never a traceback ("{what} failed: …" for a bug or a backend down)."""
         with self._lock:
             if self.busy():
                 raise LoadBusy("a load run is already going on this server (maybe from another tab): "
@@ -33,7 +35,7 @@ class Runs:
             self._runs[run.id] = run
             while len(self._runs) > self.keep:
                 self._runs.popitem(last=False)
-        threading.Thread(target=work, args=(run,), name=name, daemon=True).start()
+        threading.Thread(target=_finished, args=(run, work, what), name=name, daemon=True).start()
         return run
 
     def get(self, run_id: str, kind: type, missing: str):
@@ -42,3 +44,14 @@ class Runs:
         if not isinstance(run, kind):
             raise InvalidRequest(missing, "id")
         return run
+
+
+def _finished(run, work, what: str) -> None:
+    try:
+        work(run)
+        run.status = "stopped" if run.stop.is_set() else "done"
+        run.message = "stopped" if run.stop.is_set() else ""
+    except LatencyLabError as exc:
+        run.status, run.message = "error", str(exc)
+    except Exception as exc:  # a bug or a backend down: said on the tab, never a traceback there
+        run.status, run.message = "error", f"{what} failed: {type(exc).__name__}: {exc}"

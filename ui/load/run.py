@@ -24,11 +24,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from engine.core.errors import InvalidRequest, LatencyLabError
+from engine.core.errors import InvalidRequest
 from engine.core.toggles import Toggle
 from server.cli import DEFAULT_MAX_BATCH
 from server.load.runs import closed_pool, closed_run, plain_pool, scope_limit, with_references
 
+from ..shell.form import Form, choose
 from .registry import LoadBusy, Runs  # noqa: F401 - LoadBusy re-exported (api.py)
 from .report import LoadPoint, RunFigures, pair_sentence, throughput_series
 
@@ -50,7 +51,8 @@ LOAD_SETTINGS = (
            "at most this many of the run's requests decode together (a limit of this run only)", lo=1,
            hi=256, backends=("page",)),
 )
-LOAD_FIELDS = [*(t.name for t in LOAD_SETTINGS), "prompt_set", "backend"]
+LOAD_FORM = Form(LOAD_SETTINGS, ("prompt_set", "backend"))
+LOAD_FIELDS = LOAD_FORM.fields
 
 
 @dataclass(frozen=True)
@@ -71,18 +73,9 @@ class LoadSpec:
 
 def parse_spec(values: dict, prompt_sets: dict, engines: dict) -> LoadSpec:
     """The tab's values (as the page sends them) → a LoadSpec, or InvalidRequest naming the field."""
-    if not isinstance(values, dict):
-        raise InvalidRequest("settings must be an object of setting: value", "settings")
-    unknown = set(values) - set(LOAD_FIELDS)
-    if unknown:
-        raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(map(str, unknown)))}", "settings")
-    got = {t.name: t.read(values) for t in LOAD_SETTINGS}
-    prompt_set = values.get("prompt_set") or LOAD_POOL
-    if prompt_set not in prompt_set_choices(prompt_sets):
-        raise InvalidRequest(f"prompt_set must be one of {', '.join(prompt_set_choices(prompt_sets))}", "prompt_set")
-    backend = values.get("backend") or next(iter(engines))
-    if backend not in engines:
-        raise InvalidRequest(f"backend must be one of {', '.join(engines)}", "backend")
+    got = LOAD_FORM.read(values)
+    prompt_set = choose(got["prompt_set"], prompt_set_choices(prompt_sets), "prompt_set")
+    backend = choose(got["backend"], list(engines), "backend")
     limit = scope_limit(engines[backend])
     batches = (got["max_batch_1"], got["max_batch_2"])
     if limit is None:
@@ -166,27 +159,20 @@ class LoadRunner:
         label = "max batch {}" if spec.max_batches[0] is not None else "run {}"
         runs = [RunState(label.format(b if b is not None else i + 1), b) for i, b in enumerate(spec.max_batches)]
         pair = LoadPair(secrets.token_urlsafe(12), spec, runs)
-        return self.runs.start(pair, lambda p: self._run(p, url, headers or {}), "load-run")
+        return self.runs.start(pair, lambda p: self._run(p, url, headers or {}), "load-run", "the load run")
 
     def get(self, pair_id: str) -> LoadPair:
         return self.runs.get(pair_id, LoadPair, "no such load run (the server keeps the latest few)")
 
     # --- the run thread ----------------------------------------------------------------------
     def _run(self, pair: LoadPair, url: str, headers: dict) -> None:
-        try:
-            pool = self._pool(pair)
-            pair.status = "running"
-            for run in pair.runs:
-                if pair.stop.is_set():
-                    break
-                pair.message = f"{run.label}: {pair.spec.clients} clients, {pair.spec.requests} requests…"
-                self._one_run(pair, run, pool, url, headers)
-            pair.status = "stopped" if pair.stop.is_set() else "done"
-            pair.message = "stopped" if pair.stop.is_set() else ""
-        except LatencyLabError as exc:
-            pair.status, pair.message = "error", str(exc)
-        except Exception as exc:  # a bug or a backend down: said on the tab, never a traceback there
-            pair.status, pair.message = "error", f"the load run failed: {type(exc).__name__}: {exc}"
+        pool = self._pool(pair)
+        pair.status = "running"
+        for run in pair.runs:
+            if pair.stop.is_set():
+                break
+            pair.message = f"{run.label}: {pair.spec.clients} clients, {pair.spec.requests} requests…"
+            self._one_run(pair, run, pool, url, headers)
 
     def _pool(self, pair: LoadPair) -> list:
         spec = pair.spec
