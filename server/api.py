@@ -60,7 +60,7 @@ from .protocol import (
     timings_of,
     usage_of,
 )
-from .sessions import SessionIds
+from .sessions import Sessions
 from .tracing import RequestTraces
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # far beyond any prompt that fits the context; refuses memory abuse
@@ -68,7 +68,7 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no 
 
 
 def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metrics | None = None,
-               session_ids: SessionIds | None = None, otlp_endpoint: str | None = None, otlp=None) -> FastAPI:
+               sessions: Sessions | None = None, otlp_endpoint: str | None = None, otlp=None) -> FastAPI:
     """The API app over one engine or a {model name: engine} dict (local `Engine` or `RemoteEngine`).
     `otlp_endpoint` (or an `OtlpExport`, engine/measure/otel.py): export every request's spans."""
     metrics = metrics or Metrics()
@@ -78,7 +78,7 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
         otlp = OtlpExport(otlp_endpoint)
     traces = RequestTraces(otlp)
     traces.watch(metrics)
-    session_ids = session_ids or SessionIds()
+    sessions = sessions or Sessions()  # the page mounted on this app issues its tabs' from it too
     backends = {name: metrics.instrument(b, name, engine=str(i))
                 for i, (name, b) in enumerate(named_backends(engine_or_backends).items())}
     default_model = next(iter(backends))
@@ -87,7 +87,7 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     app = FastAPI(title="Latency Lab API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backends = backends
     app.state.metrics = metrics
-    app.state.session_ids = session_ids
+    app.state.sessions = sessions
     app.state.traces = traces
     # Every route of the app, the page's included (it mounts here), refuses oversized bodies...
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
@@ -145,7 +145,7 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
     @app.post("/v1/sessions")
     async def new_session():
         """A session id for `session` in chat requests: its requests share a prefix-cache scope."""
-        return {"id": session_ids.issue(), "object": "session"}
+        return {"id": sessions.issue(), "object": "session"}
 
     @app.get("/v1/queue")
     async def queue():
@@ -182,7 +182,7 @@ def create_api(engine_or_backends, *, api_key: str | None = None, metrics: Metri
         name = chat.model or default_model
         if name not in backends:
             raise _unknown_model(name, backends)
-        session = None if chat.session is None else session_ids.engine_session(chat.session)
+        session = None if chat.session is None else sessions.engine_session(chat.session)
         scoped = {}
         if chat.batch_scope is not None:  # only a local engine has run-scoped batch limits
             if not hasattr(backends[name], "open_batch_scope"):

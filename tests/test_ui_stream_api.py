@@ -138,3 +138,34 @@ def test_the_page_and_lab_endpoints_build_on_an_existing_app():
             assert page.status_code == 200 and "window.LAB_CONFIG" in page.text
     finally:
         source.close()
+
+
+def test_the_api_and_the_page_issue_sessions_from_one_registry():
+    """One registry (server/sessions.py): an id the page issued is a session of the API's too, with a
+    prefix-cache scope per pane beside the API's own; an API id keeps no page state; a made-up id is
+    refused by both."""
+    from server.api import create_api
+    from ui.webapp import create_app
+
+    source = PacedSource(tokens_per_s=1000, prefill_ms=1)
+    api = create_api(source)
+    store = None
+    try:
+        with TestClient(create_app(api.state.backends, app=api)) as c:
+            store = c.app.state.store
+            assert store.sessions is api.state.sessions
+            page_id = c.post("/lab/session").json()["session"]
+            api_id = c.post("/v1/sessions").json()["id"]
+            scope = api.state.sessions.engine_session(page_id)  # the API accepts the page's id
+            assert scope.startswith("api:") and store.pane(page_id, "A").conversation.session == scope + "/A"
+            r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 2, "session": page_id})
+            assert r.status_code == 200, r.text
+            refused = c.post("/lab/clear", json={"session": api_id, "pane": "chat"})
+            assert refused.status_code == 400 and "unknown or expired session" in refused.text
+            for made_up in ("sess_abc.def", "tab-1"):
+                assert c.post("/lab/clear", json={"session": made_up, "pane": "chat"}).status_code == 400
+                assert c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                            "session": made_up}).status_code == 400
+    finally:
+        source.close()

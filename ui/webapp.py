@@ -22,10 +22,10 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
     is mounted at "/", which would otherwise shadow them. `app`: an existing FastAPI app to build
     on (e.g. the OpenAI-compatible API's), so the page, /lab and the API share one port. Serve it
     with the lifespan on: Gradio starts its queue there."""
-    store = ChatStore(engines)
+    app = app or FastAPI(title="Latency Lab", docs_url=None, redoc_url=None)
+    store = ChatStore(engines, sessions=getattr(app.state, "sessions", None))  # the API's registry, when mounted on it
     prompt_sets = load_prompt_sets()
     presets = teaching_presets(prompt_sets)
-    app = app or FastAPI(title="Latency Lab", docs_url=None, redoc_url=None)
     app.state.store = store
     app.include_router(lab_router(store, presets))
     app.include_router(header_router(store))  # the header's limits and report

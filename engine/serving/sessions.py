@@ -8,8 +8,8 @@ engine returned it (and its token ids), so the next prompt — the chat template
 begins with the tokens whose KV the cache holds.
 
 A conversation's `session` is its prefix-cache scope. It is the only thing that separates one
-user's cached KV from another's, so whoever hands out session ids makes them unguessable (the
-page's ChatStore in ui/chat/store.py, the API's signed ids in server/sessions.py).
+user's cached KV from another's, so session ids are unguessable: the server's one registry
+(server/sessions.py) issues them for the API and the page alike.
 """
 
 from __future__ import annotations

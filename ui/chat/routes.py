@@ -26,7 +26,7 @@ from engine.core.timeline import Timeline
 
 from ..shell.http import call, refused
 from . import network, record_view, records
-from .store import ChatStore, check_id
+from .store import ChatStore
 from .settings import PaneSettings
 
 
@@ -127,9 +127,8 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
 
     @router.get("/export/{session}.{fmt}")
     async def export(session: str, fmt: str, pane: str | None = None):
-        check_id(session, "session")
         replies = call(store.replies, session, pane)
-        name = f"latency-lab-{session[:8]}{'-' + pane if pane else ''}"
+        name = f"latency-lab-{session.removeprefix('sess_')[:8]}{'-' + pane if pane else ''}"
         if fmt == "csv":
             body, media = records.rows_to_csv([r.row() for r in replies]), "text/csv"
         elif fmt == "json":

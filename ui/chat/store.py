@@ -9,9 +9,6 @@ each reply keeps its `Timeline`, which the browser's timestamps later join (`joi
 from __future__ import annotations
 
 import re
-import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -19,6 +16,7 @@ from engine.core.errors import InvalidRequest
 from engine.core.info import EngineInfo
 from engine.core.timeline import Timeline
 from engine.serving.sessions import Conversation, Message
+from server.sessions import MAX_KEPT, Sessions
 
 from ..shell import engine_info
 from ..shell.form import choose
@@ -67,24 +65,32 @@ class Pane:
 
 @dataclass
 class Session:
+    """What a browser tab keeps on the server (in the session registry, server/sessions.py)."""
+
     panes: dict[str, Pane] = field(default_factory=dict)
     replies: list[Reply] = field(default_factory=list)
 
+    @property
+    def busy(self) -> bool:
+        """A reply is streaming into one of its panes (the registry never drops it then)."""
+        return any(p.inflight for p in self.panes.values())
+
 
 class ChatStore:
-    """All tabs' conversations, bounded: the least recently used session goes first.
+    """All tabs' conversations. Their sessions are the server's (server/sessions.py): issued, checked
+    and kept (bounded, the least recently used first) by the one registry the API's sessions use too.
 
     `engines` maps a backend name to an engine (anything with `submit`, `info`): the local
     engine, and later remote ones, so A/B can put a different backend in each pane.
     """
 
-    def __init__(self, engines, max_sessions: int = 256, max_replies: int = 2000):
+    def __init__(self, engines, max_sessions: int = MAX_KEPT, max_replies: int = 2000,
+                 sessions: Sessions | None = None):
+        """`sessions`: the server's registry (the API's, when the page is mounted on it); else one of its own."""
         self.engines = dict(engines) if isinstance(engines, dict) else {"local": engines}
-        self.max_sessions = max_sessions
+        self.sessions = sessions or Sessions(keep=max_sessions)
         self.max_replies = max_replies
         self.infos = {name: engine_info.describe(e) for name, e in self.engines.items()}
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self._lock = threading.Lock()
 
     def refresh_info(self, backend: str) -> None:
         """Read a backend's description again (after its machine limits were re-measured)."""
@@ -102,34 +108,19 @@ class ChatStore:
 
     # --- sessions ----------------------------------------------------------------------------
     def new_session(self) -> str:
-        """A fresh, unguessable session id: it scopes the tab's prefix cache, so it must not be
-        chosen (or guessed) by another client."""
-        session_id = secrets.token_urlsafe(18)
-        with self._lock:
-            self._sessions[session_id] = Session()
-            while len(self._sessions) > self.max_sessions:
-                old_id = next((k for k, v in self._sessions.items()
-                               if not any(c.inflight for c in v.panes.values())), None)
-                if old_id is None:
-                    break  # every session is streaming: keep them all
-                del self._sessions[old_id]
-        return session_id
+        """A browser tab's session: unguessable (it scopes the tab's prefix cache, so it must not be chosen,
+        or guessed, by another client), issued by the server's registry."""
+        return self.sessions.issue(Session())
 
     def session(self, session_id: str) -> Session:
-        check_id(session_id, "session")
-        with self._lock:
-            s = self._sessions.get(session_id)
-            if s is None:
-                raise InvalidRequest("unknown or expired session: reload the page", "session")
-            self._sessions.move_to_end(session_id)
-            return s
+        return self.sessions.state(session_id)
 
     def pane(self, session_id: str, pane: str) -> Pane:
         if pane not in PANES:
             raise InvalidRequest(f"pane must be one of {', '.join(PANES)}", "pane")
         panes = self.session(session_id).panes
-        if pane not in panes:  # the conversation's session is its prefix-cache scope
-            panes[pane] = Pane(Conversation(session=f"{session_id}/{pane}"))
+        if pane not in panes:  # the conversation's session is its prefix-cache scope: one per pane
+            panes[pane] = Pane(Conversation(session=f"{self.sessions.engine_session(session_id)}/{pane}"))
         return panes[pane]
 
     def messages(self, session_id: str, pane: str) -> list[dict]:

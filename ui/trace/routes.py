@@ -34,8 +34,8 @@ def trace_router(store: ChatStore) -> APIRouter:
     @router.post("/trace")
     async def trace(request: Request, body: TraceIn):
         try:
-            session = check_id(body.session, "session")
-            wanted = [check_id(i, "ids") for i in body.ids]
+            store.session(body.session)  # a session of this server's, or a 400
+            session, wanted = body.session, [check_id(i, "ids") for i in body.ids]
         except LatencyLabError as exc:
             raise HTTPException(400, {"message": str(exc), "param": exc.param}) from exc
         names = body.labels
