@@ -75,7 +75,7 @@ def test_wheel_holds_what_the_code_reads_at_run_time(wheel):
         "engine/assets/draft-smollm2-135m/draft.json", "engine/assets/draft-smollm2-135m/draft.safetensors",
         "ui/shell/prompts/copy_edits.json", "ui/shell/prompts/long_history.json", "ui/shell/prompts/open_questions.json",
         # the page's own scripts and style (ui/page.py)
-        "ui/chat/page.js", "ui/shell/page.css", "ui/chat/markdown.js",
+        "ui/entry.js", "ui/chat/run.js", "ui/shell/page.css", "ui/chat/markdown.js", "ui/shell/config.js",
     }
     assert not sorted(needed - names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or n.startswith(("tests/", "build/"))]

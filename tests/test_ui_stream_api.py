@@ -135,7 +135,12 @@ def test_the_page_and_lab_endpoints_build_on_an_existing_app():
             assert c.get("/v1/models").json() == {"data": ["m"]}
             assert c.post("/lab/session").status_code == 200
             page = c.get("/")
-            assert page.status_code == 200 and "window.LAB_CONFIG" in page.text
+            assert page.status_code == 200 and "lab-config" in page.text and "/lab/js/entry.js" in page.text  # the head
+            entry = c.get("/lab/js/entry.js")  # the scripts: ES modules, served as static files
+            assert entry.status_code == 200 and entry.headers["content-type"].startswith("text/javascript")
+            assert c.get("/lab/js/chat/overlays.js").status_code == 200
+            for not_a_script in ("chat/store.py", "../app.py", "shell/prompts/copy_edits.json", "nope.js"):
+                assert c.get("/lab/js/" + not_a_script).status_code == 404, not_a_script
     finally:
         source.close()
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .compare.delta import percentile
 from .chat.settings import defaults
+from .shell.static import PREFIX, route_modules
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "js" / "traces" / "prompt_lookup_cpu.json"
 SMOOTH_MODES = (("off", "word"), ("adaptive", "word"), ("adaptive", "char"))
@@ -61,7 +62,7 @@ def _open(browser, url):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(url)
     page.wait_for_selector("#lab-send")
-    page.wait_for_function("() => window.lab && window.lab.session && window.LabTiming.Clock.offset !== null")
+    page.wait_for_function("() => window.lab && window.lab.session && window.lab.clock.offset !== null")
     return page
 
 
@@ -228,9 +229,6 @@ def bench_smooth(url: str, browser, prompt: str, max_tokens: int, rounds: int, s
     return out
 
 
-MARKDOWN_JS = Path(__file__).resolve().parent / "chat" / "markdown.js"
-
-
 def bench_markdown(browser, tokens: int, rounds: int) -> dict:
     """Main-thread cost of putting a streamed reply on the page, markdown renderer vs one plain Text
     node: the paced source's markdown tokens appended one by one into a bubble styled like the page's,
@@ -238,13 +236,16 @@ def bench_markdown(browser, tokens: int, rounds: int) -> dict:
     from .chat.paced import MARKDOWN
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_content('<div id="box" style="width:560px;white-space:pre-wrap;font:15px sans-serif"></div>')
-    page.add_script_tag(content=MARKDOWN_JS.read_text())
+    origin = route_modules(page)
+    page.evaluate("""async (url) => {
+        document.body.innerHTML = '<div id="box" style="width:560px;white-space:pre-wrap;font:15px sans-serif"></div>';
+        window.markdownModule = await import(url);
+    }""", origin + PREFIX + "chat/markdown.js")
     chunks = [MARKDOWN[i % len(MARKDOWN)] for i in range(tokens)]
     script = """([chunks, markdown]) => {
         const box = document.getElementById('box');
         box.textContent = '';
-        const target = markdown ? new window.LabMarkdown.Renderer(box) : box.appendChild(document.createTextNode(''));
+        const target = markdown ? new window.markdownModule.Renderer(box) : box.appendChild(document.createTextNode(''));
         let worst = 0;
         const t0 = performance.now();
         for (const c of chunks) {

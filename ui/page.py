@@ -2,8 +2,8 @@
 by its feature's folder; and the <head>: the page's config, then its scripts.
 
 Gradio draws the controls and runs the sweep. The chat transcripts and live overlays are ours (the
-scripts of ui/chat/ and the other features): the buttons' `js` handlers hand the controls' values to
-`window.lab`, which streams from /lab/chat.
+ES modules of ui/chat/ and the other features, wired by ui/entry.js): the buttons' `js` handlers hand
+the controls' values to `window.lab`, which streams from /lab/chat.
 """
 
 from __future__ import annotations
@@ -25,17 +25,14 @@ from .compare import tab as compare_tab
 from .load import tab as load_tab
 from .load.open_run import OPEN_FIELDS
 from .load.run import LOAD_FIELDS
-from .shell import glossary, glossary_tab, header
+from .shell import glossary, glossary_tab, header, static
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("chat/overlays.js", "chat/roofline.js", "chat/markdown.js", "chat/client_timing.js", "chat/smooth.js",
-           "chat/page.js", "chat/sse_transport.js", "trace/trace.js", "chat/gradio_transport.js", "compare/ab.js",
-           "insight/replay.js", "insight/whatif.js", "load/load_plots.js", "load/load.js", "load/open_plots.js",
-           "load/open_loop.js")
 
 
 def head(presets: dict, info) -> str:
-    """The <head> additions: the page's config, then our scripts (inlined: one request less)."""
+    """The <head> additions: the page's config (JSON, read by ui/shell/config.js), then the entry module
+    (ui/entry.js), which imports the rest (served from /lab/js/, ui/shell/static.py)."""
     config = {
         "fields": FIELDS,
         "loadFields": LOAD_FIELDS,
@@ -51,8 +48,9 @@ def head(presets: dict, info) -> str:
         "emptyChat": chat_tab.EMPTY_CHAT,
         "emptyOverlay": chat_tab.EMPTY_OVERLAY,
     }
-    scripts = [f"window.LAB_CONFIG = {json.dumps(config)};"] + [(HERE / name).read_text() for name in SCRIPTS]
-    return "".join(f"<script>{s.replace('</', '<' + chr(92) + '/')}</script>" for s in scripts)
+    data = json.dumps(config).replace("</", "<\\/")  # a string of it can hold no closing tag
+    return (f'<script type="application/json" id="lab-config">{data}</script>'
+            f'<script type="module" src="{static.ENTRY}"></script>')
 
 
 def css() -> str:

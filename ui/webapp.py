@@ -14,6 +14,7 @@ from .load.run import LoadRunner
 from .page import build_page, css, head
 from .shell.header import header_router
 from .shell.presets import load_prompt_sets, teaching_presets
+from .shell.static import static_router
 from .trace.routes import trace_router
 
 
@@ -28,6 +29,7 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
     presets = teaching_presets(prompt_sets)
     app.state.store = store
     app.include_router(lab_router(store, presets))
+    app.include_router(static_router())  # the page's scripts, ES modules (ui/entry.js first)
     app.include_router(header_router(store))  # the header's limits and report
     app.include_router(compare_router(store))  # the A/B pair's delta table
     app.include_router(trace_router(store))  # the Trace downloads (ui/trace/trace.js)

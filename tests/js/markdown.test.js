@@ -1,8 +1,9 @@
 // ui/chat/markdown.js in Node with a minimal fake DOM: what it renders, that streamed text renders the
 // same as the whole text at once, and that model HTML only ever becomes text.
-const test = require("node:test");
-const assert = require("node:assert");
-const { Renderer, frozenEnd } = require("../../ui/chat/markdown.js");
+import assert from "node:assert";
+import test from "node:test";
+
+import { frozenEnd, Renderer } from "../../ui/chat/markdown.js";
 
 class Node {
   constructor(tag, text) { this.tag = tag; this.text = text; this.children = []; this.parent = null; this.className = ""; this.dataset = {}; this.style = {}; this.ownerDocument = doc; }

@@ -1,9 +1,10 @@
 // The smoothing schedule (ui/chat/smooth.js) on synthetic arrival traces: no engine, no browser.
-// Run by tests/test_ui_smooth_js.py (`node --test tests/js/`).
-"use strict";
-const test = require("node:test");
-const assert = require("node:assert/strict");
-const { Smoother, simulate } = require("../../ui/chat/smooth.js");
+// Run by tests/test_ui_js.py (`node --test tests/js/`).
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import test from "node:test";
+
+import { simulate, Smoother } from "../../ui/chat/smooth.js";
 
 const FRAME = 1000 / 60;
 
@@ -119,7 +120,7 @@ function wordGaps(releases) {
 }
 
 // Real bursts: three replies with prompt-lookup speculation, as they left the engine on this CPU.
-const RECORDED = require("./traces/prompt_lookup_cpu.json").traces;
+const RECORDED = JSON.parse(readFileSync(new URL("./traces/prompt_lookup_cpu.json", import.meta.url))).traces;
 
 test("adaptive evens out bursty streams: words appear at steadier intervals, stalls are no longer", () => {
   const traces = [["bursty", TRACES.bursty], ["bursty2", TRACES.bursty2], ...RECORDED.map((r) => [r.name, r.chunks])];

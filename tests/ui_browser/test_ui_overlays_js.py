@@ -1,11 +1,8 @@
 """The overlay builders (ui/chat/overlays.js) are pure functions; these tests run them in Chromium on
-synthetic replies: no engine, no server."""
-
-from pathlib import Path
+synthetic replies: no engine, no server (Playwright serves the ES modules from ui/). Node runs the
+layout parts too: tests/js/overlays.test.js."""
 
 import pytest
-
-OVERLAYS = Path(__file__).resolve().parents[2] / "ui" / "chat" / "overlays.js"
 
 # A reply: the server received it at server-clock 1,000,000 ms; the browser pressed send at its
 # 500 ms and its clock is 999,490 ms behind, so "received" is 10 ms after send. Queue 2 ms, setup
@@ -22,9 +19,11 @@ CLIENT = {"send_at_ms": 500, "clock_offset_ms": 1_000_000 - 510, "clock_bound_ms
 
 @pytest.fixture(scope="module")
 def js(chromium):
+    from ui.shell.static import PREFIX, route_modules
+
     page = chromium.new_page()
-    page.set_content("<html><body></body></html>")
-    page.add_script_tag(path=str(OVERLAYS))
+    origin = route_modules(page)  # the modules served from ui/ without a server
+    page.evaluate("async (url) => { window.LabOverlays = await import(url); }", origin + PREFIX + "chat/overlays.js")
     yield lambda expr, arg=None: page.evaluate(f"(arg) => {{ const O = window.LabOverlays; return {expr}; }}", arg)
     page.close()
 

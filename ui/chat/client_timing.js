@@ -9,133 +9,159 @@
 // (ui/chat/perceived.py).
 //
 // The clock offset (server ms − browser ms) is estimated NTP-style: a few pings to /lab/clock,
-// keeping the one with the smallest round trip; its error is at most half that round trip.
-(function (root) {
-  "use strict";
+// keeping the one with the smallest round trip; its error is at most half that round trip. Any
+// request whose answer carries the server's clock is a sample too (a turn's one request after its
+// stream, ui/chat/run.js): `Clock.add`.
 
-  const Clock = {
-    offset: null, // server perf_counter ms − browser performance.now() ms
-    rtt: null, // round trip of the ping the offset came from
-    samples: [],
-    async sync(pings) {
-      for (let i = 0; i < (pings || 5); i++) {
-        const t0 = performance.now();
-        const r = await fetch("/lab/clock", { cache: "no-store" });
-        const body = await r.json();
-        const t1 = performance.now();
-        Clock.samples.push({ rtt: t1 - t0, offset: body.server_ms - (t0 + t1) / 2, at: t1 });
-      }
-      // Only recent samples: the two clocks drift apart slowly (ppm), so an old best ping ages.
-      const now = performance.now();
-      Clock.samples = Clock.samples.filter((s) => now - s.at < 120000).slice(-20);
-      const best = Clock.samples.reduce((a, b) => (b.rtt < a.rtt ? b : a));
-      Clock.offset = best.offset;
-      Clock.rtt = best.rtt;
-      return best;
-    },
-    get bound() { return Clock.rtt == null ? null : Clock.rtt / 2; },
-  };
+export const SAMPLE_MAX_AGE_MS = 120000; // the two clocks drift apart slowly (ppm), so an old best ping ages out
+export const SAMPLES_KEPT = 20;
 
-  class Recorder {
-    constructor(sendAt) {
-      this.sendAt = sendAt; // performance.now() when the user pressed send
-      this.arrival = []; // ms since send, per chunk
-      this.arrivalTokens = []; // output tokens so far at each chunk
-      this.arrivalChars = []; // reply characters so far at each chunk
-      this.paint = []; // ms since send, per chunk: when all its text was painted (null: no text)
-      this.shownMs = []; // each time reply text was put on the page: ms since send
-      this.shownChars = []; // ... the reply's visible length then
-      this.shownPaint = []; // ... and the frame that painted it
-      this.feedbackMs = null; // the user's message and a status painted
-      this.statusMs = null; // the server's first status painted
-      this.visible = 0;
-      this.nextChunk = 0; // the first chunk not yet fully painted
-      this.pending = []; // shown updates and stamps waiting for their frame
-      this.frame = null;
-      this.framesDone = null;
+// The samples still worth keeping at `now` (recent ones, the last SAMPLES_KEPT) and the one with the
+// shortest round trip among them: its offset is the estimate, half its round trip the bound. Pure.
+export function bestSample(samples, now) {
+  const kept = samples.filter((s) => now - s.at < SAMPLE_MAX_AGE_MS).slice(-SAMPLES_KEPT);
+  const best = kept.length ? kept.reduce((a, b) => (b.rtt < a.rtt ? b : a)) : null;
+  return { kept, best };
+}
+
+// One sample: sent at t0, answered at t1 (browser ms), the server's clock `serverMs` in between.
+export const sample = (t0, serverMs, t1) => ({ rtt: t1 - t0, offset: serverMs - (t0 + t1) / 2, at: t1 });
+
+export class Clock {
+  constructor() {
+    this.offset = null; // server perf_counter ms − browser performance.now() ms
+    this.rtt = null; // round trip of the sample the offset came from
+    this.samples = [];
+    this.bestAt = null; // when that sample was taken (browser ms)
+  }
+
+  add(t0, serverMs, t1) {
+    this.samples.push(sample(t0, serverMs, t1));
+    return this.settle(t1);
+  }
+
+  settle(now) {
+    const { kept, best } = bestSample(this.samples, now);
+    this.samples = kept;
+    if (best) {
+      this.offset = best.offset;
+      this.rtt = best.rtt;
+      this.bestAt = best.at;
     }
+    return best;
+  }
 
-    // A chunk was received (t: performance.now() when the read resolved) carrying `chars` characters.
-    // Without smoothing the caller shows its text at once (shown); with smoothing, later.
-    arrived(tokens, chars, t) {
-      const i = this.arrival.length;
-      const before = i ? this.arrivalChars[i - 1] : 0;
-      this.arrival.push((t == null ? performance.now() : t) - this.sendAt);
-      this.arrivalTokens.push(tokens);
-      this.arrivalChars.push(before + (chars || 0));
-      this.paint.push(null);
-      return i;
+  async sync(pings) {
+    for (let i = 0; i < (pings || 5); i++) {
+      const t0 = performance.now();
+      const r = await fetch("/lab/clock", { cache: "no-store" });
+      const body = await r.json();
+      this.samples.push(sample(t0, body.server_ms, performance.now()));
     }
+    return this.settle(performance.now());
+  }
 
-    // The page just put reply text on screen: the reply is `chars` characters long now. Its paint is
-    // the next animation frame; `inFrame`: the change was made in a frame callback, so this frame
-    // paints it.
-    shown(chars, t, inFrame) {
-      const k = this.shownMs.length;
-      const at = (t == null ? performance.now() : t) - this.sendAt;
-      this.shownMs.push(at);
-      this.shownChars.push(chars);
-      this.shownPaint.push(null);
-      if (inFrame) this._paintShown(k, at);
-      else this._onFrame(() => this._paintShown(k, performance.now() - this.sendAt));
-    }
+  get bound() { return this.rtt == null ? null : this.rtt / 2; }
+}
 
-    // Stamp when something (the first feedback, the first server status) is first painted.
-    stamp(name) {
-      if (this[name + "Ms"] != null || this["_" + name]) return;
-      this["_" + name] = true;
-      this._onFrame(() => { this[name + "Ms"] = performance.now() - this.sendAt; });
-    }
+export class Recorder {
+  constructor(sendAt, clock) {
+    this.sendAt = sendAt; // performance.now() when the user pressed send
+    this.clock = clock; // the session's Clock: its offset goes up with the timings
+    this.arrival = []; // ms since send, per chunk
+    this.arrivalTokens = []; // output tokens so far at each chunk
+    this.arrivalChars = []; // reply characters so far at each chunk
+    this.paint = []; // ms since send, per chunk: when all its text was painted (null: no text)
+    this.shownMs = []; // each time reply text was put on the page: ms since send
+    this.shownChars = []; // ... the reply's visible length then
+    this.shownPaint = []; // ... and the frame that painted it
+    this.feedbackMs = null; // the user's message and a status painted
+    this.statusMs = null; // the server's first status painted
+    this.visible = 0;
+    this.nextChunk = 0; // the first chunk not yet fully painted
+    this.pending = []; // shown updates and stamps waiting for their frame
+    this.frame = null;
+    this.framesDone = null;
+  }
 
-    _paintShown(k, at) {
-      this.shownPaint[k] = at;
-      this.visible = Math.max(this.visible, this.shownChars[k]);
-      const c = this.arrivalChars;
-      for (; this.nextChunk < c.length && c[this.nextChunk] <= this.visible; this.nextChunk++) {
-        const had = c[this.nextChunk] > (this.nextChunk ? c[this.nextChunk - 1] : 0);
-        if (had) this.paint[this.nextChunk] = at;
-      }
-    }
+  // A chunk was received (t: performance.now() when the read resolved) carrying `chars` characters.
+  // Without smoothing the caller shows its text at once (shown); with smoothing, later.
+  arrived(tokens, chars, t) {
+    const i = this.arrival.length;
+    const before = i ? this.arrivalChars[i - 1] : 0;
+    this.arrival.push((t == null ? performance.now() : t) - this.sendAt);
+    this.arrivalTokens.push(tokens);
+    this.arrivalChars.push(before + (chars || 0));
+    this.paint.push(null);
+    return i;
+  }
 
-    _onFrame(fn) {
-      this.pending.push(fn);
-      if (this.frame == null) this.frame = requestAnimationFrame(() => this._painted());
-    }
+  // The page just put reply text on screen: the reply is `chars` characters long now. Its paint is
+  // the next animation frame; `inFrame`: the change was made in a frame callback, so this frame
+  // paints it.
+  shown(chars, t, inFrame) {
+    const k = this.shownMs.length;
+    const at = (t == null ? performance.now() : t) - this.sendAt;
+    this.shownMs.push(at);
+    this.shownChars.push(chars);
+    this.shownPaint.push(null);
+    if (inFrame) this._paintShown(k, at);
+    else this._onFrame(() => this._paintShown(k, performance.now() - this.sendAt));
+  }
 
-    _painted() {
-      const todo = this.pending;
-      this.pending = [];
-      this.frame = null;
-      todo.forEach((fn) => fn());
-      if (this.framesDone && this.frame == null) { const done = this.framesDone; this.framesDone = null; done(); }
-    }
+  // Stamp when something (the first feedback, the first server status) is first painted.
+  stamp(name) {
+    if (this[name + "Ms"] != null || this["_" + name]) return;
+    this["_" + name] = true;
+    this._onFrame(() => { this[name + "Ms"] = performance.now() - this.sendAt; });
+  }
 
-    // Resolves once everything shown so far has its paint time.
-    settled() {
-      if (this.frame == null) return Promise.resolve();
-      return new Promise((resolve) => { this.framesDone = resolve; });
-    }
-
-    get firstPaint() { return this.paint.find((t) => t != null) ?? null; }
-
-    toClient(transport, extra) {
-      return Object.assign({
-        send_at_ms: this.sendAt,
-        arrival_ms: this.arrival,
-        arrival_tokens: this.arrivalTokens,
-        arrival_chars: this.arrivalChars,
-        paint_ms: this.paint,
-        shown_ms: this.shownMs,
-        shown_chars: this.shownChars,
-        shown_paint_ms: this.shownPaint,
-        feedback_ms: this.feedbackMs,
-        status_ms: this.statusMs,
-        clock_offset_ms: Clock.offset,
-        clock_rtt_ms: Clock.rtt,
-        transport: transport || "sse",
-      }, extra || {});
+  _paintShown(k, at) {
+    this.shownPaint[k] = at;
+    this.visible = Math.max(this.visible, this.shownChars[k]);
+    const c = this.arrivalChars;
+    for (; this.nextChunk < c.length && c[this.nextChunk] <= this.visible; this.nextChunk++) {
+      const had = c[this.nextChunk] > (this.nextChunk ? c[this.nextChunk - 1] : 0);
+      if (had) this.paint[this.nextChunk] = at;
     }
   }
 
-  root.LabTiming = { Clock, Recorder };
-})(window);
+  _onFrame(fn) {
+    this.pending.push(fn);
+    if (this.frame == null) this.frame = requestAnimationFrame(() => this._painted());
+  }
+
+  _painted() {
+    const todo = this.pending;
+    this.pending = [];
+    this.frame = null;
+    todo.forEach((fn) => fn());
+    if (this.framesDone && this.frame == null) { const done = this.framesDone; this.framesDone = null; done(); }
+  }
+
+  // Resolves once everything shown so far has its paint time.
+  settled() {
+    if (this.frame == null) return Promise.resolve();
+    return new Promise((resolve) => { this.framesDone = resolve; });
+  }
+
+  get firstPaint() { return this.paint.find((t) => t != null) ?? null; }
+
+  toClient(transport, extra) {
+    return Object.assign({
+      send_at_ms: this.sendAt,
+      arrival_ms: this.arrival,
+      arrival_tokens: this.arrivalTokens,
+      arrival_chars: this.arrivalChars,
+      paint_ms: this.paint,
+      shown_ms: this.shownMs,
+      shown_chars: this.shownChars,
+      shown_paint_ms: this.shownPaint,
+      feedback_ms: this.feedbackMs,
+      status_ms: this.statusMs,
+      clock_offset_ms: this.clock ? this.clock.offset : null,
+      clock_rtt_ms: this.clock ? this.clock.rtt : null,
+      transport: transport || "sse",
+    }, extra || {});
+  }
+}

@@ -4,73 +4,38 @@
 // Decode is memory-bound: its bar is decode_gbps against the read bandwidth (a decode step reads its
 // weights and writes next to nothing). Both limits come from the one probe of this machine
 // (engine/measure/machine_limits.py, via the reply's timings.roofline; the header shows them and re-measures).
-// Pure HTML strings from numbers (no model text), plus the header's re-measure button.
-(function (root) {
-  "use strict";
+// Pure HTML strings from numbers (no model text); the header re-measures them (ui/shell/header.js).
+import { esc, num } from "../shell/format.js";
 
-  function esc(s) {
-    return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
-  }
-  const num = (v) => (typeof v === "number" && isFinite(v) ? v : null);
-  const pct = (f) => (f < 0.1 ? (100 * f).toFixed(1) : Math.round(100 * f)) + "%";
-  const g3 = (v) => (v >= 100 ? Math.round(v).toLocaleString("en-US") : v.toPrecision(3));
+const pct = (f) => (f < 0.1 ? (100 * f).toFixed(1) : Math.round(100 * f)) + "%";
+const g3 = (v) => (v >= 100 ? Math.round(v).toLocaleString("en-US") : v.toPrecision(3));
 
-  // r: {prefill_tflops, prefill_compute_fraction, peak_tflops, compute_dtype, decode_gbps,
-  //     decode_bandwidth_fraction, read_gbps, limits_date, decode_mb_per_token, finished, remote}
-  function row(stage, label, value, limit, unit, fraction, hover, why) {
-    const known = value != null;
-    const f = fraction != null ? Math.max(0, Math.min(1, fraction)) : 0;
-    const text = !known ? "—" :
-      `${g3(value)}` + (limit != null ? ` of ${g3(limit)} ${unit} (${pct(fraction)})` : ` ${unit} (no measured limit)`);
-    const over = fraction != null && fraction > 1 ? " — above the measured limit: the limits were likely measured while the machine was busy; re-measure when it is idle" : "";
-    return `<div class="lab-roof-row${over ? " lab-roof-over" : ""}" data-stage="${stage}" title="${esc(hover + (known ? "" : " — unknown: " + why) + over)}">` +
-      `<b>${esc(label)}</b><span class="lab-roof-track"><span class="lab-roof-bar lab-roof-${stage}" style="width:${(100 * f).toFixed(1)}%"></span></span>` +
-      `<span class="lab-roof-val">${esc(text)}</span></div>`;
-  }
+// r: {prefill_tflops, prefill_compute_fraction, peak_tflops, compute_dtype, decode_gbps,
+//     decode_bandwidth_fraction, read_gbps, limits_date, decode_mb_per_token, finished, remote}
+function row(stage, label, value, limit, unit, fraction, hover, why) {
+  const known = value != null;
+  const f = fraction != null ? Math.max(0, Math.min(1, fraction)) : 0;
+  const text = !known ? "—" :
+    `${g3(value)}` + (limit != null ? ` of ${g3(limit)} ${unit} (${pct(fraction)})` : ` ${unit} (no measured limit)`);
+  const over = fraction != null && fraction > 1 ? " — above the measured limit: the limits were likely measured while the machine was busy; re-measure when it is idle" : "";
+  return `<div class="lab-roof-row${over ? " lab-roof-over" : ""}" data-stage="${stage}" title="${esc(hover + (known ? "" : " — unknown: " + why) + over)}">` +
+    `<b>${esc(label)}</b><span class="lab-roof-track"><span class="lab-roof-bar lab-roof-${stage}" style="width:${(100 * f).toFixed(1)}%"></span></span>` +
+    `<span class="lab-roof-val">${esc(text)}</span></div>`;
+}
 
-  function bars(r, G) {
-    r = r || {};
-    G = G || {};
-    const hov = (k) => (G[k] && G[k].hover) || k;
-    const pending = r.finished ? null : "the figures come with the reply's last token";
-    const why = (stage) => pending || (r.remote ? "a remote backend: its model shape, weights and machine are unknown here" :
-      stage === "decode" ? "no decode step, or no weight bytes for this reply" : "no model shape for this reply");
-    const perTok = num(r.decode_mb_per_token);
-    return `<div class="lab-roof" title="each stage against the machine's measured limit">` +
-      row("prefill", "prefill: compute", num(r.prefill_tflops), num(r.peak_tflops),
-        `TFLOP/s${r.compute_dtype ? " " + r.compute_dtype : ""} matmul`, num(r.prefill_compute_fraction), hov("prefill_compute_fraction"), why("prefill")) +
-      row("decode", "decode: memory", num(r.decode_gbps), num(r.read_gbps), "GB/s read",
-        num(r.decode_bandwidth_fraction), hov("decode_bandwidth_fraction"), why("decode")) +
-      (perTok != null ? `<div class="lab-muted lab-roof-note" title="${esc(hov("decode_mb_per_token"))}">decode read ${g3(perTok)} MB per token</div>` : "") +
-      "</div>";
-  }
-
-  // The header's "re-measure" button: a 1–2 s probe on the server, then the new figures.
-  async function remeasure(button) {
-    const line = document.getElementById("lab-limits");
-    button.disabled = true;
-    const old = button.textContent;
-    button.textContent = "measuring…";
-    try {
-      const r = await fetch("/lab/limits", { method: "POST" });
-      const j = await r.json();
-      if (line) line.textContent = r.ok ? j.line : (j.detail && j.detail.message) || "could not measure";
-    } catch (e) {
-      if (line) line.textContent = "could not measure: " + e;
-    } finally {
-      button.disabled = false;
-      button.textContent = old;
-    }
-  }
-
-  if (typeof document !== "undefined") {
-    document.addEventListener("click", (e) => {
-      const b = e.target.closest && e.target.closest("#lab-limits-rerun");
-      if (b && !b.disabled) remeasure(b);
-    });
-  }
-
-  const api = { bars };
-  if (typeof module !== "undefined" && module.exports) module.exports = api;
-  else root.LabRoofline = api;
-})(typeof window !== "undefined" ? window : this);
+export function bars(r, G) {
+  r = r || {};
+  G = G || {};
+  const hov = (k) => (G[k] && G[k].hover) || k;
+  const pending = r.finished ? null : "the figures come with the reply's last token";
+  const why = (stage) => pending || (r.remote ? "a remote backend: its model shape, weights and machine are unknown here" :
+    stage === "decode" ? "no decode step, or no weight bytes for this reply" : "no model shape for this reply");
+  const perTok = num(r.decode_mb_per_token);
+  return `<div class="lab-roof" title="each stage against the machine's measured limit">` +
+    row("prefill", "prefill: compute", num(r.prefill_tflops), num(r.peak_tflops),
+      `TFLOP/s${r.compute_dtype ? " " + r.compute_dtype : ""} matmul`, num(r.prefill_compute_fraction), hov("prefill_compute_fraction"), why("prefill")) +
+    row("decode", "decode: memory", num(r.decode_gbps), num(r.read_gbps), "GB/s read",
+      num(r.decode_bandwidth_fraction), hov("decode_bandwidth_fraction"), why("decode")) +
+    (perTok != null ? `<div class="lab-muted lab-roof-note" title="${esc(hov("decode_mb_per_token"))}">decode read ${g3(perTok)} MB per token</div>` : "") +
+    "</div>";
+}
