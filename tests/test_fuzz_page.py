@@ -143,7 +143,7 @@ def test_lab_chat_with_fuzzed_bodies(page, body):
 
 @pytest.fixture(scope="module")
 def reply(page):
-    """A session with one real reply, so the timing/table/delta/export endpoints reach their checks."""
+    """A session with one real reply, so the turn/table/delta/export endpoints reach their checks."""
     s = page.http.post("/lab/session").json()["session"]
     resp = page.http.post("/lab/chat", json={"session": s, "message": "Say hi.", "settings": {"max_new_tokens": 2}})
     rid = next(json.loads(line[5:])["request_id"] for line in resp.text.splitlines() if line.startswith("data:"))
@@ -160,8 +160,8 @@ def test_lab_endpoints_with_fuzzed_fields(page, reply, client, junk, pane, prese
         content = json.dumps(body, ensure_ascii=True)
         lab_ok(http.post(path, content=content, headers={"Content-Type": "application/json"}))
 
-    post("/lab/timing", {"session": s, "request_id": rid, "client": client})
-    post("/lab/timing", {"session": s, "request_id": junk, "client": {"arrival_ms": junk, "paint_ms": junk}})
+    post("/lab/turn", {"session": s, "request_id": rid, "client": client, "table": True})
+    post("/lab/turn", {"session": s, "request_id": junk, "client": {"arrival_ms": junk, "paint_ms": junk}, "table": junk})
     post("/lab/stop", {"session": s, "pane": pane})
     post("/lab/seed", {"session": s, "pane": pane, "preset": preset})
     post("/lab/clear", {"session": junk, "pane": pane})

@@ -138,7 +138,7 @@ def test_request_size_is_limited_on_every_route_of_the_app(bundled_engine):
     api = create_api(bundled_engine)
     big = b'{"session": "x", "message": "' + b"a" * (3 * 2**20) + b'"}'
     with BackgroundServer(create_app(api.state.backends, app=api)) as url:
-        for path in ("/v1/chat/completions", "/lab/chat", "/lab/timing", "/gradio_api/queue/join"):
+        for path in ("/v1/chat/completions", "/lab/chat", "/lab/turn", "/gradio_api/queue/join"):
             resp = httpx.post(url + path, content=big, headers={"Content-Type": "application/json"}, timeout=60)
             assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large", path
         assert httpx.post(url + "/lab/session").status_code == 200  # and the app is still up

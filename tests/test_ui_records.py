@@ -74,8 +74,7 @@ def test_row_reads_feature_counters_only_when_present():
     plain = records.row({"turn": 1, "pane": "chat", "settings": {"temperature": 0}, "timeline": timeline()})
     assert plain["drafted"] is None and plain["acceptance_rate"] is None and plain["weight_mb"] is None
     spec = records.row({"settings": {"speculative": "prompt_lookup", "num_speculative_tokens": 8},
-                        "weight_bytes": 269_000_000,
-                        "timeline": timeline(drafted=40, accepted=30, tokens_per_step=2.5)})
+                        "timeline": timeline(drafted=40, accepted=30, tokens_per_step=2.5, weight_bytes=269_000_000)})
     assert spec["acceptance_rate"] == pytest.approx(0.75)
     assert spec["weight_mb"] == pytest.approx(269.0)
     assert "prompt lookup · k=8" in spec["config"]

@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import threading
+import time
 
 import pytest
 from fastapi import FastAPI
@@ -44,17 +45,22 @@ def chat(client, session, **body):
         return sse(r)
 
 
-def test_stream_then_timing_then_table_and_exports(client):
+def test_stream_then_one_turn_request_with_the_row_and_table_then_exports(client):
     s = client.post("/lab/session").json()["session"]
     events = chat(client, s, message="hi", settings={"max_new_tokens": 4})
     assert [e for e, _ in events][0] == "start" and events[-1][0] == "done"
     assert sum(e == "chunk" for e, _ in events) == 4
     rid = events[0][1]["request_id"]
-    timing = client.post("/lab/timing", json={"session": s, "request_id": rid, "client": {
-        "send_at_ms": 10.0, "arrival_ms": [30, 31, 32, 33], "arrival_tokens": [1, 2, 3, 4],
-        "paint_ms": [40, 40, 41, 50], "clock_offset_ms": None}}).json()
+    browser = {"send_at_ms": 10.0, "arrival_ms": [30, 31, 32, 33], "arrival_tokens": [1, 2, 3, 4],
+               "paint_ms": [40, 40, 41, 50], "clock_offset_ms": None}
+    assert "table_html" not in client.post("/lab/turn", json={"session": s, "request_id": rid, "client": browser}).json()
+    before = time.perf_counter_ns() / 1e6
+    timing = client.post("/lab/turn", json={"session": s, "request_id": rid, "client": browser, "table": True}).json()
     assert timing["row"]["client_ttft_ms"] == 40 and timing["client"]["transport_overhead_ms"] is not None
     assert "seen 40 ms" in timing["stats_html"] and timing["what_happened"].startswith("First token")
+    assert timing["table_html"].count("<tr>") == 2 and "</tbody>" in timing["table_html"]  # the table came back: its row
+    assert before <= timing["server_ms"] <= time.perf_counter_ns() / 1e6  # the server's clock: a clock sample
+    assert "replay_html" not in timing  # this router has no after-turn parts (the app adds the replay)
     table = client.get("/lab/table", params={"session": s, "pane": "chat"}).json()
     assert table["count"] == 1 and "<table" in table["html"]
     rows = list(csv.DictReader(io.StringIO(client.get(f"/lab/export/{s}.csv").text)))
@@ -73,7 +79,7 @@ def test_bad_requests_get_4xx_with_a_message(client):
     r = client.post("/lab/chat", json={"session": "not-a-session", "message": "hi"})
     assert r.status_code == 400 and "reload the page" in r.json()["detail"]["message"]
     assert client.post("/lab/chat", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
-    r = client.post("/lab/timing", json={"session": s, "request_id": "req-x", "client": {}})
+    r = client.post("/lab/turn", json={"session": s, "request_id": "req-x", "client": {}})
     assert r.status_code == 400
     assert client.get(f"/lab/export/{s}.exe").status_code == 404
     assert client.post("/lab/seed", json={"session": s, "pane": "A", "preset": "nope"}).status_code == 404

@@ -8,7 +8,7 @@ from fastapi import APIRouter, FastAPI
 from .chat.routes import lab_router
 from .chat.store import ChatStore
 from .compare.routes import compare_router
-from .insight.routes import insight_router
+from .insight.routes import insight_router, replay_part
 from .load.api import load_router
 from .load.run import LoadRunner
 from .page import build_page, css, head
@@ -28,12 +28,12 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
     prompt_sets = load_prompt_sets()
     presets = teaching_presets(prompt_sets)
     app.state.store = store
-    app.include_router(lab_router(store, presets))
+    app.include_router(lab_router(store, presets, after_turn=(replay_part(store),)))  # a reply's turn, and its replay
     app.include_router(static_router())  # the page's scripts, ES modules (ui/entry.js first)
     app.include_router(header_router(store))  # the header's limits and report
     app.include_router(compare_router(store))  # the A/B pair's delta table
     app.include_router(trace_router(store))  # the Trace downloads (ui/trace/trace.js)
-    app.include_router(insight_router(store))  # a reply's speculation replay (ui/insight/)
+    app.include_router(insight_router(store))  # the what-if (ui/insight/)
     # the Load tab's clients go through the API's /v1 routes, when this app has them (app.py mounts them)
     has_api = any(getattr(r, "path", "") == "/v1/chat/completions" for r in app.routes)
     app.include_router(load_router(LoadRunner(store.engines, prompt_sets), has_api))

@@ -13,7 +13,6 @@ function viewOfRun(session, r) {
     now: r.finished ? null : performance.now() - r.sendAt,
     readingPace: session.pane(r.pane).pace,
     variant: r.record?.settings?.quantization || null,
-    weightMb: r.record?.weight_bytes ? r.record.weight_bytes / 1e6 : null,
   });
 }
 

@@ -82,7 +82,7 @@ export function viewOf(timeline, client, opts) {
       acceptance_rate: num(tl.acceptance_rate), tokens_per_step: num(tl.tokens_per_step),
       accepted_hist: Array.isArray(tl.accepted_hist) ? tl.accepted_hist : null,
       backoffs: num(tl.backoffs), k_change_count: num(tl.k_change_count), k_changes: Array.isArray(tl.k_changes) ? tl.k_changes : null,
-      weight_mb: num(tl.weight_bytes) ? tl.weight_bytes / 1e6 : num(o.weightMb),
+      weight_mb: num(tl.weight_bytes) ? tl.weight_bytes / 1e6 : null,
       variant: o.variant || null,
     },
   };

@@ -193,7 +193,7 @@ def row(record: dict) -> dict:
         r[key] = tl.get(key)
     if r["acceptance_rate"] is None and r["drafted"]:
         r["acceptance_rate"] = (r["accepted"] or 0) / r["drafted"]
-    weight = tl.get("weight_bytes") or record.get("weight_bytes")  # the variant that served it
+    weight = tl.get("weight_bytes")  # the variant that served it, as the engine stamped it (None: unknown)
     r["weight_mb"] = weight / 1e6 if weight else None
     return r
 

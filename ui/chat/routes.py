@@ -1,5 +1,6 @@
 """The chat's endpoints under /lab: a tab's session, the token stream (SSE), stop, clear, a preset's
-history, the clock pings, the browser's timings, the per-tab table and its exports.
+history, the clock pings, a turn's one request after its stream (the browser's timings up, the row
+back), the per-tab table and its exports.
 
 Why the token stream bypasses Gradio's queue: the page needs each chunk's arrival time in the
 browser, and Gradio delivers a streamed output as a component update (whole values, diffed and
@@ -47,13 +48,16 @@ class SeedIn(PaneIn):
     preset: str
 
 
-class TimingIn(BaseModel):
+class TurnIn(BaseModel):
     session: str
     request_id: str
-    client: dict
+    client: dict  # the browser's timestamps of the reply (ui/chat/client_timing.js Recorder.toClient)
+    table: bool = False  # the tab shows its table of replies: it comes back too
 
 
-def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
+def lab_router(store: ChatStore, presets: dict | None = None, after_turn: tuple = ()) -> APIRouter:
+    """`after_turn`: what other features add under a finished reply, each (session, reply) → {key: value}
+    merged into the turn's answer (ui/insight/routes.py: the speculation replay)."""
     router = APIRouter(prefix="/lab")
 
     @router.post("/chat")
@@ -112,18 +116,32 @@ def lab_router(store: ChatStore, presets: dict | None = None) -> APIRouter:
         """The server clock for the page's offset estimate (NTP-style, minimum round trip)."""
         return {"server_ms": time.perf_counter_ns() / 1e6}
 
-    @router.post("/timing")
-    async def timing(body: TimingIn):
+    def table_html(session: str, pane: str | None) -> str:
+        return record_view.table_html([r.row() for r in call(store.replies, session, pane)], TABLE_COLUMNS)
+
+    @router.post("/turn")
+    async def turn(body: TurnIn):
+        """A finished reply's one request after its stream: the browser's timings go up (joined to the
+        reply's Timeline), its row, stats line and what happened come back, with the tab's table when it is
+        shown and what each feature adds under a reply (`after_turn`); `server_ms` is the server's clock
+        as it answers, a sample of the clock offset like a ping's."""
         reply = call(store.join_timing, body.session, body.request_id, body.client)
         r = reply.row()
-        return {"row": r, "stats_html": record_view.stats_line_html(r),
-                "perceived_html": record_view.perceived_line_html(r), "what_happened": record_view.what_happened(r),
-                "client": reply.timeline.client}
+        out = {"row": r, "stats_html": record_view.stats_line_html(r),
+               "perceived_html": record_view.perceived_line_html(r), "what_happened": record_view.what_happened(r),
+               "client": reply.timeline.client}
+        if body.table:  # the chat's table is its own pane's; the A/B tab's, every pane's
+            out["table_html"] = table_html(body.session, "chat" if reply.pane == "chat" else None)
+        for part in after_turn:
+            out.update(part(body.session, reply))
+        out["server_ms"] = time.perf_counter_ns() / 1e6
+        return out
 
     @router.get("/table")
     async def table(session: str, pane: str | None = None):
-        rows = [r.row() for r in call(store.replies, session, pane)]
-        return {"html": record_view.table_html(rows, TABLE_COLUMNS), "count": len(rows)}
+        """The tab's table of replies (when the page opens it)."""
+        html = table_html(session, pane)
+        return {"html": html, "count": len(store.replies(session, pane))}
 
     @router.get("/export/{session}.{fmt}")
     async def export(session: str, fmt: str, pane: str | None = None):

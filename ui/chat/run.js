@@ -13,7 +13,7 @@ import { drawPane, scheduleDraw, ticker } from "./draw.js";
 import { viaGradio } from "./gradio_transport.js";
 import { Smoother } from "./smooth.js";
 import { viaSSE } from "./sse_transport.js";
-import { refreshTable } from "./table.js";
+import { showTable, tableShown } from "./table.js";
 import { addAssistant, scrollSoon, setProgress, setStatus } from "./transcript.js";
 
 const STAGE_TEXT = {
@@ -98,14 +98,22 @@ function onEvent(session, r, kind, d, t) {
   }
 }
 
-// The browser's timings of a finished reply go up; its row, stats line and what-happened come back.
-async function postTiming(session, r) {
+// A finished reply crosses the wire once after its stream (POST /lab/turn): the browser's timings go up;
+// its row, stats line, what happened, the tab's table (when shown) and what goes under it come back, and
+// the server's clock as it answered: one more sample of the clock offset, so no pings follow a reply.
+async function postTurn(session, r) {
   if (!r.requestId) return;
   const extra = { smoothing: { mode: r.smoothing.mode, unit: r.smoothing.unit, max_hold_ms: r.smoothing.maxHoldMs },
     reading_pace_tps: session.pane(r.pane).pace };
-  const resp = await postJSON("/lab/timing", { session: session.id, request_id: r.requestId, client: r.rec.toClient(r.transport, extra) });
+  const t0 = performance.now();
+  const resp = await postJSON("/lab/turn", { session: session.id, request_id: r.requestId,
+    client: r.rec.toClient(r.transport, extra), table: tableShown(r.pane) });
   if (!resp.ok) { r.view.el.querySelector(".lab-stats").textContent = await errorText(resp); return; }
   const j = await resp.json();
+  session.clock.add(t0, j.server_ms, performance.now());
+  showClock(session.clock);
+  r.turn = j; // what goes under the reply reads it too (ui/insight/replay.js)
+  if (j.table_html != null) showTable(session, r.pane, j.table_html);
   r.row = j.row;
   r.client = j.client;
   r.timeline.client = j.client;
@@ -114,7 +122,8 @@ async function postTiming(session, r) {
   r.view.el.querySelector(".lab-what").textContent = j.what_happened;
 }
 
-// Returns a promise that resolves when the reply is done and its timings are joined.
+// Returns a promise that resolves when the reply is done and its timings are joined: one request (the
+// stream) before, one (its turn) after.
 export async function run(session, p, body, sendAt, transport, meta) {
   const P = session.pane(p);
   const s = body.settings || {};
@@ -150,11 +159,9 @@ export async function run(session, p, body, sendAt, transport, meta) {
     r.view.el.querySelector(".lab-bubble").textContent = r.error;
   } else {
     await r.rec.settled(); // the last chunk's paint time
-    await postTiming(session, r);
+    await postTurn(session, r);
     for (const hook of session.afterReply) await hook(session, r); // the Trace link, the replay, the what-if
   }
   drawPane(session, p);
-  refreshTable(session, p);
-  if (!session.busy()) session.clock.sync(3).then(() => showClock(session.clock)).catch(() => null); // fresh pings keep the bound tight
   return r;
 }

@@ -43,12 +43,11 @@ class Reply:
     prompt: str
     timeline: Timeline
     text: str = ""
-    weight_bytes: int | None = None
 
     def record(self) -> dict:
         return {"request_id": self.request_id, "session": self.session, "pane": self.pane, "turn": self.turn,
                 "settings": self.settings, "prompt": self.prompt, "reply": self.text,
-                "weight_bytes": self.weight_bytes, "timeline": self.timeline.to_dict()}
+                "timeline": self.timeline.to_dict()}
 
     def row(self) -> dict:
         return records.row(self.record())
@@ -222,9 +221,7 @@ class ChatStore:
                                     "token_ms": [(t - timeline.received_ns) / 1e6 for t in new]}
                 elif event.kind == "done":
                     state.inflight = None  # before the last yield: the consumer may stop reading here
-                    reply.text = event.text
-                    # asked now, not at start: a variant built for this request knows its bytes only now
-                    reply.weight_bytes = engine_info.weight_bytes(engine_info.describe(engine), config.quantization)
+                    reply.text = event.text  # its weights' bytes are on its Timeline (the variant that served it)
                     state.conversation.messages = history + [Message("user", message)]
                     state.conversation.add_reply(event)  # exactly as generated, token ids included
                     self._keep(session_id, reply)

@@ -4,6 +4,9 @@ const q = (sel) => document.querySelector(sel);
 // The chat's table, or the A/B tab's (both panes).
 const wrapOf = (p) => q(`#lab-table-${p === "B" ? "A" : p} .lab-table-wrap`);
 
+// Whether the page shows the table now (a closed accordion's content is not in the page).
+export const tableShown = (p) => !!wrapOf(p);
+
 export function showTable(session, p, html) {
   const el = wrapOf(p);
   if (!el) return; // its accordion is closed: it refreshes when opened

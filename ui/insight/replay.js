@@ -1,8 +1,6 @@
-// Latency Lab: a speculative reply replayed under its bubble (the block comes from /lab/replay,
-// ui/insight/replay.py). Accepted drafts, rejected drafts and the target's own tokens are told apart;
+// Latency Lab: a speculative reply replayed under its bubble (the block comes back with the reply's
+// turn, POST /lab/turn: ui/insight/replay.py, routes.py `replay_part`). Accepted drafts, rejected drafts and the target's own tokens are told apart;
 // hover a token for its step and draft position; the slider replays the reply step by step.
-import { errorText } from "../shell/http.js";
-
 const style = document.createElement("style");
 style.textContent = `
   .lab-replay { margin: 6px 0 4px; font-size: 13px; }
@@ -28,13 +26,11 @@ function showStep(box, at) {
 }
 
 // An after-reply hook: the block under a speculative reply (none without speculation).
-export async function addReplay(session, r) {
-  const tl = r.record && r.record.timeline;
-  if (!r.requestId || !tl || !tl.draft_step_count) return; // no speculation in this reply
-  await session.ready;
-  const resp = await fetch(`/lab/replay?session=${encodeURIComponent(session.id)}&request_id=${encodeURIComponent(r.requestId)}`);
+export function addReplay(session, r) {
+  const html = r.turn && r.turn.replay_html;
+  if (!r.requestId || !html) return;
   const holder = document.createElement("div");
-  holder.innerHTML = resp.ok ? (await resp.json()).html : `<div class="lab-muted">${await errorText(resp)}</div>`;
+  holder.innerHTML = html;
   r.view.el.appendChild(holder);
   const box = holder.querySelector(".lab-replay");
   const slider = box && box.querySelector(".lab-replay-step");

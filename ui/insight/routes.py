@@ -1,6 +1,6 @@
-"""The page's /lab endpoints for one reply's insight: its speculation replayed (ui/insight/replay.py) and
-the what-if (engine/measure/whatif.py, ui/insight/whatif_view.py). Kept apart from ui/chat/routes.py (the
-chat's transport)."""
+"""One reply's insight: its speculation replayed (ui/insight/replay.py), which comes back with the reply's
+turn (`replay_part`, one of ui/chat/routes.py's `after_turn`), and the what-if's endpoints under /lab
+(engine/measure/whatif.py, ui/insight/whatif_view.py)."""
 
 from __future__ import annotations
 
@@ -10,31 +10,35 @@ from engine.core.errors import LatencyLabError
 from engine.measure import whatif
 from engine.serving.work import ModelShape
 
+from ..chat.store import ChatStore
 from ..shell import engine_info
 from . import replay, whatif_view
-from ..chat.store import ChatStore
+
+
+def replay_part(store: ChatStore):
+    """What a finished reply's turn (ui/chat/routes.py `after_turn`) brings back for its speculation:
+    {"replay_html": the block under the reply ('' without speculation), "replay_figures": acceptance by
+    position, predicted and measured speedups (None without)}."""
+    decode = store.decoder()
+
+    def part(session: str, reply) -> dict:
+        tl = reply.timeline.to_dict()
+        if decode is None or not tl.get("draft_step_count"):
+            return {"replay_html": "", "replay_figures": None}
+        return {"replay_html": replay.replay_html(tl, store.token_ids(session, reply), decode),
+                "replay_figures": replay.figures(tl) if tl.get("draft_steps") else None}
+
+    return part
 
 
 def insight_router(store: ChatStore) -> APIRouter:
     router = APIRouter(prefix="/lab")
-    decode = store.decoder()
 
     def reply_of(session: str, request_id: str):
         try:
             return store.reply(session, request_id)
         except LatencyLabError as exc:
             raise HTTPException(400, {"message": str(exc)}) from exc
-
-    @router.get("/replay")
-    async def replay_view(session: str, request_id: str):
-        """A speculative reply step by step: {"html": the block under the reply ('' without
-        speculation), "figures": acceptance by position, predicted and measured speedups}."""
-        reply = reply_of(session, request_id)
-        tl = reply.timeline.to_dict()
-        if decode is None:
-            return {"html": "", "figures": None}
-        return {"html": replay.replay_html(tl, store.token_ids(session, reply), decode),
-                "figures": replay.figures(tl) if tl.get("draft_steps") else None}
 
     def model_of(reply):
         """The reply's backend's model shape, or None (a remote or test source: no model here)."""
