@@ -4,6 +4,7 @@ Bad input gets a 4xx with a message, never a 500. Uses the paced test source (no
 import csv
 import io
 import json
+import re
 import threading
 import time
 
@@ -141,12 +142,15 @@ def test_the_page_and_lab_endpoints_build_on_an_existing_app():
             assert c.get("/v1/models").json() == {"data": ["m"]}
             assert c.post("/lab/session").status_code == 200
             page = c.get("/")
-            assert page.status_code == 200 and "lab-config" in page.text and "/lab/js/entry.js" in page.text  # the head
-            entry = c.get("/lab/js/entry.js")  # the scripts: ES modules, served as static files
+            root = re.search(r"/lab/js/[0-9a-f]{12}/", page.text).group(0)  # the scripts' version
+            assert page.status_code == 200 and "lab-config" in page.text and root + "entry.js" in page.text  # the head
+            entry = c.get(root + "entry.js")  # the scripts: ES modules, served as static files, kept by the browser
             assert entry.status_code == 200 and entry.headers["content-type"].startswith("text/javascript")
-            assert c.get("/lab/js/chat/overlays.js").status_code == 200
+            assert "immutable" in entry.headers["cache-control"] and 'from "./chat/session.js"' in entry.text
+            assert c.get(root + "chat/overlays.js").status_code == 200
             for not_a_script in ("chat/store.py", "../app.py", "shell/prompts/copy_edits.json", "nope.js"):
-                assert c.get("/lab/js/" + not_a_script).status_code == 404, not_a_script
+                assert c.get(root + not_a_script).status_code == 404, not_a_script
+            assert c.get("/lab/js/000000000000/entry.js").status_code == 404  # another version: reload the page
     finally:
         source.close()
 

@@ -30,9 +30,9 @@ from .shell import glossary, glossary_tab, header, static
 HERE = Path(__file__).resolve().parent
 
 
-def head(presets: dict, info) -> str:
-    """The <head> additions: the page's config (JSON, read by ui/shell/config.js), then the entry module
-    (ui/entry.js), which imports the rest (served from /lab/js/, ui/shell/static.py)."""
+def head(presets: dict, info, scripts: static.Scripts) -> str:
+    """The <head> additions: the page's config (JSON, read by ui/shell/config.js), every module preloaded,
+    then the entry module (ui/entry.js), which imports the rest (served from /lab/js/, ui/shell/static.py)."""
     config = {
         "fields": FIELDS,
         "loadFields": LOAD_FIELDS,
@@ -49,8 +49,9 @@ def head(presets: dict, info) -> str:
         "emptyOverlay": chat_tab.EMPTY_OVERLAY,
     }
     data = json.dumps(config).replace("</", "<\\/")  # a string of it can hold no closing tag
-    return (f'<script type="application/json" id="lab-config">{data}</script>'
-            f'<script type="module" src="{static.ENTRY}"></script>')
+    preload = "".join(f'<link rel="modulepreload" href="{url}">' for url in scripts.urls())
+    return (f'<script type="application/json" id="lab-config">{data}</script>{preload}'
+            f'<script type="module" src="{scripts.entry}"></script>')
 
 
 def css() -> str:

@@ -14,7 +14,7 @@ from .load.run import LoadRunner
 from .page import build_page, css, head
 from .shell.header import header_router
 from .shell.presets import load_prompt_sets, teaching_presets
-from .shell.static import static_router
+from .shell.static import Scripts
 from .trace.routes import trace_router
 
 
@@ -29,7 +29,8 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
     presets = teaching_presets(prompt_sets)
     app.state.store = store
     app.include_router(lab_router(store, presets, after_turn=(replay_part(store),)))  # a reply's turn, and its replay
-    app.include_router(static_router())  # the page's scripts, ES modules (ui/entry.js first)
+    scripts = Scripts()  # the page's scripts, ES modules (ui/entry.js first), read once
+    app.include_router(scripts.router())
     app.include_router(header_router(store))  # the header's limits and report
     app.include_router(compare_router(store))  # the A/B pair's delta table
     app.include_router(trace_router(store))  # the Trace downloads (ui/trace/trace.js)
@@ -41,5 +42,5 @@ def create_app(engines, routers: tuple[APIRouter, ...] = (), app: FastAPI | None
         app.include_router(router)
     page = build_page(store, prompt_sets, presets, load_ready=has_api)
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
-    return gr.mount_gradio_app(app, page, path="/", css=css(), head=head(presets, store.info), theme=theme,
+    return gr.mount_gradio_app(app, page, path="/", css=css(), head=head(presets, store.info, scripts), theme=theme,
                                footer_links=["api", "settings"], run_history=False)
