@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link (needs internet)")
     p.add_argument("--paced-source", type=float, default=None, metavar="TOK_PER_S",
                    help="no model: a test source emitting tokens at this rate (to measure the page itself)")
+    p.add_argument("--paced-think", action="store_true",
+                   help="with --paced-source: each reply opens with a scripted <think> block (a thinking model's)")
     return p
 
 
@@ -37,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         from engine.bench import main as bench_main
 
         return bench_main(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.paced_think and not args.paced_source:
+        parser.error("--paced-think needs --paced-source TOK_PER_S")
     import uvicorn
 
     from engine.cli import load_config_from_args
@@ -49,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.paced_source:
             from ui.chat.paced import PacedSource
 
-            backends = {"paced test source": PacedSource(args.paced_source)}
+            backends = {"paced test source": PacedSource(args.paced_source, think=args.paced_think)}
         else:
             from engine.lab import open_engine
 

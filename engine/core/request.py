@@ -106,6 +106,12 @@ class RequestHandle:
         self.final: Event | None = None
         self._thought = ThoughtClock(timeline)  # every engine's chunks pass here: one detection
 
+    @property
+    def thought_offsets(self) -> dict:
+        """Where the reply's opening thought begins and ends and its answer begins, as character offsets
+        of its text found so far ({} while undecided; ThoughtClock.known)."""
+        return self._thought.known()
+
     # --- producer side (worker thread) -----------------------------------------------------
     def push(self, event: Event) -> None:
         if event.kind == "chunk":

@@ -50,6 +50,7 @@ class ThoughtScan:
         self.pos = 0  # offset of self.buf in the whole text
         self.buf = ""  # text not yet classified
         self.seen_thought = False
+        self.open_at: int | None = None  # where the thought's body begins (after the opening tag)
 
     def feed(self, piece: str) -> list[tuple[str, int]]:
         if self.state == "done" or not piece:
@@ -84,7 +85,7 @@ class ThoughtScan:
             return  # only whitespace, or maybe the opening tag: wait for more
         if body.startswith(OPEN):
             self._advance(lead + len(OPEN))
-            self.state = "thought"
+            self.state, self.open_at = "thought", self.pos
             return
         found.append(("answer", self.pos + lead))  # no thought: this is the answer's first character
         self.state, self.buf = "done", ""
@@ -132,6 +133,16 @@ class ThoughtClock:
         self.ends: list[int] = []  # end offset of each chunk's text (exclusive)
         self.at: list[tuple[int, int]] = []  # (sampling instant, output tokens so far) of each chunk
         self.length = 0
+        self.offsets: dict = {}  # character offsets found so far: open, thought, end, answer (the page's fold)
+
+    def known(self) -> dict:
+        """The offsets found so far (the page folds the thought away by them; see ThoughtScan's marks)."""
+        if self.scan.open_at is not None:
+            self.offsets.setdefault("open", self.scan.open_at)
+        out = dict(self.offsets)
+        if out.get("end") is not None:
+            out["close"] = out["end"] - len(CLOSE) + 1  # where the closing tag begins
+        return out
 
     def chunk(self, text: str, output_tokens: int, now_ns: int) -> None:
         if not text or self.scan.state == "done":
@@ -152,6 +163,7 @@ class ThoughtClock:
 
     def _stamp(self, marks: list[tuple[str, int]]) -> None:
         for mark, offset in marks:
+            self.offsets[mark] = offset
             t_mark, tokens_so_far = self.at[bisect_right(self.ends, offset)]
             if mark == "answer":
                 self.tl.answer_first_ns = t_mark

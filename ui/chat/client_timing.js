@@ -64,6 +64,29 @@ export class Clock {
   get bound() { return this.rtt == null ? null : this.rtt / 2; }
 }
 
+// When the character at `offset` of the reply was first painted: the paint of the first update whose
+// visible text reached past it (null: not painted, or no such character). Pure.
+export function paintedAt(offset, shownChars, shownPaint) {
+  if (offset == null) return null;
+  for (let k = 0; k < shownChars.length; k++) {
+    if (shownChars[k] > offset && shownPaint[k] != null) return shownPaint[k];
+  }
+  return null;
+}
+
+// The browser's counterparts of ttft_thought_ms, thinking_ms and ttfa_ms, live from the paint log and
+// the thought's offsets the server sends with the chunks (the same definitions as
+// engine/core/thinking.py perceived_thinking, which the server applies when the timings go up). Pure.
+export function thoughtFigures(marks, shownChars, shownPaint) {
+  const m = marks || {};
+  const [thought, end, answer] = ["thought", "end", "answer"].map((k) => paintedAt(m[k], shownChars, shownPaint));
+  return {
+    client_ttft_thought_ms: thought,
+    client_thinking_ms: thought != null && end != null ? end - thought : null,
+    client_ttfa_ms: answer,
+  };
+}
+
 export class Recorder {
   constructor(sendAt, clock) {
     this.sendAt = sendAt; // performance.now() when the user pressed send
@@ -82,6 +105,7 @@ export class Recorder {
     this.pending = []; // shown updates and stamps waiting for their frame
     this.frame = null;
     this.framesDone = null;
+    this.marks = {}; // the reply's thought offsets as the server found them (ui/chat/thought.js)
   }
 
   // A chunk was received (t: performance.now() when the read resolved) carrying `chars` characters.
@@ -162,6 +186,7 @@ export class Recorder {
       clock_offset_ms: this.clock ? this.clock.offset : null,
       clock_rtt_ms: this.clock ? this.clock.rtt : null,
       transport: transport || "sse",
-    }, extra || {});
+      thought_marks: this.marks,
+    }, thoughtFigures(this.marks, this.shownChars, this.shownPaint), extra || {});
   }
 }

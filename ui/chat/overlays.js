@@ -18,7 +18,7 @@ const RIGHT = 12;
 const COLORS = {
   network: "#94a3b8", queue: "#f59e0b", setup: "#a78bfa", prefill: "#6366f1", decode: "#0ea5e9",
   paint: "#10b981", server: "#6366f1", arrival: "#f59e0b", painted: "#10b981", pace: "#64748b",
-  stall: "#ef4444", cached: "#10b981", prefilled: "#6366f1", drafted: "#cbd5e1", accepted: "#0ea5e9",
+  stall: "#ef4444", thought: "#f59e0b", cached: "#10b981", prefilled: "#6366f1", drafted: "#cbd5e1", accepted: "#0ea5e9",
 };
 
 const last = (xs) => (xs && xs.length ? xs[xs.length - 1] : null);
@@ -56,6 +56,7 @@ export function viewOf(timeline, client, opts) {
       queue: [at(ev.enqueued), at(ev.started)],
       setup: [at(ev.started), at(ev.setup_done)],
       prefill: [at(num(ev.prefill_start) != null ? ev.prefill_start : ev.setup_done), at(firstTok)],
+      thinking: num(ev.thought_first) != null ? [at(ev.thought_first), at(ev.thought_end)] : null,
       decode: [at(firstTok), at(lastTok)],
       network_out: [at(firstTok), painted.length ? painted[0][0] : null],
       paint_lag: tl.finish_reason ? [at(lastPaintedTok), painted.length ? last(painted)[0] : null] : null,
@@ -64,6 +65,15 @@ export function viewOf(timeline, client, opts) {
     e2e_ms: num(tl.e2e_ms),
     client_ttft_ms: painted.length ? painted[0][0] : null,
     client_e2e_ms: tl.finish_reason && painted.length ? last(painted)[0] : null,
+    // a reply that opens with a thought: [start, end] of the thought and the answer's first token, on this
+    // axis, as the server sampled them and as the browser painted them (ui/chat/client_timing.js)
+    thought: {
+      server: num(ev.thought_first) != null ? [at(ev.thought_first), at(ev.thought_end)] : null,
+      serverAnswer: num(ev.thought_first) != null ? at(ev.answer_first) : null,
+      browser: num(c.client_ttft_thought_ms) != null
+        ? [c.client_ttft_thought_ms, num(c.client_thinking_ms) != null ? c.client_ttft_thought_ms + c.client_thinking_ms : null] : null,
+      browserAnswer: num(c.client_ttft_thought_ms) != null ? num(c.client_ttfa_ms) : null,
+    },
     serverTokens: tok.map((t, i) => [rec + t, i + 1]),
     arrival: arrival.map((t, i) => [t, arrivalTokens[i]]),
     paint: painted,
@@ -137,8 +147,10 @@ export function ttftVsTotal(v, opts) {
   const xMax = (opts && opts.xMax) || extent([v]);
   const x = xScale(xMax);
   const rows = [
-    { name: "server", start: v.received, ttft: v.ttft_ms, total: v.e2e_ms, keys: ["ttft_ms", "e2e_ms"] },
-    { name: "browser", start: 0, ttft: v.client_ttft_ms, total: v.client_e2e_ms, keys: ["client_ttft_ms", "client_e2e_ms"] },
+    { name: "server", start: v.received, ttft: v.ttft_ms, total: v.e2e_ms, keys: ["ttft_ms", "e2e_ms", "thinking_ms", "ttfa_ms"],
+      thought: v.thought && v.thought.server, answer: v.thought && v.thought.serverAnswer },
+    { name: "browser", start: 0, ttft: v.client_ttft_ms, total: v.client_e2e_ms, keys: ["client_ttft_ms", "client_e2e_ms", "client_thinking_ms", "client_ttfa_ms"],
+      thought: v.thought && v.thought.browser, answer: v.thought && v.thought.browserAnswer },
   ];
   let body = axis(xMax, 74, 70);
   rows.forEach((r, i) => {
@@ -154,7 +166,15 @@ export function ttftVsTotal(v, opts) {
     if (r.ttft != null) {
       const ttftEnd = r.name === "server" ? r.start + r.ttft : r.ttft;
       body += bar(x(r.start), x(ttftEnd), y + 2, 16, r.name === "server" ? COLORS.server : COLORS.painted, hov(G, r.keys[0]), "");
-      const label = `TTFT ${fmtMs(r.ttft)}` + (r.total != null ? ` · total ${fmtMs(r.total)}` : " · streaming…");
+      let label = `TTFT ${fmtMs(r.ttft)}`;
+      if (r.thought) {  // the thought as its own band, the answer's first token marked
+        const t1 = r.thought[1] != null ? r.thought[1] : liveEnd;
+        if (t1 != null) body += `<rect class="lab-thought-band" x="${x(r.thought[0]).toFixed(1)}" y="${y + 2}" width="${Math.max(1.5, x(t1) - x(r.thought[0])).toFixed(1)}" height="16" fill="${COLORS.thought}" opacity="0.75"><title>${esc(hov(G, r.keys[2]))}</title></rect>`;
+        if (r.answer != null) body += `<line class="lab-answer-mark" x1="${x(r.answer)}" x2="${x(r.answer)}" y1="${y}" y2="${y + 20}" stroke="#0f172a" stroke-width="2"><title>${esc(hov(G, r.keys[3]))}</title></line>`;
+        label = r.answer != null ? `answer ${fmtMs(r.answer - r.start)}` : (r.thought[1] == null ? "thinking…" : "thought");
+        if (r.thought[1] != null) label = `thought ${fmtMs(r.thought[1] - r.thought[0])} · ` + label;
+      }
+      label += r.total != null ? ` · total ${fmtMs(r.total)}` : " · streaming…";
       const tx = Math.min(x(ttftEnd) + 6, W - 8);
       body += `<text x="${tx}" y="${y + 14}" class="lab-barlabel" text-anchor="${tx > W - 170 ? "end" : "start"}"><title>${esc(hov(G, r.keys[0]))}</title>${esc(label)}</text>`;
     }
@@ -170,6 +190,7 @@ const STAGES = [
   ["queue", "queue", "queue", "queue_ms"],
   ["setup", "setup", "setup", "setup_ms"],
   ["prefill", "prefill", "prefill", "prefill_ms"],
+  ["thinking", "thinking", "thought", "thinking_ms"],
   ["decode", "decode", "decode", "decode_ms"],
   ["network_out", "network out + paint", "paint", "network_out_ms"],
   ["paint_lag", "last paint lag", "paint", "paint_lag_ms"],
@@ -265,6 +286,11 @@ export function tokenTimeline(v, opts) {
   }
   for (const [a, b] of stalls(v.paint)) {
     body += `<rect x="${x(a)}" y="${top}" width="${Math.max(1, x(b) - x(a))}" height="${bottom - top}" fill="${COLORS.stall}" opacity="0.12"><title>stall: ${esc(fmtMs(b - a))} with no new text painted</title></rect>`;
+  }
+  const band = v.thought && v.thought.browser;
+  if (band && (band[1] != null || v.now != null)) {  // while the browser showed the reply thinking
+    const b1 = band[1] != null ? band[1] : v.now;
+    body += `<rect class="lab-thought-band" x="${x(band[0])}" y="${top}" width="${Math.max(1, x(b1) - x(band[0]))}" height="${bottom - top}" fill="${COLORS.thought}" opacity="0.15"><title>thinking (browser): ${esc(fmtMs(b1 - band[0]))} from the first thought painted to its end painted</title></rect>`;
   }
   if (v.paint.length && v.readingPace > 0) {  // a reader starting at the first painted text
     const t0 = v.paint[0][0];

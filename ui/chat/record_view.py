@@ -87,6 +87,8 @@ def stats_line_html(r: dict) -> str:
     parts = [_span("ttft_ms", f"TTFT {fmt('ttft_ms', r.get('ttft_ms'))}")]
     if r.get("client_ttft_ms") is not None:
         parts.append(_span("client_ttft_ms", f"seen {fmt('client_ttft_ms', r['client_ttft_ms'])}"))
+    if r.get("ttft_thought_ms") is not None:  # a reply that opened with a thought: its answer's own TTFT
+        parts.append(_thought_html(r))
     parts.append(_span("e2e_ms", f"total {fmt('e2e_ms', r.get('e2e_ms'))}"))
     parts.append(_span("decode_tps", fmt("decode_tps", r.get("decode_tps"))))
     parts.append(_known("prefill_tps", r, f"prefill {fmt('prefill_tps', r.get('prefill_tps'))}"))
@@ -113,6 +115,17 @@ def stats_line_html(r: dict) -> str:
     if r.get("finish_reason") in ("cancelled", "length", "error"):
         parts.append(f'<span class="lab-finish">{html.escape(r["finish_reason"])}</span>')
     return " · ".join(parts)
+
+
+def _thought_html(r: dict) -> str:
+    """Thought for how long, and when the answer began: as the server measured it and as the browser showed it."""
+    out = _span("thinking_ms", f"thought {fmt('thinking_ms', r.get('thinking_ms'))}")
+    if r.get("client_thinking_ms") is not None:
+        out += " " + _span("client_thinking_ms", f"(seen {fmt('client_thinking_ms', r['client_thinking_ms'])})")
+    out += " · " + _span("ttfa_ms", f"answer TTFT {fmt('ttfa_ms', r.get('ttfa_ms'))}")
+    if r.get("client_ttfa_ms") is not None:
+        out += " " + _span("client_ttfa_ms", f"(seen {fmt('client_ttfa_ms', r['client_ttfa_ms'])})")
+    return f'<span class="lab-thought-stats">{out}</span>'
 
 
 def perceived_line_html(r: dict) -> str:

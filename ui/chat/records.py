@@ -16,6 +16,7 @@ import math
 
 from engine.core.config import TOGGLES
 from engine.core.errors import InvalidRequest
+from engine.core.thinking import perceived_thinking
 
 from . import perceived
 from .settings import PAGE_SETTINGS
@@ -23,12 +24,18 @@ from .settings import PAGE_SETTINGS
 READING_PACE_TPS = 5.3  # silent reading ~238 words/min at ~0.75 words/token (Brysbaert 2019, 'How many words do we read per minute?')
 MAX_CLIENT_CHUNKS = 100_000
 
+# A reply that opens with a thought (engine/core/thinking.py): the server's figures and the browser's.
+THOUGHT = ("ttft_thought_ms", "thinking_ms", "ttfa_ms", "thought_tokens")
+CLIENT_THOUGHT = ("client_ttft_thought_ms", "client_thinking_ms", "client_ttfa_ms")
+THOUGHT_COLUMNS = [*THOUGHT, *CLIENT_THOUGHT]
+
 # The columns of the per-conversation table and its CSV export, in order.
 ROW_COLUMNS = [
     "turn", "pane", "request_id", "config", "finish_reason",
     "ttft_ms", "client_ttft_ms", "transport_overhead_ms", "tpot_ms", "decode_tps", "e2e_ms", "client_e2e_ms",
     "queue_ms", "setup_ms", "prefill_ms", "network_in_ms", "network_out_ms", "clock_bound_ms",
     "prompt_tokens", "cached_tokens", "prefill_tokens", "output_tokens",
+    *THOUGHT_COLUMNS,
     "drafted", "accepted", "acceptance_rate", "tokens_per_step", "quantization", "weight_mb",
     "prefill_tps", "context_tokens", "context_max", "prefill_tflops", "prefill_compute_fraction",
     "decode_gbps", "decode_bandwidth_fraction", "decode_mb_per_token", "peak_tflops", "read_gbps",
@@ -132,8 +139,10 @@ def _perceived(timeline: dict, raw: dict, arrival: list, text: str | None) -> di
            "reading_pace_tps": pace, "smoothing": perceived.smoothing_label(raw.get("smoothing"))}
     out.update(dict.fromkeys(perceived.METRICS), client_feedback_ms=checked["feedback_ms"],
                client_status_ms=checked["status_ms"])
+    out.update(dict.fromkeys(CLIENT_THOUGHT))
     if shown and text is not None:
         out.update(perceived.perceived(checked, text, int(timeline.get("output_tokens") or 0), pace))
+        out.update(perceived_thinking(text, chars, painted))  # when the thought and the answer were painted
     return out
 
 
@@ -176,7 +185,7 @@ def row(record: dict) -> dict:
                 "prompt_tokens", "cached_tokens", "prefill_tokens", "output_tokens", "finish_reason",
                 "queue_position", "itl_p50_ms", "itl_max_ms", "decode_ms", "prefill_tps", "context_tokens",
                 "context_max", "prefill_tflops", "prefill_compute_fraction", "decode_gbps",
-                "decode_bandwidth_fraction"):
+                "decode_bandwidth_fraction", *THOUGHT):
         r[key] = tl.get(key)
     roof = tl.get("roofline") or {}
     r["peak_tflops"], r["read_gbps"], r["copy_gbps"] = (roof.get("peak_tflops"), roof.get("read_gbps"),
@@ -186,7 +195,7 @@ def row(record: dict) -> dict:
     r["decode_mb_per_token"] = per_token / 1e6 if per_token else None
     r["measured_at"] = tl.get("measured_at")  # "client": a remote engine, measured from here
     for key in ("client_ttft_ms", "client_e2e_ms", "transport_overhead_ms", "network_in_ms", "network_out_ms",
-                "paint_lag_ms", "clock_bound_ms", *perceived.METRICS, "smoothing"):
+                "paint_lag_ms", "clock_bound_ms", *perceived.METRICS, *CLIENT_THOUGHT, "smoothing"):
         r[key] = client.get(key)
     # Feature counters arrive as timeline fields when those features are merged; absent → None.
     for key in ("drafted", "accepted", "acceptance_rate", "tokens_per_step"):

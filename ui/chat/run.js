@@ -14,6 +14,7 @@ import { viaGradio } from "./gradio_transport.js";
 import { Smoother } from "./smooth.js";
 import { viaSSE } from "./sse_transport.js";
 import { showTable, tableShown } from "./table.js";
+import { ThoughtFold } from "./thought.js";
 import { addAssistant, scrollSoon, setProgress, setStatus } from "./transcript.js";
 
 const STAGE_TEXT = {
@@ -25,7 +26,8 @@ const STAGE_TEXT = {
 // Put reply text on the page (at once, or from the smoothing frame loop: inFrame).
 function show(session, run, text, t, inFrame) {
   const t0 = performance.now();
-  run.view.text.appendData(text); // markdown re-renders only the open tail block (plain: O(1))
+  const answer = run.fold.show(run.textLen, text); // an opening thought goes into its fold
+  if (answer) run.view.text.appendData(answer); // markdown re-renders only the open tail block (plain: O(1))
   const c = session.renderCost, cost = performance.now() - t0;
   c.n += 1; c.total += cost; c.max = Math.max(c.max, cost);
   run.textLen += text.length;
@@ -80,6 +82,9 @@ function onEvent(session, r, kind, d, t) {
     r.rec.stamp("status");
   } else if (kind === "chunk") {
     r.timeline.token_ms.push(...d.token_ms);
+    if (d.events_ms) Object.assign(r.timeline.events_ms, d.events_ms); // the thought's instants so far
+    if (d.marks) r.rec.marks = d.marks;
+    r.fold.update(d.marks, d.n);
     r.rec.arrived(d.n, d.text ? d.text.length : 0, t);
     if (d.text && r.smoother) {
       r.smoother.push(d.text, t, d.n);
@@ -120,6 +125,7 @@ async function postTurn(session, r) {
   r.view.el.querySelector(".lab-stats").innerHTML = j.stats_html;
   r.view.el.querySelector(".lab-perceived").innerHTML = j.perceived_html || "";
   r.view.el.querySelector(".lab-what").textContent = j.what_happened;
+  r.fold.joined(j.client, r.timeline);
 }
 
 // Returns a promise that resolves when the reply is done and its timings are joined: one request (the
@@ -133,6 +139,7 @@ export async function run(session, p, body, sendAt, transport, meta) {
     view: addAssistant(p, meta || "", session.markdown), textLen: 0, progress: [],
     smoothing: { mode: s.smoothing || "off", unit: s.smooth_unit || "word", maxHoldMs: session.cfg.smoothMaxHoldMs, paceTps: P.pace },
   };
+  r.fold = new ThoughtFold(r.view.el.querySelector(".lab-bubble"));
   r.smoother = r.smoothing.mode === "off" ? null : new Smoother(r.smoothing);
   r.rec.stamp("feedback"); // the user's message and "sending…" are in the DOM now: the next frame shows them
   r.view.el.addEventListener("click", () => { P.selected = r; drawPane(session, p); });

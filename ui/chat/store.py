@@ -218,7 +218,9 @@ class ChatStore:
                     seen = event.output_tokens
                     parts.append(event.text)
                     yield "chunk", {"text": event.text, "n": event.output_tokens,
-                                    "token_ms": [(t - timeline.received_ns) / 1e6 for t in new]}
+                                    "token_ms": [(t - timeline.received_ns) / 1e6 for t in new],
+                                    # a reply that opens with a thought: the page folds it away by these offsets
+                                    "marks": handle.thought_offsets, "events_ms": _thought_ms(timeline)}
                 elif event.kind == "done":
                     state.inflight = None  # before the last yield: the consumer may stop reading here
                     reply.text = event.text  # its weights' bytes are on its Timeline (the variant that served it)
@@ -241,6 +243,13 @@ class ChatStore:
         replies = self.session(session_id).replies
         replies.append(reply)
         del replies[: max(0, len(replies) - self.max_replies)]
+
+
+def _thought_ms(tl: Timeline) -> dict:
+    """The thought's instants stamped so far, as ms after `received` (the live thought band)."""
+    return {name: (t - tl.received_ns) / 1e6 for name, t in (
+        ("thought_first", tl.thought_first_ns), ("thought_end", tl.thought_end_ns),
+        ("answer_first", tl.answer_first_ns)) if t is not None}
 
 
 def _events_ms(tl: Timeline) -> dict:
