@@ -6,6 +6,7 @@
 import * as chat from "./chat/actions.js";
 import { onGradioUpdate, takeGradioPayload } from "./chat/gradio_transport.js";
 import { Session } from "./chat/session.js";
+import { stressRun } from "./chat/stress.js";
 import { refreshTable } from "./chat/table.js";
 import { runAB, runPreset, stopAB } from "./compare/ab.js";
 import { addReplay } from "./insight/replay.js";
@@ -36,6 +37,8 @@ window.lab = {
   stop: (p) => chat.stop(session, p),
   clear: (p) => chat.clear(session, p),
   refreshTable: (p) => refreshTable(session, p),
+  stress: (rates) => stressRun(session, rates), // this browser's paint limit (the Chat tab's stress run)
+  get stressResult() { return session.stress || null; },
   takeGradioPayload,
   onGradioUpdate,
   // the A/B tab

@@ -16,6 +16,7 @@ import gradio as gr
 from engine.core.config import TOGGLES
 from server.load.runs import BAD, COMPLETE
 
+from .chat import stress
 from .chat import tab as chat_tab
 from .chat.records import READING_PACE_TPS
 from .chat.settings import FIELDS, PAGE_SETTINGS, SMOOTH_MAX_HOLD_MS
@@ -45,6 +46,7 @@ def head(presets: dict, info, scripts: static.Scripts) -> str:
         "abWarmup": stats.WARMUP_PAIRS,
         "readingPace": READING_PACE_TPS,
         "smoothMaxHoldMs": SMOOTH_MAX_HOLD_MS,
+        "stress": {"rates": list(stress.RATES), "target_p99_ms": stress.TARGET_P99_MS},  # ui/chat/stress.js
         "emptyChat": chat_tab.EMPTY_CHAT,
         "emptyOverlay": chat_tab.EMPTY_OVERLAY,
     }

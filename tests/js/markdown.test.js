@@ -55,3 +55,25 @@ test("complete blocks freeze; an open fence keeps the tail open", () => {
   assert.strictEqual(frozenEnd("```\ncode\n```\nx", 0), 13);
   assert.strictEqual(render("**open"), "<div><p>**open</p></div>"); // unclosed marks stay literal
 });
+
+test("a GFM table renders as a table; a header line alone stays a paragraph until its rule arrives", () => {
+  const html = render("| a | b |\n|---|---|\n| 1 | **2** |\n\nafter");
+  assert.match(html, /<table class="lab-md-table"><thead><tr><th>a<\/th><th>b<\/th><\/tr><\/thead><tbody><tr><td>1<\/td><td><strong>2<\/strong><\/td><\/tr><\/tbody><\/table><p>after<\/p>/);
+  assert.match(render("| a | b |"), /<p>\| a \| b \|<\/p>/);
+});
+
+test("render work per update does not grow with the reply (nodes made per append, late vs early)", () => {
+  const section = (k) => `## Part ${k}\n\nSome **text** of part ${k}.\n\n- one\n- two\n\n\`\`\`py\nfor x in range(${k}):\n    y += x\n\`\`\`\n\n| a | b |\n|---|---|\n| ${k} | 2 |\n\n`;
+  let text = "";
+  for (let k = 1; text.length < 15000; k++) text += section(k);
+  const pieces = text.match(/\s*\S+/g);
+  let made = 0;
+  const counting = { createElement: (t) => { made++; return doc.createElement(t); }, createTextNode: (t) => { made++; return doc.createTextNode(t); } };
+  const box = new Node("div");
+  box.ownerDocument = counting;
+  const r = new Renderer(box), per = [];
+  for (const p of pieces) { made = 0; r.appendData(p); per.push(made); }
+  const q = Math.floor(per.length / 4), mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+  const ratio = mean(per.slice(-q)) / mean(per.slice(0, q));
+  assert.ok(ratio < 1.5, `late updates make ${ratio.toFixed(2)}x the nodes of early ones`);
+});

@@ -5,7 +5,7 @@ Timeline, so the transport and the page can be tested at token rates no model he
 (`python app.py --paced-source 400`; the page header says it is a test source). With a `trace`
 it replays recorded chunks instead ([ms since the request started, text, tokens so far], e.g. a
 speculative reply's bursts); with chunked prefill on it reports prefill progress like the engine.
-With `think` its reply opens with a scripted `<think>` block (THINK), as a thinking model's does.
+`words`: the tokens it repeats (ui/chat/stress.py: the stress run's long reply). With `think` its reply opens with a scripted `<think>` block (THINK), as a thinking model's does.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ THINK = ("<think>", "\n", "The", " user", " wants", " a", " short", " reply", ";
 
 class PacedSource:
     def __init__(self, tokens_per_s: float = 200.0, prefill_ms: float = 20.0, trace: list | None = None,
-                 markdown: bool = False, think: bool = False):
+                 markdown: bool = False, think: bool = False, words: tuple | None = None):
         if tokens_per_s <= 0:
             raise ValueError("tokens_per_s must be positive")
         self.tokens_per_s = tokens_per_s
         self.prefill_ms = prefill_ms
         self.trace = trace
-        self.words = MARKDOWN if markdown else tuple(w + " " for w in WORDS)
+        self.words = words or (MARKDOWN if markdown else tuple(w + " " for w in WORDS))  # words: its own reply
         self.opening = THINK if think else ()
         self._queue: queue.SimpleQueue[RequestHandle | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="paced-source", daemon=True)

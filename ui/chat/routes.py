@@ -26,7 +26,8 @@ from engine.core.request import QueueFull
 from engine.core.timeline import Timeline
 
 from ..shell.http import call, refused
-from . import network, record_view, records
+from . import network, record_view, records, stress
+from .stress import StressSources
 from .store import ChatStore
 from .settings import PaneSettings
 
@@ -37,6 +38,7 @@ class ChatIn(BaseModel):
     message: str | None = None
     settings: dict = Field(default_factory=dict)
     regenerate: bool = False
+    stress_tps: float | None = None  # the stress run: the paced source's long reply at this rate (ui/chat/stress.py)
 
 
 class PaneIn(BaseModel):
@@ -59,6 +61,7 @@ def lab_router(store: ChatStore, presets: dict | None = None, after_turn: tuple 
     """`after_turn`: what other features add under a finished reply, each (session, reply) → {key: value}
     merged into the turn's answer (ui/insight/routes.py: the speculation replay)."""
     router = APIRouter(prefix="/lab")
+    stress_sources = StressSources()
 
     @router.post("/chat")
     async def chat(body: ChatIn):
@@ -68,8 +71,10 @@ def lab_router(store: ChatStore, presets: dict | None = None, after_turn: tuple 
             await asyncio.sleep(link.one_way_s(random.Random(), len(body.model_dump_json())))
         timeline = Timeline()  # "request received by the server": stamped before anything else
         try:
+            source = None if body.stress_tps is None else stress_sources.source(body.stress_tps)
             stream = store.run_turn(body.session, body.pane, body.message, settings,
-                                    regenerate=body.regenerate, timeline=timeline)
+                                    regenerate=body.regenerate, timeline=timeline, source=source,
+                                    max_new_tokens=None if source is None else stress.tokens_at(body.stress_tps))
             first = await anext(stream)  # bad input fails here, before the stream starts
         except QueueFull as exc:
             raise refused(429, exc) from exc

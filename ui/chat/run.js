@@ -30,6 +30,9 @@ function show(session, run, text, t, inFrame) {
   if (answer) run.view.text.appendData(answer); // markdown re-renders only the open tail block (plain: O(1))
   const c = session.renderCost, cost = performance.now() - t0;
   c.n += 1; c.total += cost; c.max = Math.max(c.max, cost);
+  // this update's cost split: parsing markdown into detached nodes, and the rest (the page's DOM)
+  const md = answer && run.view.text.last ? run.view.text.last.markdown : 0;
+  run.costs.push([run.textLen + text.length, md, cost - md]);
   run.textLen += text.length;
   run.rec.shown(run.textLen, t, inFrame);
   if (!run.writing) {
@@ -136,7 +139,7 @@ export async function run(session, p, body, sendAt, transport, meta) {
   const r = {
     pane: p, sendAt, transport, rec: new Recorder(sendAt, session.clock), finished: false, error: null,
     timeline: { received_ns: null, events_ms: {}, token_ms: [] }, requestId: null, row: null, client: null,
-    view: addAssistant(p, meta || "", session.markdown), textLen: 0, progress: [],
+    view: addAssistant(p, meta || "", session.markdown), textLen: 0, progress: [], costs: [],
     smoothing: { mode: s.smoothing || "off", unit: s.smooth_unit || "word", maxHoldMs: session.cfg.smoothMaxHoldMs, paceTps: P.pace },
   };
   r.fold = new ThoughtFold(r.view.el.querySelector(".lab-bubble"));

@@ -8,9 +8,10 @@ each reply keeps its `Timeline`, which the browser's timestamps later join (`joi
 
 from __future__ import annotations
 
+
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.core.errors import InvalidRequest
 from engine.core.info import EngineInfo
@@ -171,11 +172,13 @@ class ChatStore:
 
     # --- one turn ----------------------------------------------------------------------------
     async def run_turn(self, session_id: str, pane: str, message: str | None, settings: PaneSettings | dict | None, *,
-                       regenerate: bool = False, timeline: Timeline | None = None) -> AsyncIterator[tuple[str, dict]]:
+                       regenerate: bool = False, timeline: Timeline | None = None, source=None,
+                       max_new_tokens: int | None = None) -> AsyncIterator[tuple[str, dict]]:
         """Stream one reply as (event, data) pairs: start, status*, chunk*, then done or error.
 
         `settings`: the pane's, read (or as the page sends them: read here, once). Bad input raises
-        InvalidRequest before anything streams. Stopping (`cancel`) ends the
+        InvalidRequest before anything streams. `source`, `max_new_tokens`: the stress run's paced source
+        and its reply's length instead of the backend's (ui/chat/stress.py). Stopping (`cancel`) ends the
         stream with a normal `done` whose finish_reason is "cancelled"; the partial reply stays
         in the conversation. A consumer that goes away cancels the request.
         """
@@ -187,6 +190,9 @@ class ChatStore:
             settings = PaneSettings.read(settings, list(self.engines))
         backend, engine = self.engine(settings.backend)
         system, config = settings.system, settings.config
+        if source is not None:
+            backend, engine = "stress (paced test source)", source
+            config = replace(config, max_new_tokens=max_new_tokens or config.max_new_tokens)
         # The conversation changes only when a reply is done: a failed or abandoned turn loses nothing.
         history = list(state.conversation.messages)
         if regenerate:

@@ -15,6 +15,7 @@ import gradio as gr
 from engine.core.errors import LatencyLabError
 from engine.core.info import EngineInfo
 
+from . import stress
 from .controls import settings_controls
 from .records import READING_PACE_TPS
 from .settings import CHAT_PANE
@@ -24,6 +25,11 @@ EMPTY_CHAT = "Send a message: the reply streams here, and the overlays on the ri
 EMPTY_OVERLAY = "The overlays of the selected reply appear here, live while it streams. Click a reply to see its own."
 EMPTY_PANE = "This pane's conversation is empty."
 TRANSPORTS = [("our SSE stream (default)", "sse"), ("Gradio's queue (to compare)", "gradio")]
+STRESS_TITLE = "Stress run: this browser's paint limit"
+STRESS_NOTE = (f"The stress run streams a long markdown reply (~{stress.REPLY_TOKENS:,} tokens: code blocks, lists, "
+               f"tables) from a paced test source at {', '.join(f'{r:,}' for r in stress.RATES)} tok/s (at most "
+               f"{stress.MAX_SECONDS:g} s each) and measures what this page does with it: paint lag, long tasks, render "
+               f"cost per update (markdown vs DOM), dropped frames. It clears this chat.")
 QUICK = dict(queue=False, show_progress="hidden")  # browser-side handlers: no round trip of Gradio's
 
 
@@ -64,6 +70,9 @@ def build(store: ChatStore, info: EngineInfo) -> ChatTab:
             with gr.Row():
                 regen = gr.Button("Regenerate", size="sm", elem_id="lab-regen")
                 clear = gr.Button("Clear", size="sm", elem_id="lab-clear")
+                stress_btn = gr.Button(STRESS_TITLE, size="sm", elem_id="lab-stress-run")
+            gr.HTML(f'<div class="lab-stress-note lab-muted">{html.escape(STRESS_NOTE)}</div>'
+                    '<div class="lab-stress-out"></div>', elem_id="lab-stress")
             with gr.Accordion("Settings", open=True):
                 settings = settings_controls("chat", info, list(store.engines), **CHAT_PANE)
                 with gr.Row():
@@ -83,6 +92,7 @@ def build(store: ChatStore, info: EngineInfo) -> ChatTab:
     stop.click(None, js="() => { window.lab.stop('chat'); }", **QUICK)
     regen.click(None, [*settings, transport], js="(...a) => { window.lab.regenerate('chat', a); }", **QUICK)
     clear.click(None, js="() => { window.lab.clear('chat'); }", **QUICK)
+    stress_btn.click(None, js="() => { window.lab.stress(); }", **QUICK)
     # a closed accordion's content is not in the page: fill the table when it opens
     table.expand(None, js="() => { setTimeout(() => window.lab.refreshTable('chat'), 0); }", **QUICK)
     return ChatTab(settings, transport, pace)
