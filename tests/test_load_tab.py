@@ -288,3 +288,36 @@ def test_each_request_of_run_2_against_the_same_request_in_run_1_gets_the_ab_sta
     latency = "".join(page.split(f'<tr data-metric="{m}">')[1].split("</tr>")[0]
                       for m in ("ttft_ms_p50", "tpot_ms_p50", "queue_ms_p50", "e2e_ms_p50"))
     assert "lab-win" not in latency and "No difference detected in TTFT (server)" in page
+
+
+def test_turns_think_time_and_kv_budgets_make_a_reuse_study():
+    from server.load.reuse import ThinkTime
+    from ui.load.run import LoadPair, RunState
+
+    engines = {"local": _Local(8)}
+    plain = parse_spec({}, SETS, engines)
+    assert (plain.turns, plain.think, plain.kv_budgets, plain.reuse_study) == (2, None, (None, None), False)
+    spec = parse_spec({"clients": 2, "requests_per_client": 3, "turns": 3, "think_time_s": 0.5, "think_dist": "lognormal",
+                       "kv_budget_mb_1": 0.05}, SETS, engines)
+    assert spec.turns == 3 and spec.think == ThinkTime(0.5, "lognormal") and spec.kv_budgets == (0.05, None)
+    pool = build_conversations(spec, SETS)
+    assert len(pool) == 2 and all(len(c.turns) == 3 and c.with_session for c in pool)
+    assert all(t.body.get("kv_reuse", True) for c in pool for t in c.turns)  # the study's pool: reuse everywhere
+    for bad, param in (({"turns": 0}, "turns"), ({"think_time_s": -1}, "think_time_s"),
+                       ({"think_dist": "gamma"}, "think_dist"), ({"kv_budget_mb_2": -2}, "kv_budget_mb_2")):
+        with pytest.raises(InvalidRequest) as err:
+            parse_spec(bad, SETS, engines)
+        assert err.value.param == param
+    # both runs over: the reuse table and the one sentence naming where reuse collapses
+    pair = LoadPair("p", spec, [RunState("max batch 1 · KV 0.05 MiB", 1, 0.05), RunState("max batch 8", 8)],
+                    status="done")
+    common = {"clients": 2, "follow_ups": 4, "kv_rejected": 0, "first_turn_ttft_ms_p50": 80.0}
+    pair.runs[0].reuse = {**common, "kv_budget_mb": 0.05, "follow_up_reuse_rate": 0.0, "prefix_hit_rate": 0.1,
+                          "kv_evictions": 9, "follow_up_ttft_ms_p50": 120.0, "follow_up_ttft_ratio": 1.5}
+    pair.runs[1].reuse = {**common, "kv_budget_mb": 64.0, "follow_up_reuse_rate": 1.0, "prefix_hit_rate": 0.8,
+                          "kv_evictions": 0, "follow_up_ttft_ms_p50": 40.0, "follow_up_ttft_ratio": 0.5}
+    parts = pair.reuse_parts(done=True)
+    assert parts["reuse_html"].count("<tr>") == 3 and "history reused" in parts["reuse_html"]
+    assert "0.05 MiB KV budget reuse collapses at 2 clients" in parts["reuse_sentence"]
+    assert "64 MiB KV budget reuse held" in parts["reuse_sentence"]
+    assert pair.reuse_parts(done=False) == {"reuse_html": None, "reuse_sentence": None}

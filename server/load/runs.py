@@ -26,14 +26,15 @@ from .open_scenario import PROBE_PROMPT, probe_turn, references
 from .pareto import points as pareto_points
 from .pareto import sentence as pareto_sentence
 from .pool import Result, ScriptedConversation, Turn, build_pool, compute_references
-from .reuse import ThinkTime, kv_budget
+from .reuse import DISTRIBUTIONS, ThinkTime, cache_counts, cache_figures, collapse_sentence, counts_diff, kv_budget, \
+    reuse_figures
 from .serve_figures import DEFAULT_OBJECTIVES
 from .sweep import Sweep, SweepSettings
 
 # The page's whole vocabulary of the load generator: these functions, and what it reads of the judge
 # (BAD, COMPLETE, JUDGED), the figures (level_row, prefill_clause), the Pareto view and the sweep.
-__all__ = ["BAD", "COMPLETE", "DEFAULT_OBJECTIVES", "JUDGED", "PROBE_PROMPT", "REQUEST_DEADLINE_S", "Result",
-           "Sweep", "SweepSettings", "ThinkTime", "closed_pool", "closed_run", "level_row", "open_sweeps",
+__all__ = ["BAD", "COMPLETE", "DEFAULT_OBJECTIVES", "DISTRIBUTIONS", "JUDGED", "PROBE_PROMPT", "REQUEST_DEADLINE_S", "Result",
+           "Sweep", "SweepSettings", "ThinkTime", "closed_pool", "collapse_sentence", "closed_run", "level_row", "open_sweeps",
            "open_turns", "pareto_points", "pareto_sentence", "plain_pool", "prefill_clause", "scope_limit", "with_references"]
 
 REQUEST_DEADLINE_S = 300.0  # a request past this is "stuck" (the bench's default)
@@ -66,9 +67,11 @@ def batch_scope(engine, max_batch: int | None):
             engine.close_batch_scope(scope)
 
 
-def closed_pool(conversations: int, max_new_tokens: int) -> list[ScriptedConversation]:
-    """The load bench's two-turn conversations, greedy, with no speculation or other weights."""
-    return build_pool(conversations, max_new_tokens, PLAIN_TOGGLES)
+def closed_pool(conversations: int, max_new_tokens: int, turns: int = 2,
+                reuse_only: bool = False) -> list[ScriptedConversation]:
+    """The load bench's conversations of `turns` turns, greedy, with no speculation or other weights
+    (`reuse_only`: every one with KV reuse in a session, reuse.py's study)."""
+    return build_pool(conversations, max_new_tokens, PLAIN_TOGGLES, turns, reuse_only)
 
 
 def plain_pool(turn_lists: list[list[str]], max_new_tokens: int) -> list[ScriptedConversation]:
@@ -90,12 +93,16 @@ def with_references(engine, pool: list[ScriptedConversation], progress=None) -> 
 
 def closed_run(engine, url: str, pool: list[ScriptedConversation], *, backend: str, clients: int, requests: int,
                max_batch: int | None, headers: dict | None = None, on_result=None, stop=None,
-               think: ThinkTime | None = None, kv_budget_mb: float | None = None) -> tuple[list[Result], float]:
+               think: ThinkTime | None = None, kv_budget_mb: float | None = None,
+               reuse: dict | None = None) -> tuple[list[Result], float]:
     """`clients` clients play the pool's conversations through the API at `url` until `requests` are done, under
     a batch scope of `max_batch`; returns the judged results and the run's wall time (seconds, the
     clients' process start to its end). `stop`: set it to end the run (its streams close, the server
-    cancels them)."""
+    cancels them). `reuse`: filled with the run's KV reuse figures (reuse.py: the prefix cache's hit rate,
+    evictions and budget over the run, follow-up turns' TTFT against first turns')."""
+    before = cache_counts(engine)
     with kv_budget(engine, kv_budget_mb), batch_scope(engine, max_batch) as scope:
+        budget = getattr(getattr(engine, "prefix_cache", None), "budget_bytes", None)
         runs = [replace(c, turns=scoped(c.turns, backend, scope)) for c in pool]
         t0 = time.perf_counter()
         try:
@@ -103,6 +110,9 @@ def closed_run(engine, url: str, pool: list[ScriptedConversation], *, backend: s
                                          headers=headers, on_result=on_result, stop=stop, think=think)
         finally:
             wall = time.perf_counter() - t0
+    if reuse is not None:
+        reuse.update(clients=clients, **cache_figures(counts_diff(before, cache_counts(engine)), None, budget),
+                     **reuse_figures(results, pool))
     return results, wall
 
 

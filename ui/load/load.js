@@ -40,7 +40,7 @@ export function closedLoop(session) {
   const cfg = session.cfg;
   return loadRun({
     base: "/lab/load", pollMs: POLL_MS, fields: cfg.loadFields,
-    ids: { status: "#lab-load-status", clear: ["#lab-load-sentence", "#lab-load-delta"] },
+    ids: { status: "#lab-load-status", clear: ["#lab-load-sentence", "#lab-load-delta", "#lab-load-reuse"] },
     draw(s, status) {
       const plots = q("#lab-load-plots");
       if (plots) plots.innerHTML = all(s, cfg.glossary, cfg.loadOutcomes);
@@ -48,6 +48,9 @@ export function closedLoop(session) {
       if (sentence) sentence.textContent = s.sentence || "";
       const delta = q("#lab-load-delta");
       if (delta) delta.innerHTML = s.delta_html || "";
+      const reuse = q("#lab-load-reuse"); // KV reuse under load: the runs' cache figures and where reuse collapses
+      if (reuse) reuse.innerHTML = s.reuse_html ? `<h4>KV reuse</h4>${s.reuse_html}<p class="lab-reuse-sentence"></p>` : "";
+      if (reuse && s.reuse_html) reuse.querySelector(".lab-reuse-sentence").textContent = s.reuse_sentence || "";
       const text = { references: s.message, running: s.message, done: "done: both runs finished", stopped: "stopped",
         error: s.message }[s.status];
       status(text || s.status);

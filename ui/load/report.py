@@ -245,3 +245,26 @@ def _prefill_clause(run) -> str:
         return ""
     clause = prefill_clause(f.with_prompt_share, f.itl_ms_with_prompt_p50, f.itl_ms_decode_only_p50, fmt)
     return f" In {run.label}, {clause}: prompt tokens cost nearly as much batched as alone."
+
+
+# KV reuse under load (server/load/reuse.py): per run, the prefix cache's figures and follow-up turns' TTFT.
+REUSE_COLUMNS = (("kv_budget_mb", "KV budget", lambda v: "—" if v is None else f"{v:g} MiB"),
+                 ("clients", "clients", fmt), ("follow_ups", "follow-ups", fmt),
+                 ("follow_up_reuse_rate", "history reused", fmt_share), ("prefix_hit_rate", "prefix hit rate", fmt_share),
+                 ("kv_evictions", "evictions", fmt), ("kv_rejected", "refused", fmt),
+                 ("first_turn_ttft_ms_p50", "first-turn TTFT p50", lambda v: "—" if v is None else f"{fmt(v)} ms"),
+                 ("follow_up_ttft_ms_p50", "follow-up TTFT p50", lambda v: "—" if v is None else f"{fmt(v)} ms"),
+                 ("follow_up_ttft_ratio", "follow-up / first", fmt_ratio))
+
+
+def reuse_html(rows: list[dict]) -> str:
+    """The runs' KV reuse figures as a table (rows: reuse.py's figures plus each run's label)."""
+    def th(name, label):
+        hover = METRICS[name].hover if name in METRICS else label
+        return f'<th title="{html.escape(hover)}">{html.escape(label)}</th>'
+
+    head = "<th>run</th>" + "".join(th(k, label) for k, label, _ in REUSE_COLUMNS)
+    body = "".join("<tr>" + f"<td>{html.escape(str(r.get('run', '')))}</td>" +
+                   "".join(f'<td data-k="{k}">{html.escape(f(r.get(k)))}</td>' for k, _, f in REUSE_COLUMNS) + "</tr>"
+                   for r in rows)
+    return f'<table class="lab-reuse-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

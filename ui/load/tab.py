@@ -47,6 +47,7 @@ def build(engines: dict, info: EngineInfo, prompt_sets: dict, load_ready: bool) 
             stop = gr.Button("Stop", variant="stop", elem_id="lab-load-stop")
         gr.HTML('<div id="lab-load-status" class="lab-muted"></div><div id="lab-load-plots"></div>'
                 '<p id="lab-load-sentence" class="lab-load-sentence"></p><div id="lab-load-delta"></div>'
+                '<div id="lab-load-reuse"></div>'
                 '<div id="lab-load-trace" class="lab-trace"></div>')
     with gr.Column(visible=False) as open_:
         open_tab.build(engines, info)
