@@ -86,3 +86,33 @@ def test_two_small_runs_plot_live_and_fill_the_delta_table(load_server, browser_
     set_number(page, "lab-load-clients", 32)
     page.evaluate("() => window.lab.load.start([2, 2, 4, 1, 9, 'load_pool', ''])")  # max batch 9 > the engine's 2
     page.wait_for_function("() => document.querySelector('#lab-load-status').textContent.includes('max batch must be')")
+
+
+def test_multi_turn_chats_with_think_time_show_reuse_collapse_under_a_small_kv_budget(load_server, browser_page,
+                                                                                       artifacts):
+    """Three-turn conversations with a pause between turns, run 1 under a KV budget too small to keep any
+    history, run 2 under the engine's own: run 2's follow-ups reuse their history, run 1's do not, and
+    the sentence names the budget at which reuse collapses."""
+    page = browser_page
+    open_load_tab(page, load_server)
+    for elem, value in (("lab-load-clients", 2), ("lab-load-requests-per-client", 3), ("lab-load-max-batch-1", 2),
+                        ("lab-load-max-batch-2", 2), ("lab-load-turns", 3), ("lab-load-think-time-s", 0.5)):
+        set_number(page, elem, value)
+    for elem, value in (("lab-load-max-new-tokens", "4"), ("lab-load-kv-budget-mb-1", "0.01")):
+        page.fill(f"#{elem} input", value)
+        page.press(f"#{elem} input", "Tab")
+    page.click("#lab-load-run")
+    page.wait_for_function("() => window.lab.load.snapshot && window.lab.load.snapshot.status === 'done'",
+                           timeout=300_000)
+    snap = page.evaluate("() => window.lab.load.snapshot")
+    small, own = (run["reuse"] for run in snap["runs"])
+    assert small["kv_budget_mb"] == 0.01 and own["kv_budget_mb"] > small["kv_budget_mb"]
+    assert small["follow_ups"] >= 2 and own["follow_ups"] >= 2  # follow-up turns ran in both (clients share the pool)
+    assert own["follow_up_reuse_rate"] > small["follow_up_reuse_rate"]
+    assert own["prefix_hit_rate"] > small["prefix_hit_rate"]
+    assert small["kv_rejected"] > 0  # the small budget could keep no history
+    rows = page.locator("#lab-load-reuse table.lab-reuse-table tbody tr")
+    assert rows.count() == 2
+    sentence = page.inner_text("#lab-load-reuse .lab-reuse-sentence")
+    assert "0.01 MiB KV budget reuse collapses at 2 clients" in sentence, sentence
+    page.screenshot(path=str(artifacts / "page-load-reuse.png"), full_page=True)
