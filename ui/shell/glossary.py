@@ -319,6 +319,34 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("follow_up_ttft_ratio", "follow-up / first-turn TTFT", "ratio", "",
        "p50 server TTFT of follow-up turns / p50 of first turns: near 1 while reuse holds (only new tokens are "
        "prefilled), growing with the history once it collapses (the whole history prefilled again)"),
+    _M("first_turn_ttft_ms_p50", "first-turn TTFT p50", "ms", "request received by the server",
+       "first token sampled: p50 over a run's first turns (conversations that can reuse)"),
+    _M("follow_up_ttft_ms_p50", "follow-up TTFT p50", "ms", "request received by the server",
+       "first token sampled: p50 over a run's follow-up turns (turn 2 and on, conversations that can reuse)"),
+    # This browser's paint limit (ui/chat/stress.js): the Chat tab's stress run, per rate; browser clock.
+    _M("stress_rate", "rate", "tok/s", "", "the paced test source's rate for this row of the stress run", "browser",
+       better=""),
+    _M("stress_tokens", "tokens", "tok", "", "tokens of the long markdown reply streamed at this rate (at most 20 s "
+       "of them)", "browser", better=""),
+    _M("stress_lag_p50_ms", "paint lag p50", "ms", "the server sampled a chunk's last token (placed on the browser's "
+       "axis through the clock offset)", "the browser painted that chunk: the median over the reply's chunks",
+       "estimated"),
+    _M("stress_lag_p99_ms", "paint lag p99", "ms", "the server sampled a chunk's last token (browser axis)",
+       "the browser painted that chunk: the 99th percentile; over 50 ms (or growing over the reply) the page has "
+       "fallen behind at this rate", "estimated"),
+    _M("stress_long_tasks", "long tasks", "", "", "main-thread tasks of 50 ms or more during the reply "
+       "(PerformanceObserver 'longtask')", "browser"),
+    _M("stress_long_task_ms", "in long tasks", "ms", "the reply's first long task began",
+       "its last ended: the summed duration of the long tasks", "browser"),
+    _M("stress_markdown_ms_per_chunk", "markdown / update", "ms", "a text update begins",
+       "the markdown renderer has parsed the open tail into detached nodes: mean per update", "browser"),
+    _M("stress_dom_ms_per_chunk", "DOM / update", "ms", "the nodes are parsed",
+       "the page's DOM holds them (old tail removed, new nodes in, the thought fold): mean per update", "browser"),
+    _M("stress_cost_growth", "late / early cost", "ratio", "",
+       "mean render cost (markdown + DOM) of the last quarter of the reply's updates / that of the first quarter: "
+       "about 1 when an update costs the same however long the reply is", "browser"),
+    _M("stress_dropped_frames", "dropped frames", "", "",
+       "animation frames missed during the reply (a gap of k frame times, at 60 Hz, missed k - 1)", "browser"),
 ]}
 
 
