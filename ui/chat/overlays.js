@@ -8,6 +8,7 @@
 // hundred tokens (the page measures and shows it), and it runs while tokens stream; a Plotly
 // figure through gr.Plot is a server round trip plus a full re-layout per update.
 import { esc, fmtInt, fmtMs, niceMax, num, ticks } from "../shell/format.js";
+import { NET_STAGES, netStages } from "./net_phases.js";
 import { bars as rooflineBars } from "./roofline.js";
 
 export { fmtMs, niceMax, ticks };
@@ -53,6 +54,7 @@ export function viewOf(timeline, client, opts) {
     received: rec,
     stages: {
       network_in: clockKnown ? [0, rec] : null,
+      ...netStages(tl, at), // a remote reply's network phases: sub-stages of network in
       queue: [at(ev.enqueued), at(ev.started)],
       setup: [at(ev.started), at(ev.setup_done)],
       prefill: [at(num(ev.prefill_start) != null ? ev.prefill_start : ev.setup_done), at(firstTok)],
@@ -187,6 +189,8 @@ function hov(G, key) { return (G[key] && G[key].hover) || key; }
 // ---- 2. stage waterfall ----------------------------------------------------------------------
 const STAGES = [
   ["network_in", "network in", "network", "network_in_ms"],
+  ...NET_STAGES.map(([key, label, metric]) => [key, label, "network", metric]),
+  ["net_reused", "· connection reused", "network", "connection_reused"],
   ["queue", "queue", "queue", "queue_ms"],
   ["setup", "setup", "setup", "setup_ms"],
   ["prefill", "prefill", "prefill", "prefill_ms"],
@@ -213,7 +217,8 @@ export function waterfall(v, opts) {
     const bound = cross && v.clockBound != null ? ` ±${fmtMs(v.clockBound)}` : "";
     body += `<text x="${LEFT - 8}" y="${y + 13}" class="lab-rowlabel" text-anchor="end"><title>${esc(hov(G, metric))}</title>${esc(label)}</text>`;
     if (s == null || e == null) {
-      body += `<text x="${LEFT + 4}" y="${y + 13}" class="lab-muted">${key === "network_out" && !v.finished ? "…" : "—"}</text>`;
+      const note = key === "net_reused" ? "no DNS, connect or TLS: a kept-alive connection" : key === "network_out" && !v.finished ? "…" : "—";
+      body += `<text x="${LEFT + 4}" y="${y + 13}" class="lab-muted">${note}</text>`;
       return;
     }
     const ms = e - s;
