@@ -1,4 +1,4 @@
-"""`python -m ui.chat.stress_bench`: this browser's paint limit from the command line. Starts the app on
+"""`python -m ui.stress_bench`: this browser's paint limit from the command line. Starts the app on
 the paced test source on a free loopback port, opens the page in headless Chromium, runs the Chat tab's
 stress run (ui/chat/stress.js: the long markdown reply at each rate) and prints its figures per rate and
 its sentence. The same run as the page's button; figures for docs/ go here, never into code.
@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from .stress import RATES
+from .chat.stress import RATES
 
 CHROMIUM = os.environ.get("LATENCY_LAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -27,7 +27,7 @@ def stress(rates: list[float]) -> dict:
     from server.run import BackgroundServer
     from ui.webapp import create_app
 
-    from .paced import PacedSource
+    from .chat.paced import PacedSource
 
     source = PacedSource(200)
     try:
@@ -47,7 +47,7 @@ def stress(rates: list[float]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ui.chat.stress_bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ui.stress_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default=",".join(str(r) for r in RATES), help="tok/s, comma-separated")
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args(argv)
