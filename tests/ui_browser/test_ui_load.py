@@ -84,7 +84,7 @@ def test_two_small_runs_plot_live_and_fill_the_delta_table(load_server, browser_
 
     # out of range: a message on the tab, no run
     set_number(page, "lab-load-clients", 32)
-    page.evaluate("() => window.lab.load.start([2, 2, 4, 1, 9, 'load_pool', ''])")  # max batch 9 > the engine's 2
+    page.evaluate("() => window.lab.load.start([2, 2, 4, 1, 9, 2, 0, 'exponential', 0, 0, 'load_pool', ''])")  # max batch 9 > the engine's 2 (LOAD_FIELDS' order)
     page.wait_for_function("() => document.querySelector('#lab-load-status').textContent.includes('max batch must be')")
 
 
