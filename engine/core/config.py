@@ -17,6 +17,12 @@ from engine.core.toggles import declared, toggle
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 SPECULATIVE_MODES = ("off", "prompt_lookup", "draft")
+# The KV cache's precision (the kv_cache_dtype toggle): "model" keeps keys and values in the model's dtype
+# (the default, and the only lossless choice on an fp32 model); fp16 and bf16 store them in 16 bits; int8
+# in 8 bits with one fp32 scale per head per position (engine/model/kv_cache.py). The lossy choices are
+# named here once: the greedy-identity tests exclude exactly these, and the page says so.
+KV_CACHE_DTYPES = ("model", "fp16", "bf16", "int8")
+LOSSY_KV_CACHE_DTYPES = ("fp16", "bf16", "int8")
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 200
 # Chunked prefill's default chunk: the smallest that costs little more than one forward (shorter
@@ -111,6 +117,12 @@ class GenerationConfig:
         "separate calls: on CPU torch.compile fuses the glue around the matmuls (pays with int4/int8 weights; "
         "the first request per weights variant compiles it, tens of seconds); on a GPU CUDA graphs replay it "
         "(captured in milliseconds; such requests batch)", glossary="tpot_ms")
+    kv_cache_dtype: str = toggle(
+        "model", "choice", "KV cache", "the precision keys and values are kept in: model (the model's dtype), "
+        "fp16, bf16, or int8 with one scale per head per position; a decode step reads the whole cache, so past "
+        "a long prompt a smaller cache reads less. Lossy: fp16, bf16 and int8 round the keys and values, so greedy "
+        "replies are not promised to match the model-dtype cache token for token (bench kv --kv-dtypes measures "
+        "the agreement)", choices=KV_CACHE_DTYPES, glossary="kv_bytes_per_position", lossless=False, short="kv")
 
     @property
     def greedy(self) -> bool:
@@ -137,6 +149,9 @@ class GenerationConfig:
         if self.compiled_decode and self.speculative != "off":
             raise InvalidRequest("compiled_decode compiles the plain one-token step; speculation verifies several "
                                  "tokens per forward, which it does not cover: turn one of them off", "compiled_decode")
+        if self.compiled_decode and self.kv_cache_dtype != "model":
+            raise InvalidRequest("compiled_decode's graph reads a KV cache in the model's dtype; kv_cache_dtype="
+                                 f"{self.kv_cache_dtype} runs the eager step: turn one of them off", "kv_cache_dtype")
 
 
 TOGGLES = declared(GenerationConfig)  # the page, API, CLI and remote engine derive from these

@@ -7,7 +7,8 @@
 // decode sequence of a batch: it stores their new keys and values and streams each KV head once for
 // all its query heads. engine/kernels/cpu_attention.py checks it against SDPA and owns the fallback.
 //
-// Layout: caches [layers, 1, KV, capacity, D] fp32 (engine/model/kv_cache.py); q [R, H, D], k_new and v_new
+// Layout: caches [layers, 1, KV, capacity, D] fp32 (engine/model/kv_cache.py; decode_attention_kv: fp16, bf16, or
+// int8 with scales [layers, 1, KV, capacity], read on the fly); q [R, H, D], k_new and v_new
 // [R, KV, D] (any row and head strides, D contiguous); sequence b is row rows[b], its new token goes
 // to position positions[b], and it attends over [0, positions[b]]. Query head h reads KV head h / G.
 // A sequence's keys are cut into chunks of kChunk (flash-decoding): the chunks depend on its length
@@ -18,9 +19,13 @@
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 #include <torch/library.h>
 
@@ -62,11 +67,26 @@ struct Task {
   int64_t seq, head, begin, end;  // KV head `head` of sequence `seq`, keys [begin, end)
 };
 
+// How a cache row's 8 elements load as fp32 lanes: fp32 as they are, fp16 through F16C, bf16 by a shift,
+// int8 widened (its per-position scale is applied to the row's score and value weight, not per element).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // One task: G query heads against keys [begin, end) of one KV head. Leaves, per query head, the
 // chunk's max score, its sum of exp(score - max) and its unnormalised output (D floats).
-template <int G>
-void attend_chunk(const float* const* q, const float* k, const float* v, int64_t D, int64_t begin, int64_t end,
-                  float scale, float* scores, float* partial) {
+// E: the cache's element type; ks, vs: int8's per-position scales (nullptr for the other types).
+template <int G, typename E>
+void attend_chunk(const float* const* q, const E* k, const E* v, const float* ks, const float* vs, int64_t D,
+                  int64_t begin, int64_t end, float scale, float* scores, float* partial) {
   const int64_t n = end - begin, vecs = D / 8;
   __m256 qv[G][kMaxDim / 8];
   for (int g = 0; g < G; ++g)
@@ -74,15 +94,16 @@ void attend_chunk(const float* const* q, const float* k, const float* v, int64_t
   float mx[G];
   for (int g = 0; g < G; ++g) mx[g] = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; ++j) {  // scores: each key row read once for all G heads
-    const float* kr = k + (begin + j) * D;
+    const E* kr = k + (begin + j) * D;
     __m256 acc[G];
     for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
     for (int64_t d = 0; d < vecs; ++d) {
-      const __m256 kd = _mm256_loadu_ps(kr + 8 * d);
+      const __m256 kd = load8(kr + 8 * d);
       for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(qv[g][d], kd, acc[g]);
     }
     for (int g = 0; g < G; ++g) {
-      const float s = hsum(acc[g]);
+      float s = hsum(acc[g]);
+      if constexpr (std::is_same_v<E, int8_t>) s *= ks[begin + j];
       scores[g * kChunk + j] = s;
       mx[g] = std::max(mx[g], s);
     }
@@ -109,11 +130,15 @@ void attend_chunk(const float* const* q, const float* k, const float* v, int64_t
   for (int g = 0; g < G; ++g)
     for (int64_t d = 0; d < vecs; ++d) out[g][d] = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {  // weighted values: each value row read once for all G heads
-    const float* vr = v + (begin + j) * D;
+    const E* vr = v + (begin + j) * D;
     __m256 w[G];
-    for (int g = 0; g < G; ++g) w[g] = _mm256_set1_ps(scores[g * kChunk + j]);
+    for (int g = 0; g < G; ++g) {
+      float wj = scores[g * kChunk + j];
+      if constexpr (std::is_same_v<E, int8_t>) wj *= vs[begin + j];
+      w[g] = _mm256_set1_ps(wj);
+    }
     for (int64_t d = 0; d < vecs; ++d) {
-      const __m256 vd = _mm256_loadu_ps(vr + 8 * d);
+      const __m256 vd = load8(vr + 8 * d);
       for (int g = 0; g < G; ++g) out[g][d] = _mm256_fmadd_ps(w[g], vd, out[g][d]);
     }
   }
@@ -145,13 +170,37 @@ void check_rows(const at::Tensor& t, const char* name, int64_t heads, int64_t D)
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu(), name, " must be an fp32 CPU tensor");
 }
 
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
-                            at::TensorList k_caches, at::TensorList v_caches, at::IntArrayRef rows,
-                            at::IntArrayRef positions, int64_t layer, double scale) {
+// The new token's key or value (D fp32 values) into a cache row of type E: fp32 copied, fp16 and bf16
+// rounded to nearest even (c10's conversions: torch's own .to()), int8 by the rule of
+// engine/model/kv_cache.py quantize_int8 (scale = max|x| / 127, round half to even), its scale in *scale.
+template <typename E>
+void store_row(const float* x, int64_t D, E* dst, float* scale) {
+  if constexpr (std::is_same_v<E, float>) {
+    std::copy(x, x + D, dst);
+  } else if constexpr (std::is_same_v<E, int8_t>) {
+    float amax = 0.f;
+    for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
+    const float s = amax / 127.0f;
+    *scale = s;
+    for (int64_t d = 0; d < D; ++d)
+      dst[d] = s > 0.f ? static_cast<int8_t>(std::clamp(std::nearbyint(x[d] / s), -127.f, 127.f)) : 0;
+  } else {
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<E>(x[d]);
+  }
+}
+
+template <typename E>
+at::Tensor attend_caches(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                         at::TensorList k_caches, at::TensorList v_caches, at::TensorList k_scales,
+                         at::TensorList v_scales, at::IntArrayRef rows, at::IntArrayRef positions, int64_t layer,
+                         double scale) {
+  constexpr bool kInt8 = std::is_same_v<E, int8_t>;
   const int64_t B = static_cast<int64_t>(rows.size());
   TORCH_CHECK(B >= 1 && static_cast<int64_t>(positions.size()) == B && static_cast<int64_t>(k_caches.size()) == B &&
                   static_cast<int64_t>(v_caches.size()) == B,
               "rows, positions and both cache lists need one entry per sequence");
+  TORCH_CHECK(!kInt8 || (static_cast<int64_t>(k_scales.size()) == B && static_cast<int64_t>(v_scales.size()) == B),
+              "int8 caches need one scale tensor per cache");
   const int64_t H = q.size(1), D = q.size(2), KV = k_new.size(1), R = q.size(0);
   TORCH_CHECK(KV >= 1 && H % KV == 0 && H / KV <= kMaxGroup, "query heads must be 1 to ", kMaxGroup, " per KV head");
   TORCH_CHECK(D % 8 == 0 && D <= kMaxDim, "head_dim must be a multiple of 8 up to ", kMaxDim);
@@ -159,26 +208,37 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const 
   check_rows(k_new, "k_new", KV, D);
   check_rows(v_new, "v_new", KV, D);
   TORCH_CHECK(k_new.size(0) == R && v_new.size(0) == R, "q, k_new and v_new need the same rows");
+  const at::ScalarType type = k_caches[0].scalar_type();
   const int64_t G = H / KV;
-  std::vector<float*> kp(B), vp(B);
+  std::vector<E*> kp(B), vp(B);
+  std::vector<float*> ksp(B, nullptr), vsp(B, nullptr);
   std::vector<Task> tasks;
   for (int64_t b = 0; b < B; ++b) {
     for (const at::Tensor* c : {&k_caches[b], &v_caches[b]}) {
       TORCH_CHECK(c->dim() == 5 && c->size(1) == 1 && c->size(2) == KV && c->size(4) == D && c->is_contiguous() &&
-                      c->scalar_type() == at::kFloat && c->device().is_cpu(),
-                  "caches must be contiguous fp32 [layers, 1, ", KV, ", capacity, ", D, "]");
+                      c->scalar_type() == type && c->device().is_cpu(),
+                  "caches must be contiguous [layers, 1, ", KV, ", capacity, ", D, "] CPU tensors of one dtype");
       TORCH_CHECK(layer >= 0 && layer < c->size(0), "layer ", layer, " out of range");
     }
     TORCH_CHECK(rows[b] >= 0 && rows[b] < R, "row ", rows[b], " out of range");
     TORCH_CHECK(positions[b] >= 0 && positions[b] < k_caches[b].size(3), "position ", positions[b], " beyond the cache");
     const int64_t cap = k_caches[b].size(3);
-    kp[b] = k_caches[b].data_ptr<float>() + layer * KV * cap * D;
-    vp[b] = v_caches[b].data_ptr<float>() + layer * KV * cap * D;
+    kp[b] = k_caches[b].data_ptr<E>() + layer * KV * cap * D;
+    vp[b] = v_caches[b].data_ptr<E>() + layer * KV * cap * D;
+    if constexpr (kInt8) {
+      for (const at::Tensor* c : {&k_scales[b], &v_scales[b]})
+        TORCH_CHECK(c->dim() == 4 && c->size(0) == k_caches[b].size(0) && c->size(2) == KV && c->size(3) == cap &&
+                        c->is_contiguous() && c->scalar_type() == at::kFloat,
+                    "int8 scales must be contiguous fp32 [layers, 1, ", KV, ", capacity]");
+      ksp[b] = k_scales[b].data_ptr<float>() + layer * KV * cap;
+      vsp[b] = v_scales[b].data_ptr<float>() + layer * KV * cap;
+    }
     for (int64_t h = 0; h < KV; ++h) {  // store the new token's key and value first: its own chunk reads them
       const float* ks = k_new.data_ptr<float>() + rows[b] * k_new.stride(0) + h * k_new.stride(1);
       const float* vs = v_new.data_ptr<float>() + rows[b] * v_new.stride(0) + h * v_new.stride(1);
-      std::copy(ks, ks + D, kp[b] + (h * cap + positions[b]) * D);
-      std::copy(vs, vs + D, vp[b] + (h * cap + positions[b]) * D);
+      const int64_t at = h * cap + positions[b];
+      store_row<E>(ks, D, kp[b] + at * D, kInt8 ? ksp[b] + at : nullptr);
+      store_row<E>(vs, D, vp[b] + at * D, kInt8 ? vsp[b] + at : nullptr);
       for (int64_t s = 0; s <= positions[b]; s += kChunk)
         tasks.push_back({b, h, s, std::min(positions[b] + 1, s + kChunk)});
     }
@@ -193,11 +253,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const 
       const float* qs[kMaxGroup];
       for (int64_t g = 0; g < G; ++g)
         qs[g] = q.data_ptr<float>() + rows[tk.seq] * q.stride(0) + (tk.head * G + g) * q.stride(1);
-      const float* k = kp[tk.seq] + tk.head * cap * D;
-      const float* v = vp[tk.seq] + tk.head * cap * D;
+      const E* k = kp[tk.seq] + tk.head * cap * D;
+      const E* v = vp[tk.seq] + tk.head * cap * D;
+      const float* ks = kInt8 ? ksp[tk.seq] + tk.head * cap : nullptr;
+      const float* vs = kInt8 ? vsp[tk.seq] + tk.head * cap : nullptr;
       by_group(G, [&](auto g) {
-        attend_chunk<decltype(g)::value>(qs, k, v, D, tk.begin, tk.end, static_cast<float>(scale), scores.data(),
-                                         partials.data() + t * stride);
+        attend_chunk<decltype(g)::value, E>(qs, k, v, ks, vs, D, tk.begin, tk.end, static_cast<float>(scale),
+                                            scores.data(), partials.data() + t * stride);
       });
     }
   });
@@ -226,11 +288,45 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const 
   return out;
 }
 
+// fp32 caches (the model's dtype): the op the C++ layer loop calls too (cpu_layers.cpp), unchanged.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                            at::TensorList k_caches, at::TensorList v_caches, at::IntArrayRef rows,
+                            at::IntArrayRef positions, int64_t layer, double scale) {
+  TORCH_CHECK(!k_caches.empty() && k_caches[0].scalar_type() == at::kFloat, "caches must be fp32");
+  return attend_caches<float>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale);
+}
+
+// Caches kept at another precision than the model's (the kv_cache_dtype toggle): fp16, bf16, or int8 with
+// one fp32 scale per head per position (k_scales, v_scales; empty lists for the 16-bit types). Each row is
+// widened to fp32 as it is read, the int8 scale applied to its score and its value weight.
+at::Tensor decode_attention_kv(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                               at::TensorList k_caches, at::TensorList v_caches, at::TensorList k_scales,
+                               at::TensorList v_scales, at::IntArrayRef rows, at::IntArrayRef positions,
+                               int64_t layer, double scale) {
+  TORCH_CHECK(!k_caches.empty(), "no caches");
+  switch (k_caches[0].scalar_type()) {
+    case at::kHalf:
+      return attend_caches<c10::Half>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale);
+    case at::kBFloat16:
+      return attend_caches<c10::BFloat16>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale);
+    case at::kChar:
+      return attend_caches<int8_t>(q, k_new, v_new, k_caches, v_caches, k_scales, v_scales, rows, positions, layer,
+                                   scale);
+    default:
+      TORCH_CHECK(false, "decode_attention_kv takes fp16, bf16 or int8 caches, not ", k_caches[0].scalar_type());
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("decode_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
         "int[] rows, int[] positions, int layer, float scale) -> Tensor");
+  m.def("decode_attention_kv(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
+        "Tensor(c!)[] k_scales, Tensor(d!)[] v_scales, int[] rows, int[] positions, int layer, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("decode_attention_kv", &decode_attention_kv);
+}

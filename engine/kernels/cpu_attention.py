@@ -11,6 +11,10 @@ length: a sequence gets the same bits alone and in any batch (batching's exactne
 
 Where: fp32 caches on CPU, where our kernels build (engine/kernels/cpu_gemm.py: AVX2, a compiler, ninja),
 after a check against SDPA; else SDPA serves, as before (the execution plan decides, engine/runtime/plan.py).
+A cache kept at another precision (the kv_cache_dtype toggle, engine/model/kv_cache.py: fp16, bf16, int8 with
+a scale per head per position) is read by the same kernel (`decode_attention_kv`), each row widened to fp32
+as it streams in, so a step reads the cache's own bytes, a quarter of fp32's for int8; checked against SDPA
+over the dequantized cache. Where it does not serve, such a cache is dequantized for SDPA each layer.
 Its switch (engine/kernels/switches.py, `LATENCY_LAB_ATTENTION=off`) forces SDPA.
 Rows of a prefill or a speculative verify keep SDPA (they are GEMM-shaped: its flash kernel suits).
 """
@@ -29,6 +33,8 @@ from engine.kernels import cpu_gemm, switches
 NAME = "latency_lab AVX2 decode attention (engine/kernels/cpu_attention.py)"
 SDPA = "torch scaled_dot_product_attention"
 PLAN_NAME = "ours-cpu"  # the execution plan's name for it (engine/runtime/plan.py)
+PLAN_NAME_KV = "ours-cpu-kv"  # the same kernel over an fp16, bf16 or int8 cache (decode_attention_kv)
+NAME_KV = "latency_lab AVX2 decode attention reading fp16/bf16/int8 caches (engine/kernels/cpu_attention.py)"
 
 
 def unavailable_reason() -> str | None:
@@ -63,6 +69,24 @@ def decode_attention_heads(q, k, v, caches, rows, positions, layer: int, scale: 
                             positions, layer, scale)
 
 
+def decode_attention_kv(q, k, v, caches, rows, positions, layer: int, scale: float) -> torch.Tensor:
+    """`decode_attention_heads` over caches kept at another precision (KVCache.kind fp16, bf16 or int8, one
+    kind per call): the new key and value stored as the cache keeps them (int8: quantized by kv_cache.py's
+    rule), every row read back widened to fp32. Returns [B, H, D] fp32."""
+    int8 = caches[0].kind == "int8"
+    return torch.ops.latency_lab_gemv.decode_attention_kv(
+        _last_contiguous(q[0].transpose(0, 1)), _last_contiguous(k[0].transpose(0, 1)),
+        _last_contiguous(v[0].transpose(0, 1)), [c.k for c in caches], [c.v for c in caches],
+        [c.k_scale for c in caches] if int8 else [], [c.v_scale for c in caches] if int8 else [],
+        list(rows), list(positions), layer, float(scale))
+
+
+def kv_unavailable_reason() -> str | None:
+    """Why caches at another precision are not read by our kernel here (None: they are)."""
+    reason = switches.off_reason("attention") or cpu_gemm.built_reason()
+    return reason if reason is not None else _checked_kv()
+
+
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -94,4 +118,61 @@ def _checked() -> str | None:
                 return f"decode attention kernel: error {err:.2g} against SDPA at {n} keys"
     except Exception as exc:  # noqa: BLE001 - a broken kernel must not serve; SDPA does
         return f"decode attention kernel failed its check: {type(exc).__name__}: {first_line(exc)}"
+    return None
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., head_dim] -> (int8 values, fp32 scales [...]): symmetric per head per position, scale =
+    max|x| / 127, q = round-half-even(x / scale), 0 where the head's values are all 0. The one rule: the
+    KV cache (engine/model/kv_cache.py) stores a prompt's rows with it, the kernel's store_row a decode row's."""
+    x = x.float()
+    scale = x.abs().amax(-1) / 127.0
+    q = torch.where(scale[..., None] > 0, torch.round(x / scale[..., None]), torch.zeros((), device=x.device))
+    return q.clamp_(-127, 127).to(torch.int8), scale
+
+
+STORAGE = {"fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
+
+
+@functools.lru_cache(maxsize=1)
+def _checked_kv() -> str | None:
+    """decode_attention_kv against SDPA over the same caches widened to fp32, for each precision: lengths
+    inside one chunk and across several, grouped query heads; the stored row as quantize_int8 (or .to) makes it."""
+    try:
+        gen = torch.Generator().manual_seed(0)
+        layers, H, KV, D = 2, 6, 2, 64
+        for kind, dtype in STORAGE.items():
+            lengths = [1, 7, 300]
+            caches = []
+            for n in lengths:
+                shape = (layers, 1, KV, n + 3, D)
+                c = types.SimpleNamespace(kind=kind, k_scale=None, v_scale=None)
+                if kind == "int8":
+                    c.k, c.k_scale = quantize_int8(torch.randn(shape, generator=gen))
+                    c.v, c.v_scale = quantize_int8(torch.randn(shape, generator=gen))
+                else:
+                    c.k, c.v = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+                caches.append(c)
+            B = len(lengths)
+            q, k, v = (torch.randn(1, h, B, D, generator=gen) for h in (H, KV, KV))
+            got = decode_attention_kv(q, k, v, caches, range(B), [n - 1 for n in lengths], 1, D ** -0.5)
+            for b, (c, n) in enumerate(zip(caches, lengths)):
+                kk, vv = c.k[1, :, :, :n].float(), c.v[1, :, :, :n].float()
+                if kind == "int8":
+                    kk, vv = kk * c.k_scale[1, :, :, :n, None], vv * c.v_scale[1, :, :, :n, None]
+                    want_k, want_v = quantize_int8(k[0, :, b]), quantize_int8(v[0, :, b])
+                    stored = (torch.equal(c.k[1, 0, :, n - 1], want_k[0]) and torch.equal(c.k_scale[1, 0, :, n - 1], want_k[1])
+                              and torch.equal(c.v[1, 0, :, n - 1], want_v[0]) and torch.equal(c.v_scale[1, 0, :, n - 1], want_v[1]))
+                else:
+                    stored = (torch.equal(c.k[1, 0, :, n - 1], k[0, :, b].to(dtype))
+                              and torch.equal(c.v[1, 0, :, n - 1], v[0, :, b].to(dtype)))
+                if not stored:
+                    return f"decode attention kernel ({kind} cache) did not store the new key and value by the cache's rule"
+                want = F.scaled_dot_product_attention(q[:, :, b : b + 1], kk, vv, scale=D ** -0.5,
+                                                      enable_gqa=True)[0, :, 0]
+                err = float((got[b] - want).abs().max())
+                if not err < 1e-4:
+                    return f"decode attention kernel ({kind} cache): error {err:.2g} against SDPA at {n} keys"
+    except Exception as exc:  # noqa: BLE001 - a broken kernel must not serve; SDPA does
+        return f"decode attention kernel over fp16/bf16/int8 caches failed its check: {type(exc).__name__}: {first_line(exc)}"
     return None

@@ -122,5 +122,6 @@ class FastLlama(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(len(self.blocks), self.n_kv_heads, self.head_dim, capacity, self.dtype, self.device)
+    def new_cache(self, capacity: int, kind: str = "model") -> KVCache:
+        """`kind`: the cache's precision (engine/model/kv_cache.py; the kv_cache_dtype toggle)."""
+        return KVCache(len(self.blocks), self.n_kv_heads, self.head_dim, capacity, self.dtype, self.device, kind)

@@ -72,8 +72,14 @@ class Runner:
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
-    def new_cache(self, capacity: int):
-        return self.model.new_cache(capacity)
+    def new_cache(self, capacity: int, kv: str = "model"):
+        """A KV cache for a sequence of up to `capacity` positions, at precision `kv` (the kv_cache_dtype
+        toggle; InvalidRequest where this model's forward keeps only its own dtype)."""
+        if kv != "model" and self.plan.runner != "fast":
+            raise InvalidRequest(f"kv_cache_dtype={kv} needs our Llama-family forward; this model runs the generic "
+                                 "transformers one, whose cache keeps the model's dtype: use kv_cache_dtype=model",
+                                 "kv_cache_dtype")
+        return self.model.new_cache(capacity, kv) if kv != "model" else self.model.new_cache(capacity)
 
     # --- the forward ------------------------------------------------------------------------------
     def run(self, batch: Batch) -> torch.Tensor:

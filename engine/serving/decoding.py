@@ -82,7 +82,7 @@ class Decoding:
         capacity = cache_capacity(self.prompt_len, config)
         self.speculation = (Speculation(runner, config, self.prompt_len, capacity, draft)
                             if config.speculative != "off" else None)
-        self.cache = cache if cache is not None else runner.new_cache(capacity)
+        self.cache = cache if cache is not None else runner.new_cache(capacity, config.kv_cache_dtype)
         self.cache.ensure_capacity(capacity)
         # At least the last prompt token must run through the model to give the first logits.
         self.cached_tokens = min(cached_tokens, self.prompt_len - 1)

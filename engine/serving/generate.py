@@ -62,7 +62,7 @@ def generate(
     check_lengths(len(prompt_ids), cfg, runner.max_context)
     t0 = now_ns()
     reuse = RequestReuse(prefix_cache, runner.model, request.session, cfg.kv_reuse, prompt_ids,
-                         cache_capacity(len(prompt_ids), cfg))
+                         cache_capacity(len(prompt_ids), cfg), kv=cfg.kv_cache_dtype)
     if reuse.lease is not None:  # the prefix cache was asked: its lookup and the KV copy (or handover)
         timeline.add_span("kv_lookup", t0, kv_copy_ms=round(reuse.copy_ms, 3), handover=reuse.handover,
                           cached_tokens=reuse.cached_tokens)

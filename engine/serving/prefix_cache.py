@@ -24,7 +24,8 @@ Life of an entry:
   if it cannot fit. The budget counts the real bytes of the KV tensors, so it is never exceeded.
 
 Keys: (model_key, scope, token ids). `key_for(model)` gives each model object its own key, so KV
-computed by one model (or quantized variant) is never served to another. Scope isolates users: by
+computed by one model (or quantized variant) is never served to another, nor KV kept at one precision
+(`key_for(model, kv)`, the kv_cache_dtype toggle) to a request that asked for another. Scope isolates users: by
 default a request sees only its own `session`'s entries — a shared cache would let one user learn
 by timing what another's prompt began with (why vLLM added `cache_salt`). `shared=True` opts in to
 one scope for everyone (e.g. many users with one long system prompt). A request without a session
@@ -133,9 +134,12 @@ class PrefixCache:
                             rejected=0, replaced=0, compactions=0, handovers=0)
 
     # --- keys ------------------------------------------------------------------------------
-    def key_for(self, model) -> str:
+    def key_for(self, model, kv: str = "model") -> str:
         """A key unique to this model object for the cache's life (ids of dead objects get reused;
-        these never are). Entries of a model that is garbage-collected are dropped with it."""
+        these never are), and to the KV precision `kv` (the kv_cache_dtype toggle) but the model's own.
+        Entries of a model that is garbage-collected are dropped with it."""
+        if kv != "model":
+            return f"{self.key_for(model)}/kv={kv}"
         with self._lock:
             key = self._model_keys.get(model)
             if key is None:
@@ -265,14 +269,14 @@ class PrefixCache:
     def _forget_dead_models(self) -> None:
         while self._dead_keys:
             dead = self._dead_keys.pop()
-            for e in [e for b in self._entries.values() for e in b if e.model_key == dead and e.pins == 0]:
+            for e in [e for b in self._entries.values() for e in b if _of_model(e.model_key, dead) and e.pins == 0]:
                 self._remove(e)
 
     def drop(self, model_key: str | None = None, scope: str | None = None) -> int:
         """Forget the unpinned entries of a model and/or a scope (both None: everything)."""
         with self._lock:
             doomed = [e for b in self._entries.values() for e in b if e.pins == 0
-                      and (model_key is None or e.model_key == model_key) and (scope is None or e.scope == scope)]
+                      and (model_key is None or _of_model(e.model_key, model_key)) and (scope is None or e.scope == scope)]
             for e in doomed:
                 self._remove(e)
             return len(doomed)
@@ -306,6 +310,11 @@ class PrefixCache:
             }
 
 
+def _of_model(entry_key: str, model_key: str) -> bool:
+    """Whether an entry's key is the model's (at any KV precision: key_for)."""
+    return entry_key == model_key or entry_key.startswith(model_key + "/kv=")
+
+
 def _compacted(kv, length: int):
     """Drop positions past `length` and, if the buffer has much unused room, copy it tight."""
     if kv.length > length:
@@ -334,7 +343,7 @@ class RequestReuse:
     """
 
     def __init__(self, cache: PrefixCache | None, model, session: str | None, enabled: bool,
-                 prompt_ids: list[int], capacity: int):
+                 prompt_ids: list[int], capacity: int, kv: str = "model"):
         self.cache = cache
         self.kv, self.cached_tokens, self.copy_ms, self.kept = None, 0, 0.0, False
         self.handover: str | None = None  # "taken" (the entry's own buffer) or "copied"
@@ -352,7 +361,7 @@ class RequestReuse:
             self.mode = "shared" if cache.shared else "session"
         if self.mode not in ("session", "shared", "no_session"):
             return
-        self.model_key = cache.key_for(model)
+        self.model_key = cache.key_for(model, kv)  # KV of another precision is never served
         if self.mode == "no_session" and not cache.has_public(self.model_key):
             return  # nothing this request could be served: no reuse (and no lookup counted), as before
         # At least the last prompt token must run through the model to give the first logits.
