@@ -4,6 +4,7 @@
 import json
 
 import pytest
+import torch
 
 from engine.core.config import GenerationConfig
 from engine.core.timeline import Timeline
@@ -26,7 +27,10 @@ LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", c
 def test_shape_and_hand_counted_flops(tiny):
     shape = work.ModelShape.of(tiny.model)
     assert shape.layer_matmul_params == LAYER_PARAMS and shape.lm_head_params == LM_HEAD
-    assert shape.kv_bytes_per_token(4) == KV_PER_TOKEN
+    assert shape.kv_bytes_per_token(torch.float32) == KV_PER_TOKEN
+    # the KV cache's own precision: 2-byte elements; int8 1 byte + a 4-byte scale per head per position
+    assert shape.kv_bytes_per_token(torch.float32, "fp16") == shape.kv_bytes_per_token(torch.float32, "bf16") == 256
+    assert shape.kv_bytes_per_token(torch.float32, "int8") == 2 * 2 * 2 * (16 + 4) == 160
     # 10 new tokens after 0 cached attend to 1+…+10 = 55 keys; attention 4 × 2 layers × 4 heads × 16 × 55
     assert work.prefill_flops(shape, 10) == 2 * LAYER_PARAMS * 10 + 2 * LM_HEAD + 28_160 == 7_794_176
     # 3 new tokens after 5 cached attend to 6 + 7 + 8 = 21 keys

@@ -61,12 +61,12 @@ def limits_device(limits) -> str:
     return f"{limits.key.get('device')} ({name})" if name else str(limits.key.get("device"))
 
 
-def bytes_read_per_step(model, context: int) -> int:
-    """Weight bytes a decode step reads (work.step_weight_bytes), plus the KV at `context`."""
+def bytes_read_per_step(model, context: int, kv: str = "model") -> int:
+    """Weight bytes a decode step reads (work.step_weight_bytes), plus the KV at `context` in a cache of
+    precision `kv` (the kv_cache_dtype toggle; int8's scales included)."""
     from engine.serving.work import ModelShape, step_weight_bytes
 
-    element = getattr(model, "dtype", torch.float32).itemsize
-    return step_weight_bytes(model) + ModelShape.of(model).kv_bytes_per_token(element) * context
+    return step_weight_bytes(model) + ModelShape.of(model).kv_bytes_per_token(model.dtype, kv) * context
 
 
 def run(args, out):

@@ -66,6 +66,8 @@ class Timeline:
     prefill_flops: float | None = None
     decode_steps: int | None = None  # target forward passes after prefill
     decode_bytes: float | None = None  # weights + KV read over those steps
+    kv_cache_dtype: str | None = None  # the KV cache's precision (the kv_cache_dtype toggle)
+    kv_bytes_per_position: int | None = None  # what a position of context costs a decode step to read at it
     peak_tflops: float | None = None  # the machine's measured matmul peak for compute_dtype
     read_gbps: float | None = None  # the machine's measured memory read bandwidth: decode's roof
     copy_gbps: float | None = None  # the machine's measured memory copy bandwidth (for reference)
@@ -309,6 +311,7 @@ class Timeline:
             "roofline": {"weight_bytes": self.weight_bytes, "compute_dtype": self.compute_dtype,
                          "prefill_flops": self.prefill_flops, "decode_steps": self.decode_steps,
                          "decode_bytes": self.decode_bytes, "peak_tflops": self.peak_tflops,
+                         "kv_cache_dtype": self.kv_cache_dtype, "kv_bytes_per_position": self.kv_bytes_per_position,
                          "read_gbps": self.read_gbps, "copy_gbps": self.copy_gbps,
                          "limits_date": self.limits_date},
             "weight_bytes": self.weight_bytes,

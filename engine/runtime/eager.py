@@ -6,7 +6,9 @@ matmul over all rows where their kernel allows (a decode step is memory-bound: t
 once for all); attention runs over each sequence's own cache: no padding, and exactly the
 computation the sequence would get alone. Decode rows (one token) go through our attention kernel
 in one call a layer for all of them (engine/kernels/cpu_attention.py, which also stores their keys
-and values) where the plan says so; other rows take one SDPA call per sequence with its own causal mask.
+and values) where the plan says so, one call per cache precision (the kv_cache_dtype toggle: a cache's
+`kind`, `Plan.attention_for`); other rows take one SDPA call per sequence with its own causal mask,
+over the cache as `KVCache.read` gives it (the model's dtype: views; fp16/bf16/int8: widened).
 
 Kernels: every projection runs the kernel the plan (engine/runtime/plan.py) names for ITS sequence's
 row count, never the forward's total, so a sequence's kernels — and bits — do not depend on who
@@ -55,10 +57,11 @@ def forward(model, plan, rows, caches, all_logits: bool = False, layers=None) ->
     masks = [None if n == 1 or s == 0 else _prefix_causal(s, n, device)
              for s, n in zip(starts, lengths)]  # new tokens see the cached prefix, and causally each other
     offsets = [sum(lengths[:b]) for b in range(B)]  # sequence b's first row
-    ours = plan.attention == cpu_attention.PLAN_NAME
-    decode = [b for b, n in enumerate(lengths) if ours and n == 1]  # rows through our attention kernel
-    others = [b for b, n in enumerate(lengths) if not (ours and n == 1)]  # through SDPA
-    if max(lengths) <= plan.cpp_rows:  # the same loop in one C++ call: the same bits, far fewer interpreter hand-offs
+    kinds = [getattr(c, "kind", "model") for c in caches]  # each cache's precision (engine/model/kv_cache.py)
+    paths = [plan.attention_for(kv) for kv in kinds]
+    decode = [b for b, n in enumerate(lengths) if n == 1 and paths[b] != "sdpa"]  # rows through our attention kernel
+    others = [b for b, n in enumerate(lengths) if not (n == 1 and paths[b] != "sdpa")]  # through SDPA
+    if max(lengths) <= plan.loop_rows(kinds):  # the same loop in one C++ call: the same bits, far fewer hand-offs
         x = cpu_layers.run_layers(model, layers or cpu_layers.layer_weights(model), x, cos, sin, caches, starts,
                                   lengths, offsets, decode, others, masks)
     else:
@@ -84,25 +87,32 @@ def _prefix_causal(start: int, n: int, device: torch.device):
 
 
 def _attention(model, caches, starts, lengths, offsets, decode, others, masks):
-    """The eager forward's `attend`: decode rows through our kernel, the others through SDPA."""
+    """The eager forward's `attend`: decode rows through our kernel (one call per cache precision), the
+    others through SDPA."""
     H, KV, D = model.n_heads, model.n_kv_heads, model.head_dim
-    decode_rows = torch.tensor([offsets[b] for b in decode], device=model.device) if others and decode else None
+    groups: dict[str, list[int]] = {}  # a cache precision -> its decode sequences
+    for b in decode:
+        groups.setdefault(getattr(caches[b], "kind", "model"), []).append(b)
+    kernels = {kv: cpu_attention.decode_attention_heads if kv == "model" else cpu_attention.decode_attention_kv
+               for kv in groups}
+    rows = {kv: torch.tensor([offsets[b] for b in bs], device=model.device) for kv, bs in groups.items()} \
+        if others or len(groups) > 1 else None
 
     def attend(i, blk, q, k, v):
-        if not others:  # decode only: rows are sequences, in order
-            return cpu_attention.decode_attention_heads(q, k, v, caches, range(len(caches)), starts, i, blk.scaling)
+        if rows is None:  # decode only, one precision: rows are sequences, in order
+            return kernels[next(iter(groups))](
+                q, k, v, caches, range(len(caches)), starts, i, blk.scaling)
         R = q.shape[2]
         attn = q.new_empty(R, H, D)
-        if decode:
-            attn[decode_rows] = cpu_attention.decode_attention_heads(
-                q, k, v, [caches[b] for b in decode], [offsets[b] for b in decode], [starts[b] for b in decode],
-                i, blk.scaling)
+        for kv, bs in groups.items():
+            attn[rows[kv]] = kernels[kv](q, k, v, [caches[b] for b in bs], [offsets[b] for b in bs],
+                                         [starts[b] for b in bs], i, blk.scaling)
         for b in others:
             c, s, n, row = caches[b], starts[b], lengths[b], offsets[b]
-            c.k[i, :, :, s : s + n] = k[:, :, row : row + n]
-            c.v[i, :, :, s : s + n] = v[:, :, row : row + n]
+            c.store(i, s, k[:, :, row : row + n], v[:, :, row : row + n])
+            keys, values = c.read(i, s + n)
             attn[row : row + n] = F.scaled_dot_product_attention(
-                q[:, :, row : row + n], c.k[i, :, :, : s + n], c.v[i, :, :, : s + n], attn_mask=masks[b],
+                q[:, :, row : row + n], keys, values, attn_mask=masks[b],
                 is_causal=n > 1 and s == 0, scale=blk.scaling, enable_gqa=H != KV)[0].transpose(0, 1)
         return attn
 

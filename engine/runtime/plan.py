@@ -5,8 +5,11 @@ Made once per (model variant, device) when the variant is loaded or built, a fro
 below and the detected capabilities (engine/platform/capabilities.py):
 - each projection role's kernel per row bucket (`LinearPlan`: 'qkv', 'o', 'gate_up', 'down', 'lm_head';
   rows are ONE sequence's rows, so a sequence gets the same kernels, and bits, alone and batched);
-- the decode-row attention kernel, the layer loop (one C++ call, or Python), and which step modes
-  can serve (eager, the GPU's static step, the compiled step: Inductor on CPU, CUDA graphs on a GPU).
+- the decode-row attention kernel, per KV cache precision (the kv_cache_dtype toggle: the model's dtype,
+  or fp16/bf16/int8 read by our kernel widened on the fly, else SDPA over the cache dequantized), the layer
+  loop (one C++ call, or Python: the C++ loop reads caches in the model's dtype only, so a sequence at
+  another precision runs the Python loop), and which step modes can serve (eager, the GPU's static step,
+  the compiled step: Inductor on CPU, CUDA graphs on a GPU; both over model-dtype caches only).
 
 The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
 - w8a (int8 activations, engine/quant/w8a.py): our integer kernels (`WO_INT8ACT`) for up to OURS_ROWS
@@ -42,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from engine.core.config import KV_CACHE_DTYPES
 from engine.kernels import catalogue, cpu_attention, cpu_gemm, cpu_layers, cpu_qdot, switches
 from engine.kernels.catalogue import Kernel
 from engine.kernels.cpu_gemm import plain_fp32_cpu
@@ -107,6 +111,16 @@ class Plan:
     step_modes: Mapping[str, str | None]  # 'eager', 'static', 'inductor', 'cuda_graph' -> None (can serve) or why not
     decisions: tuple[Decision, ...] = ()
     reasons: Mapping[str, str] = field(default_factory=dict)  # why not, for engine info: attention, layer_loop, ...
+    kv_attention: Mapping[str, str] = field(default_factory=dict)  # KV precision (not 'model') -> 'ours-cpu-kv' | 'sdpa'
+
+    def attention_for(self, kv: str) -> str:
+        """Decode rows' attention over a cache of precision `kv` (KVCache.kind)."""
+        return self.attention if kv == "model" else self.kv_attention.get(kv, "sdpa")
+
+    def loop_rows(self, kvs) -> int:
+        """`cpp_rows` for a forward over caches of precisions `kvs`: the C++ layer loop (cpu_layers.cpp)
+        stores and reads caches in the model's dtype only; any other precision runs the Python loop (0)."""
+        return self.cpp_rows if all(kv == "model" for kv in kvs) else 0
 
     @property
     def compiled_mode(self) -> str:
@@ -147,6 +161,14 @@ class Plan:
         if self.attention == cpu_attention.PLAN_NAME:
             return cpu_attention.NAME
         return f"{cpu_attention.SDPA} ({self.reasons.get('attention', self.attention)})"
+
+    @property
+    def kv_attention_text(self) -> str:
+        """What reads a cache kept at fp16, bf16 or int8 (the kv_cache_dtype toggle)."""
+        if self.kv_attention and all(a == cpu_attention.PLAN_NAME_KV for a in self.kv_attention.values()):
+            return cpu_attention.NAME_KV + "; the layers in Python (the C++ loop reads model-dtype caches)"
+        why = self.reasons.get("kv_attention", "this model runs the generic transformers forward")
+        return f"{cpu_attention.SDPA} over the cache dequantized each layer ({why})"
 
     @property
     def layer_loop_text(self) -> str:
@@ -190,7 +212,7 @@ class Plan:
         return {"prefill": self.used(64), "decode": self.used(1), "one_row": one_row,
                 "names": {k.short: k.what for k in Kernel}, "switches": switches.describe(),
                 "device": self.device, "weights": self.weights, "attention": self.attention,
-                "layer_loop": self.layer_loop, "cpp_rows": self.cpp_rows,
+                "layer_loop": self.layer_loop, "cpp_rows": self.cpp_rows, "kv_attention": dict(self.kv_attention),
                 "linears": {role: lp.describe() for role, lp in self.linears.items()},
                 "step_modes": dict(self.step_modes), "decisions": [d.to_dict() for d in self.decisions]}
 
@@ -241,13 +263,14 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
     linears = table(one.choice if one else None, wo.choice if wo else None)
     reasons: dict[str, str] = {}
     attention = _attention(model, dev, reasons)
+    kv_attention = _kv_attention(model, dev, reasons)
     reasons["layer_loop"] = _layer_loop_reason(model, dev, linears)
     cpp_rows = linears["qkv"].buckets[0][0] if reasons["layer_loop"] is None else 0
     reasons["weight_only"] = _weight_only_text(wo_layers, linears, wo, dev)
     modes, reasons["compiled_machine"] = _step_modes(model, dev, caps, mods)
     reasons = {k: v for k, v in reasons.items() if v}
     return Plan(dev, weights, "fast", linears, attention, "cpp" if cpp_rows else "python", cpp_rows, modes,
-                tuple(made), reasons)
+                tuple(made), reasons, kv_attention)
 
 
 def _layer_loop_reason(model, dev, linears) -> str | None:
@@ -405,6 +428,19 @@ def _attention(model, dev, reasons) -> str:
         reasons["attention"] = why
         return "sdpa"
     return cpu_attention.PLAN_NAME
+
+
+def _kv_attention(model, dev, reasons) -> dict[str, str]:
+    """Per KV precision other than the model's: our kernel reads it (fp32 activations on CPU, where it
+    built and passed its check against SDPA), else SDPA over the cache dequantized (the reason kept)."""
+    why = None
+    if dev != "cpu" or model.dtype != torch.float32:
+        why = "our kernel takes fp32 activations on CPU"
+    why = why or cpu_attention.shape_reason(model.n_heads, model.n_kv_heads, model.head_dim) or \
+        cpu_attention.kv_unavailable_reason()
+    if why:
+        reasons["kv_attention"] = why
+    return {kv: "sdpa" if why else cpu_attention.PLAN_NAME_KV for kv in KV_CACHE_DTYPES if kv != "model"}
 
 
 def _step_modes(model, dev, caps, mods) -> tuple[dict, str | None]:

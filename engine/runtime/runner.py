@@ -88,7 +88,8 @@ class Runner:
         if plan.runner == "transformers":
             return hf.forward(self.model, rows, caches, batch.all_logits)
         lengths = [len(r) for r in rows]
-        if plan.step_modes["static"] is None and cuda_graph.serves(lengths, batch.all_logits):
+        model_kv = all(getattr(c, "kind", "model") == "model" for c in caches)  # the static pools keep the model's dtype
+        if plan.step_modes["static"] is None and model_kv and cuda_graph.serves(lengths, batch.all_logits):
             logits = self._static_step().step([r[0] for r in rows], caches, replay=batch.mode == "compiled")
             if logits is not None:
                 return logits

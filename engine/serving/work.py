@@ -9,10 +9,12 @@ Prefill does the work of a few big matmuls, so its measure is FLOP:
                  + 4 × layers × heads × head_dim × Σ attended keys    (QKᵀ and A·V; token i of n, after
                                                                         c cached, attends to c + i keys)
 Decode reads every weight once per step, plus the KV cache written so far:
-    decode bytes = steps × step weight bytes + KV bytes per token × Σ context per step
+    decode bytes = steps × step weight bytes + KV bytes per position × Σ context per step
     step weight bytes: every weight, but an embedding that is not also lm_head (a `+head` variant
     gives lm_head its own quantized copy) is read one row per token, not whole
     with Σ context = steps × (prompt tokens + output tokens / 2)      (exact for one token per step)
+    KV bytes per position: the cache's own precision (the kv_cache_dtype toggle; int8's scales included:
+    engine/model/kv_cache.py bytes_per_position, the one count)
 `steps` are the target model's decode forward passes (a speculative step yields several tokens).
 """
 
@@ -22,9 +24,11 @@ import math
 import weakref
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from engine.core.timeline import Timeline
+from engine.model.kv_cache import bytes_per_position
 from engine.model.loaded import weight_bytes
 
 GATED_MLP = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
@@ -64,8 +68,10 @@ class ModelShape:
     def lm_head_params(self) -> int:
         return self.vocab * self.hidden
 
-    def kv_bytes_per_token(self, element_size: int) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * element_size
+    def kv_bytes_per_token(self, dtype, kv: str = "model") -> int:
+        """Bytes a position of context costs a decode step to read, in a cache of precision `kv` over a model
+        of `dtype` (engine/model/kv_cache.py bytes_per_position)."""
+        return bytes_per_position(kv, dtype, self.layers, self.kv_heads, self.head_dim)
 
 
 def prefill_flops(shape: ModelShape, prefill_tokens: int, cached_tokens: int = 0) -> float:
@@ -114,13 +120,15 @@ def record(timeline: Timeline, model, weight_bytes: int | None, dtype: str | Non
         return
     timeline.weight_bytes = weight_bytes
     timeline.compute_dtype = dtype
+    kv = getattr(config, "kv_cache_dtype", "model")
+    timeline.kv_cache_dtype = kv
+    timeline.kv_bytes_per_position = shape.kv_bytes_per_token(getattr(model, "dtype", torch.float32), kv)
     timeline.prefill_flops = prefill_flops(shape, timeline.prefill_tokens or 0, timeline.cached_tokens or 0)
     passes = timeline.counters.forward_passes  # speculation's target_forward_passes is this count too
     if passes is not None and timeline.output_tokens > 1 and weight_bytes:
         chunked = bool(getattr(config, "chunked_prefill", False))
         steps = passes - prefill_passes(timeline, chunked, getattr(config, "prefill_chunk_tokens", 512) or 512)
-        element = getattr(getattr(model, "dtype", None), "itemsize", 4)
         timeline.decode_steps = max(steps, 0)
         step = step_weight_bytes(model) if isinstance(model, nn.Module) else weight_bytes
-        timeline.decode_bytes = decode_bytes(step, shape.kv_bytes_per_token(element), timeline.decode_steps,
+        timeline.decode_bytes = decode_bytes(step, timeline.kv_bytes_per_position, timeline.decode_steps,
                                              timeline.prompt_tokens or 0, timeline.output_tokens)
