@@ -29,5 +29,6 @@ def attach(engine: Engine, limits, cache_dir=None) -> Engine:
     Attaching again replaces the limits (the publisher is registered once)."""
     if engine.limits is None:
         engine.on_done(lambda timeline, variant: engine.limits is not None and engine.limits(timeline, variant))
+        engine.on_idle(lambda: engine.limits is not None and engine.limits.idle())
     engine.limits = Roofline(limits, cache_dir)
     return engine

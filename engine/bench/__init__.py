@@ -21,7 +21,8 @@ SCENARIOS = {
     "gemv": "our weight-only kernels vs torch's on the model's layer shapes, per row count",
     "bandwidth": "each weight variant's decode step against the machine's read bandwidth (the limits probe's)",
     "dtypes": "prefill and decode speed and quality per dtype (why auto picks what it picks)",
-    "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without",
+    "kv": "KV reuse: last-turn TTFT of a 6-turn, ~1,500-token chat with the prefix cache vs without; "
+          "--kv-dtypes fp16,bf16,int8: KV cache precision, agreement with the model-dtype cache and decode short vs long",
     "quant": "quantization variants: weight bytes, build time, memory, speed, quality vs unquantized",
     "quant_steps": "one decode step per quantization variant, alternating: decode ratios over the loaded model",
     "lookup": "prompt-lookup speculation on copy-heavy prompts: decode tok/s with vs without, acceptance",
@@ -134,11 +135,11 @@ class Stepper:
     """A runner's one-sequence steps in one mode ('eager' or 'compiled'): what step_times and the
     verify bench call (`new_cache`, `forward`), with the `model` it runs."""
 
-    def __init__(self, runner, mode: str = "eager"):
-        self.runner, self.model, self.mode = runner, runner.model, mode
+    def __init__(self, runner, mode: str = "eager", kv: str = "model"):
+        self.runner, self.model, self.mode, self.kv = runner, runner.model, mode, kv  # kv: the cache's precision
 
     def new_cache(self, capacity: int):
-        return self.runner.new_cache(capacity)
+        return self.runner.new_cache(capacity, self.kv)
 
     def forward(self, ids, cache, all_logits: bool = False):
         return self.runner.forward(ids, cache, all_logits, self.mode)

@@ -10,7 +10,10 @@ is on (a GPU's HBM for a model on CUDA, never the host's), from the one limits p
 API's `timings` divide by; `--remeasure` probes again first), so `fraction_of_read` here and a
 reply's `decode_bandwidth_fraction` are the same division. Variants take turns
 (quant_steps.step_times), so the ratios between them are measured side by side; one that cannot run
-here is listed with the reason.
+here is listed with the reason. `--kv-dtypes int8` adds each variant's step over a KV cache of that
+precision (the kv_cache_dtype toggle; its bytes counted at that precision, scales included).
+A step above the read bandwidth means the cached probe is stale (taken while the machine was busy): the
+bench re-probes at once (machine_limits.remeasure_if_exceeded), says so, and prints no fraction above 100%.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def add_args(p):
     p.add_argument("--torch-kernels", action="store_true",
                    help="also measure each weight-only variant's eager step with torch's kernels instead of "
                         "ours (engine/kernels/cpu_gemm.py), side by side")
+    p.add_argument("--kv-dtypes", default="",
+                   help="also measure each variant's step over a KV cache of these precisions (e.g. int8,fp16)")
     p.add_argument("--python-loop", action="store_true",
                    help="also measure the loaded model's step with its layer loop in Python instead of one C++ call "
                         "(engine/kernels/cpu_layers.py), side by side")
@@ -74,6 +79,10 @@ def run(args, out):
     from engine.core.errors import LatencyLabError
     from engine.kernels import cpu_gemm, switches
     from engine.platform import capabilities
+    from engine.cli import load_config_from_args
+    from engine.measure.machine_limits import (cache_resident, fraction_text, over_limit, probe_dtypes,
+                                               remeasure_if_exceeded)
+    from engine.model.loader import cache_root
     from engine.runtime.plan import make_plan
     from engine.runtime.runner import Runner
     from engine.serving.variants import VariantSet
@@ -106,25 +115,40 @@ def run(args, out):
     if args.python_loop:
         with switches.forced_off("layers"):  # a plan made with the switch off: its layers in Python
             models[f"{lm.dtype_name} python loop"] = Stepper(Runner(lm.model, make_plan(lm.model, cache_dir=lm.cache_dir)))
+    for kv in [k.strip() for k in args.kv_dtypes.split(",") if k.strip() and k.strip() != "model"]:
+        for name in [n for n in models if models[n].mode == "eager" and models[n].kv == "model"]:
+            models[f"{name} kv {kv}"] = Stepper(models[name].runner, kv=kv)
     limits = machine_limits_for(args, lm.device, lm.dtype_name)
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
+    streamed = {n: (bytes_read_per_step(m.model, args.context, m.kv) / median(times[n]) / 1e9,
+                    bytes_read_per_step(m.model, args.context, m.kv)) for n, m in models.items()}
+    fastest = max((v for v in streamed.values() if not cache_resident(v[1])), default=(None, None))  # from memory
+    limits, note = remeasure_if_exceeded(cache_root(load_config_from_args(args, progress=False)), limits, lm.device,
+                                         probe_dtypes(lm.dtype_name, lm.device), gbps=fastest[0],
+                                         step_bytes=fastest[1])
     out(f"{capabilities.detect().summary()}; {threads} threads; context {args.context} tokens")
     out(f"weight-only kernels: {cpu_gemm.kernel_name('int4wo')}")
     out(f"layer loop: {plan.layer_loop_text}")
     out(f"machine limits of the {limits_device(limits)} (the page's and the API's): {limits.summary()}")
     d = plan.decision("fp32 one-row")  # which fp32 one-row kernel the steps use (engine/runtime/plan.py)
     one_row = {"path": d.choice, "source": d.source, **(d.measured or {})} if d else None
-    for note in plan.notes():
+    if note:  # a step streamed faster than the cached probe said the machine reads: it was re-probed
         out(note)
+    for p in plan.notes():
+        out(p)
     rows = {}
     for name, m in models.items():
         step = median(times[name])
-        read = bytes_read_per_step(m.model, args.context)
+        read = bytes_read_per_step(m.model, args.context, m.kv)
         gbps = read / step / 1e9
+        fraction = limits.decode_fraction(gbps)
+        stale = over_limit(fraction) and not cache_resident(read)  # the limit is wrong: no share of it
         rows[name] = {"step_ms": round(step * 1e3, 2), "tok_s": round(1 / step, 1), "mb_per_step": round(read / 1e6, 1),
-                      "gbps": round(gbps, 2), "fraction_of_read": round(limits.decode_fraction(gbps), 3)}
+                      "gbps": round(gbps, 2), "fraction_of_read": None if stale else round(fraction, 3),
+                      "limit_stale": stale, "from_cache": cache_resident(read), "kv_cache_dtype": m.kv}
+        share = fraction_text(fraction, read) + ("" if over_limit(fraction) else " of the read bandwidth")
         out(f"{name:>13}: {rows[name]['step_ms']:6.1f} ms/step = {1 / step:5.1f} tok/s; reads {read / 1e6:6.1f} MB "
-            f"= {gbps:5.1f} GB/s, {limits.decode_fraction(gbps):4.0%} of the read bandwidth")
+            f"= {gbps:5.1f} GB/s, {share}")
     for name, info in compiled.items():
         out(f"{name}: compiled in {info['compile_s']} s; top-1 agreement with the eager step "
             f"{info['top1_agreement']:.0%} over {info['positions']} positions")
@@ -132,6 +156,7 @@ def run(args, out):
         out(f"{name:>13}: not measured: {why}")
     default = rows[lm.dtype_name]
     return {"read_gbps": limits.read_gbps, "copy_gbps": limits.copy_gbps, "limits_date": limits.date,
+            "limits_note": note,
             "limits_device": limits_device(limits), "device": str(lm.device),
             "limits": limits.to_dict(), "threads": threads, "context": args.context, "dtype": lm.dtype_name,
             "variants": rows, "refused": refused, "compiled": compiled, "ratio": default["fraction_of_read"],

@@ -7,30 +7,18 @@ moment (the KV of turns 1-5: the previous prompt and reply) — and *without* (`
 the whole history prefilled). `ttft_ms` runs from the request's start to its first token
 (the worker's queue is not involved); `ratio` = median without / median with. `identical` says
 whether every run of the last turn, with and without, gave the same token ids.
+
+`--kv-dtypes fp16,bf16,int8` runs the KV cache precision comparison instead (engine/bench/kv_precision.py):
+greedy and top-1 agreement with the model-dtype cache over the long prompt set, and decode speed after a
+short and after a ~1,400-token prompt per precision, alternating.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.bench import load_model, median, run_request
-
-ARTICLE = (
-    "Our team runs a small bakery in a coastal town. We open at six, bake three kinds of bread, croissants "
-    "and a seasonal fruit tart, and we close at two in the afternoon. Last year we added a second oven, "
-    "hired two apprentices and started selling to four cafes nearby. Sales grew by a third, but so did our "
-    "costs: flour and butter prices rose sharply, the new oven uses more electricity than we planned, and "
-    "the apprentices need a lot of supervision in their first months. Customers love the sourdough and the "
-    "tart, but the croissants sell out by nine and we throw away about a fifth of the rye loaves every day. "
-    "The cafes pay late, often after sixty days, which makes buying flour in bulk hard. We are thinking "
-    "about three changes for next year: opening on Sunday mornings, baking fewer rye loaves and more "
-    "croissants, and asking the cafes to pay within thirty days or pay a little more. We also wonder "
-    "whether to offer a bread subscription, where regular customers pay monthly and pick up a loaf each "
-    "morning, which would give us steady income and tell us how much to bake. Our worries are burnout, "
-    "because the two owners already work six days a week, and losing the cafes if we push them too hard "
-    "on payment terms. The town gets many tourists in summer and few in winter, so sales swing a lot "
-    "between seasons, and in January we sometimes sell half of what we sell in July."
-)
+from engine.bench import kv_precision, load_model, median, run_request
+from engine.bench.long_prompts import ARTICLE
 
 TURNS = [
     f"Here are notes about our business:\n\n{ARTICLE}\n\nSummarize the main problems in a few sentences.",
@@ -46,9 +34,12 @@ def add_args(p):
     p.add_argument("--max-new-tokens", type=int, default=200, help="reply length cap for turns 1-5")
     p.add_argument("--last-tokens", type=int, default=32, help="tokens generated in the measured last turn")
     p.add_argument("--runs", type=int, default=5, help="alternating runs of the last turn per variant")
+    kv_precision.add_args(p)
 
 
 def run(args, out):
+    if args.kv_dtypes:
+        return kv_precision.run(args, out)
     from engine.core.config import GenerationConfig
     from engine.serving.prefix_cache import PrefixCache
     from engine.serving.sessions import Conversation

@@ -72,6 +72,7 @@ class Timeline:
     read_gbps: float | None = None  # the machine's measured memory read bandwidth: decode's roof
     copy_gbps: float | None = None  # the machine's measured memory copy bandwidth (for reference)
     limits_date: str | None = None
+    limits_note: str | None = None  # a fraction above 100% of a limit: it is stale (engine/measure/roofline.py)
     # feature figures: the seed, the variant, the kernels, KV reuse, speculation, a remote's report...
     counters: Counters = field(default_factory=Counters)
     client: dict = field(default_factory=dict)  # browser timestamps and metrics, joined later
@@ -313,7 +314,7 @@ class Timeline:
                          "decode_bytes": self.decode_bytes, "peak_tflops": self.peak_tflops,
                          "kv_cache_dtype": self.kv_cache_dtype, "kv_bytes_per_position": self.kv_bytes_per_position,
                          "read_gbps": self.read_gbps, "copy_gbps": self.copy_gbps,
-                         "limits_date": self.limits_date},
+                         "limits_date": self.limits_date, "limits_note": self.limits_note},
             "weight_bytes": self.weight_bytes,
             **self.counters.to_dict(),
             "client": dict(self.client),

@@ -26,6 +26,12 @@ never faster, so the limit is the best round (`aggregate`), and the rounds' spre
 / best, with the median — is recorded beside it (`details[name]`), so a probe taken while the
 machine was busy shows as a wide spread rather than passing for a low roof. A load that lasts the
 whole probe still lowers it: re-measure when the machine is idle (`--force`, the page's button).
+
+**A fraction above 100% is a wrong limit, not a result** (`STALE_ABOVE`): a step cannot read faster than
+the machine reads, so a step measured above the cached limit says the probe ran while the machine was
+busy. Whoever sees one re-measures (`remeasure_if_exceeded`: the benches at once, the engine's publisher at
+its next idle moment, engine/measure/roofline.py) and says so (`stale_note`, `remeasured_note`) instead of
+printing the fraction; if the fresh probe still reads below the step, the fraction stays withheld.
 """
 
 from __future__ import annotations
@@ -95,6 +101,87 @@ class MachineLimits:
         rounds = max((d.get("rounds_n", 0) for d in self.details.values() if isinstance(d, dict)), default=0)
         tail = f"; rounds spread ≤ {max(spreads):.0%} over {rounds}" if spreads else ""
         return " · ".join(parts) + f" (measured {self.date}{tail})"
+
+
+STALE_ABOVE = 1.0  # a step's share of a measured limit above this: the limit is stale (probed while busy)
+
+
+def over_limit(fraction: float | None) -> bool:
+    """Whether a fraction of a measured limit says the limit is wrong (above STALE_ABOVE)."""
+    return fraction is not None and fraction > STALE_ABOVE
+
+
+def cache_resident(step_bytes: float | None) -> bool:
+    """Whether a step's bytes fit in the last-level cache: it may read them faster than memory (the read
+    probe's buffer is 8x the cache), so its share of the read bandwidth above 100% is no sign of a stale limit."""
+    llc = llc_bytes()
+    return step_bytes is not None and llc is not None and step_bytes <= llc
+
+
+def exceeded(limits: MachineLimits | None, gbps: float | None = None, tflops: float | None = None,
+             dtype: str | None = None, step_bytes: float | None = None) -> list[str]:
+    """The limits that observed figures exceed: 'read' (a decode's GB/s above read_gbps, where the step's
+    bytes do not fit in the cache: `cache_resident`), 'matmul_DTYPE' (a prefill's TFLOP/s above that peak)."""
+    if limits is None:
+        return []
+    out = ["read"] if over_limit(limits.decode_fraction(gbps)) and not cache_resident(step_bytes) else []
+    peak = limits.peak_tflops(dtype)
+    if tflops is not None and peak and over_limit(tflops / peak):
+        out.append(f"matmul_{dtype}")
+    return out
+
+
+def fraction_text(fraction: float | None, step_bytes: float | None = None) -> str:
+    """A fraction as the page and the benches print it: '65%', '—' unknown, never '110%'."""
+    if fraction is None:
+        return "—"
+    if over_limit(fraction):
+        return CACHE_NOTE if cache_resident(step_bytes) else "above the measured limit: limit stale"
+    return f"{fraction:.0%}"
+
+
+CACHE_NOTE = "above the memory's read bandwidth: the step's bytes fit in the last-level cache"
+
+
+def stale_note(limits: MachineLimits, what: list[str]) -> str:
+    return (f"above the measured limit: limit stale ({_limits_words(limits, what)}, probed {limits.date} while the "
+            "machine was likely busy); re-measured at the next quiet moment")
+
+
+def remeasured_note(old: MachineLimits, new: MachineLimits, what: list[str], still: list[str]) -> str:
+    if still:
+        return (f"above the measured limit even after re-measuring ({_limits_words(old, what)} before, "
+                f"{_limits_words(new, what)} now): limit stale; the probe ran on a busy machine, re-measure when it "
+                "is quiet")
+    return f"limit re-measured: {_limits_words(old, what)} was stale, {_limits_words(new, what)} now"
+
+
+def _limits_words(limits: MachineLimits, what: list[str]) -> str:
+    words = []
+    for name in what:
+        if name == "read":
+            words.append(f"read {limits.read_gbps:,.1f} GB/s" if limits.read_gbps else "read —")
+        else:
+            dtype = name.removeprefix("matmul_")
+            peak = limits.peak_tflops(dtype)
+            words.append(f"{dtype} matmul {peak:,.3g} TFLOP/s" if peak else f"{dtype} matmul —")
+    return ", ".join(words)
+
+
+def remeasure_if_exceeded(cache_dir: Path | None, limits: MachineLimits, device: torch.device | str = "cpu",
+                          dtypes=("fp32",), gbps: float | None = None, tflops: float | None = None,
+                          dtype: str | None = None, seconds: float = 3.0,
+                          step_bytes: float | None = None) -> tuple[MachineLimits, str | None]:
+    """`limits`, or where an observed figure exceeds them a fresh probe (cached in `cache_dir`), with the note
+    that says which: (limits, None) nothing exceeded; (fresh, 'limit re-measured: ...'); (fresh, 'above the
+    measured limit even after re-measuring: ...') where the fresh probe still reads below the figure."""
+    what = exceeded(limits, gbps, tflops, dtype, step_bytes)
+    if not what:
+        return limits, None
+    log.warning("a step exceeded the measured limits (%s): re-measuring", ", ".join(what))
+    fresh = load_or_measure(cache_dir, device, tuple(dict.fromkeys((*dtypes, *(d for d in [dtype] if d in DTYPES)))),
+                            force=True, seconds=seconds)
+    return fresh, remeasured_note(limits, fresh, what, exceeded(fresh, gbps, tflops, dtype, step_bytes))
 
 
 def machine_key(device: torch.device | str = "cpu", threads: int | None = None) -> dict:

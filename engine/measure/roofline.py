@@ -10,6 +10,10 @@ fractions stay unknown rather than divide GPU work by a CPU's roof.
 
 `Roofline` is the publisher the entry point registers on an Engine (engine/lab.py `attach`): the worker
 calls it as a reply finishes, before the done event goes out; it also re-probes (the page's button).
+A reply that streamed faster than a limit (a fraction above 100%: machine_limits.STALE_ABOVE) says the
+limit is stale: its Timeline gets `limits_note` ('above the measured limit: limit stale ...', which the
+page shows instead of the fraction), and the publisher re-probes at the worker's next idle moment (`idle`,
+never inside a reply: a probe takes seconds of both cores); later replies carry 'limit re-measured ...'.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import logging
 from torch import nn
 
 from engine.core.timeline import Timeline
+from engine.measure.machine_limits import CACHE_NOTE, exceeded, over_limit, remeasured_note, stale_note
 from engine.serving.work import record
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,7 @@ def publish(timeline: Timeline, limits, dtype: str | None, device: str | None) -
     timeline.read_gbps = limits.read_gbps if limits is not None else None  # decode's roof: the fraction divides by it
     timeline.copy_gbps = limits.copy_gbps if limits is not None else None
     timeline.limits_date = limits.date if limits is not None else None
+    timeline.limits_note = None
 
 
 def annotate(timeline: Timeline, model, weight_bytes: int | None, limits=None, dtype: str | None = None,
@@ -66,10 +72,38 @@ class Roofline:
 
     def __init__(self, limits, cache_dir=None):
         self.limits, self.cache_dir = limits, cache_dir
+        self.pending: dict | None = None  # a reply exceeded the limits: what to re-probe at the next idle moment
+        self.note: str | None = None  # what the last re-probe after such a reply found (on replies under it)
 
     def __call__(self, timeline: Timeline, variant) -> None:
         loaded = variant.loaded
-        publish(timeline, self.limits, getattr(loaded, "dtype_name", None), model_device(loaded.model))
+        dtype, device = getattr(loaded, "dtype_name", None), model_device(loaded.model)
+        publish(timeline, self.limits, dtype, device)
+        limits = limits_for(self.limits, device)
+        step = timeline.decode_bytes / timeline.decode_steps if timeline.decode_bytes and timeline.decode_steps else None
+        what = exceeded(limits, timeline.decode_gbps, timeline.prefill_tflops, dtype, step)
+        if over_limit(timeline.decode_bandwidth_fraction) and "read" not in what:
+            timeline.limits_note = CACHE_NOTE  # a model that fits in the cache: no stale limit, no share either
+        if what:  # a wrong limit, not a result: said, and re-probed when the engine is idle
+            timeline.limits_note = stale_note(limits, what)
+            seen = self.pending or {}
+            self.pending = {"device": loaded.device, "dtype": dtype, "what": what, "step": step,
+                            "gbps": max(timeline.decode_gbps or 0, seen.get("gbps") or 0) or None,
+                            "tflops": max(timeline.prefill_tflops or 0, seen.get("tflops") or 0) or None}
+        elif limits is not None and timeline.limits_note is None:
+            timeline.limits_note = self.note
+
+    def idle(self) -> bool:
+        """The worker's idle work: re-probe the limits a reply exceeded (True: it did)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return False
+        old = self.limits
+        self.remeasure(pending["device"], pending["dtype"])
+        still = exceeded(self.limits, pending["gbps"], pending["tflops"], pending["dtype"], pending["step"])
+        self.note = remeasured_note(old, self.limits, pending["what"], still)
+        log.warning("%s", self.note)
+        return True
 
     def to_dict(self) -> dict | None:
         return self.limits.to_dict() if self.limits is not None else None
@@ -81,4 +115,5 @@ class Roofline:
 
         self.limits = load_or_measure(self.cache_dir, device, probe_dtypes(dtype_name, device), force=True,
                                       seconds=seconds)
+        self.note = None
         return self.limits

@@ -57,6 +57,11 @@ class Engine:
         goes out: how the measuring tools above the runtime stamp their figures on it."""
         self.worker.on_done.append(fn)
 
+    def on_idle(self, fn) -> None:
+        """Call `fn()` in the worker thread when it has nothing queued or running (returns whether it did
+        work): how the measuring tools re-probe without taking time from a reply."""
+        self.worker.on_idle.append(fn)
+
     @property
     def machine_limits(self):
         """The attached machine limits (engine/measure/machine_limits.py), None where none are."""

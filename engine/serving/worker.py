@@ -45,6 +45,7 @@ class Worker:
         self.variants = variants if variants is not None else VariantSet(loaded)  # per-request quantization
         self.max_queue = max_queue
         self.on_done: list = []  # fn(timeline, variant), called as a reply finishes (Engine.on_done: the publishers)
+        self.on_idle: list = []  # fn() -> whether it did work, the measuring tools' idle work (Engine.on_idle)
         self.decoding_factory = decoding_factory  # tests inject one; a BatchedDecoding subclass still batches
         self.stats = Stats()
         self.completed = 0
@@ -202,7 +203,7 @@ class Worker:
         released meanwhile (requests can queue). Returns whether it did some (False: nothing left).
         The work: the public preamble's KV for each resident variant (public_prefix.py), the cost
         calibration of speculative decoding (it gives way to a request within one round of
-        forwards), then deferred variant quality."""
+        forwards), the idle work registered above the runtime (`on_idle`), then deferred variant quality."""
         self._cv.release()
         try:
             resident = self.variants.resident()
@@ -210,6 +211,8 @@ class Worker:
                 return True
             targets = [(v.runner, getattr(v.loaded, "draft", None)) for v in resident]
             if calibrate_idle(targets, should_stop=lambda: bool(self._queue) or self._stopping):
+                return True
+            if any(fn() for fn in self.on_idle):  # e.g. re-probing a machine limit a reply exceeded
                 return True
             return self.variants.defer_quality and self.variants.measure_pending()
         except Exception:  # a failed measurement leaves its figure unknown (None), never the worker down

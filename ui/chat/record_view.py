@@ -71,10 +71,11 @@ def missing_reason(name: str, r: dict) -> str:
 def _known(name: str, r: dict, text: str) -> str:
     """A stats-line figure; '—' with the reason on hover when it is None."""
     if r.get(name) is not None:
-        if name.endswith("_fraction") and r[name] > 1:  # a probe that ran on a busy machine set the roof too low
-            return (f'<span class="lab-over" title="{html.escape(hover(name))} — above the measured limit: the '
-                    f'limits were likely measured while the machine was busy; re-measure when it is idle">'
-                    f'{html.escape(text)}</span>')
+        if name.endswith("_fraction") and r[name] > 1:  # a stale roof (probed while busy) or bytes from the cache:
+            note = r.get("limits_note") or "above the measured limit: limit stale"  # never printed as a share
+            stage = "prefill" if name.startswith("prefill") else "decode"
+            return (f'<span class="lab-over" title="{html.escape(hover(name))} — {html.escape(note)}">'
+                    f'{stage} {html.escape(note)}</span>')
         return _span(name, text)
     label = METRICS[name].label if name in METRICS else name
     return (f'<span class="lab-unknown" title="{html.escape(hover(name))} — unknown: '

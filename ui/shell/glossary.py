@@ -28,7 +28,7 @@ def floors_line() -> str:
 class Metric:
     name: str
     label: str
-    unit: str  # ms | s | tok | tok/s | req/s | % | MB | ratio | TFLOP/s | GB/s | ""
+    unit: str  # ms | s | tok | tok/s | req/s | % | B | MB | ratio | TFLOP/s | GB/s | ""
     start: str  # start event ("" for counts)
     end: str  # end event, or what is counted
     clock: str = "server"  # server | browser | both (a difference of two intervals) | estimated
@@ -106,7 +106,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("decode_bandwidth_fraction", "decode % of read bandwidth", "%", "",
        "decode_gbps / read_gbps, the machine's measured memory read bandwidth: a decode step reads its weights "
        "and KV and writes next to nothing, so reading is its roof (1 = memory-bound at the roof). The same "
-       "division in the page, the API's timings and `python -m engine.bench bandwidth`", better="higher"),
+       "division in the page, the API's timings and `python -m engine.bench bandwidth`. Above 100% it is not "
+       "shown: the limit is stale (probed while the machine was busy; the engine re-measures it when idle and "
+       "says 'limit re-measured'), or the step's bytes fit in the cache", better="higher"),
     # The machine's limits (engine/measure/machine_limits.py): one probe per machine and device, cached with its
     # date; every fraction above divides by one of them. Each is the best of interleaved rounds spread over the
     # probe (a busy moment only slows a round), with the rounds' spread (best − worst) / best recorded beside it.
@@ -124,6 +126,12 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("decode_mb_per_token", "bytes per token", "MB", "",
        "bytes decode read per output token: (weight bytes + KV bytes) × steps / (output tokens − 1)",
        better="lower"),
+    _M("kv_bytes_per_position", "KV per token of context", "B", "",
+       "bytes one position of context costs a decode step to read: 2 (K and V) × layers × KV heads × head_dim × "
+       "the cache's element size (kv_cache_dtype: the model's dtype, 2 for fp16/bf16, 1 for int8 plus a 4-byte "
+       "scale per head per position); decode_gbps counts it at every step's context. fp16, bf16 and int8 are "
+       "lossy: greedy replies are not promised to match the model-dtype cache (bench kv --kv-dtypes measures "
+       "the agreement)", better="lower"),
     _M("compile_ms", "compile", "ms", "the request's setup asks for the compiled step (compiled_decode)",
        "its graph built and checked against the eager step (first request per weights variant; part of setup_ms)"),
     _M("capture_ms", "graph capture", "ms", "the request's setup asks for the compiled step on a GPU",
