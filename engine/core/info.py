@@ -55,6 +55,7 @@ class EngineInfo:
     load_s: float | None = None
     fast_path: bool | None = None
     decode_attention: str | None = None  # what a decode row's attention runs on (cpu_attention.kernel_name); None: generic forward
+    kv_cache_attention: str | None = None  # what reads a cache kept at fp16/bf16/int8 (kv_cache_dtype); None: generic forward
     layer_loop: str | None = None  # where the fast path's layer loop runs (cpu_layers.describe); None: generic forward
     kernels: dict | None = None  # the projections' kernels for prefill and decode, and why (engine/runtime/plan.py Plan.describe: the plan)
     notes: tuple[str, ...] = ()

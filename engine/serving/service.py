@@ -107,6 +107,7 @@ class Engine:
             threads=torch.get_num_threads() if lm.device.type == "cpu" else None, context_max=lm.max_context,
             weight_bytes=lm.weight_bytes(), load_s=round(lm.load_s, 3), fast_path=lm.fast_path,
             decode_attention=plan.attention_text if lm.fast_path else None,
+            kv_cache_attention=plan.kv_attention_text if lm.fast_path else None,
             layer_loop=plan.layer_loop_text if lm.fast_path else None,
             kernels=plan.describe() if lm.fast_path else None,
             notes=(*lm.notes, *plan.notes()), variants=self.variants.infos(),
