@@ -207,3 +207,27 @@ def test_the_openai_sdk_sets_the_kv_precision(bundled_engine):
             client.chat.completions.create(model=name, messages=ask("hi"), max_tokens=2,
                                            extra_body={"kv_cache_dtype": "int4"})
         assert "kv_cache_dtype" in str(err.value) and "model, fp16, bf16, int8" in str(err.value)
+
+
+def test_bench_kv_prints_agreement_and_decode_per_precision(tmp_path, tokenizer):
+    """`python -m engine.bench kv --kv-dtypes ...` on a tiny model with room for the long prompts: every
+    precision's agreement with the model-dtype cache and its decode speed short and long, side by side."""
+    from conftest import build_tiny_model_dir
+
+    from engine.bench import build_parser
+
+    model_dir = build_tiny_model_dir(tmp_path / "tiny2k", tokenizer, max_position_embeddings=2048)
+    argv = ["kv", "--model", str(model_dir), "--dtype", "fp32", "--kv-dtypes", "int8,fp16", "--prompts-long", "2",
+            "--rounds", "1", "--last-tokens", "4"]
+    p, kv = build_parser(argv)
+    lines = []
+    result = kv.run(p.parse_args(argv), lambda *a: lines.append(" ".join(map(str, a))))
+    rows = result["kv_dtypes"]
+    assert list(rows) == ["model", "int8", "fp16"] and result["ratio"] == rows["int8"]["long_vs_short"]
+    assert rows["model"]["greedy_agreement"] == rows["model"]["top1_agreement"] == 1.0  # itself
+    for kv_dtype, row in rows.items():
+        assert 0 <= row["greedy_agreement"] <= 1 and 0 <= row["top1_agreement"] <= 1 and row["positions"] > 0
+        assert row["decode_tps_short"] > 0 and row["decode_tps_long"] > 0
+        assert any(line.lstrip().startswith(f"{kv_dtype}: greedy agreement") for line in lines)
+    assert rows["int8"]["kv_mb_long"] < rows["fp16"]["kv_mb_long"] < rows["model"]["kv_mb_long"]
+    assert min(result["long_prompt_tokens"]) > 1300
