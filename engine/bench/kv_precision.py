@@ -8,9 +8,12 @@ history), each closed by one of LONG_ASKS. Per precision (the kv_cache_dtype tog
                      replies equal token for token
   top1_agreement     teacher-forced: the model-dtype reply run through a cache of this precision in one
                      forward; the share of its positions whose top-1 token is the model-dtype cache's
-Speed: rounds of, per precision in turn, one greedy reply to a short chat prompt and one to the first long
-prompt (KV reuse off: the whole prompt prefilled), `decode_tps` from each reply's Timeline; medians, and
-`long_vs_short` = long / short decode per precision (the issue's target for int8: >= 0.9). `mb_per_step`:
+Speed: one decode step at a time, as `bench bandwidth` times them (between two done-stamps of the one
+clock; the cache cropped back after each, so every step has the same context): per precision a cache
+holding a short chat prompt and one holding the first long prompt, then rounds of, per precision in turn,
+`--steps` steps after the short prompt and as many after the long one. Many short samples alternating
+over precisions and contexts: what a shared machine's load disturbs least. `decode_tps` = 1 / the median
+step; `long_vs_short` = long / short decode per precision (the issue's target for int8: >= 0.9). `mb_per_step`:
 what a step reads at the long prompt's context (weights + KV at that precision: bandwidth.bytes_read_per_step,
 the roofline's count). `ratio`: int8's long_vs_short (or the last precision's).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
+from engine.core import clock
 from engine.bench.long_prompts import LONG_ASKS, long_prompts
 
 def add_args(p):
@@ -27,7 +31,9 @@ def add_args(p):
                    help="also (instead of the KV reuse run) compare these KV cache precisions with the model's "
                         "dtype, e.g. fp16,bf16,int8: quality over the long prompt set and decode speed short vs long")
     p.add_argument("--prompts-long", type=int, default=len(LONG_ASKS), help="long prompts in the quality set")
-    p.add_argument("--rounds", type=int, default=3, help="alternating speed rounds (short and long reply per precision)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating speed rounds (0: quality only)")
+    p.add_argument("--steps", type=int, default=6, help="decode steps per precision and context per round")
+    p.add_argument("--no-quality", action="store_true", help="speed only: no replies, no agreement figures")
     p.add_argument("--weights", default=None, help="a weights variant to run (default: the loaded model)")
 
 
@@ -53,51 +59,81 @@ def run(args, out):
         f"{min(map(len, ids))}-{max(map(len, ids))} tokens, replies of {args.last_tokens} tokens")
     out(f"decode attention: model-dtype cache {runner.plan.attention_text}; others {runner.plan.kv_attention_text}")
 
-    replies = {kv: [run_request(lm, None, greedy.replace(kv_cache_dtype=kv), prompt_ids=p, runner=runner).token_ids
+    replies = {} if args.no_quality else {kv: [run_request(lm, None, greedy.replace(kv_cache_dtype=kv), prompt_ids=p, runner=runner).token_ids
                     for p in ids] for kv in kinds}
-    quality = {}
-    for kv in kinds:
+    def top1(p, ref, kv):  # the model-dtype reply forced through a cache of precision kv: each position's top-1
+        forced = torch.tensor(p + ref, device=lm.device)
+        with torch.inference_mode():
+            return runner.forward(forced, runner.new_cache(len(forced), kv), all_logits=True)[len(p) - 1: -1].argmax(-1)
+
+    reference = [top1(p, ref, "model") for p, ref in zip(ids, replies["model"])] if replies else []
+    quality = {kv: {} for kv in kinds}
+    for kv in kinds if replies else ():
         common = total = identical = agree = positions = 0
-        for p, ref, got in zip(ids, replies["model"], replies[kv]):
+        for p, ref, got, want in zip(ids, replies["model"], replies[kv], reference):
             part = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
             common, total, identical = common + part, total + len(ref), identical + (ref == got)
-            forced = torch.tensor(p + ref, device=lm.device)
-            with torch.inference_mode():
-                logits = {k: runner.forward(forced, runner.new_cache(len(forced), k), all_logits=True)[len(p) - 1: -1]
-                          for k in ("model", kv)}
-            agree += int((logits["model"].argmax(-1) == logits[kv].argmax(-1)).sum())
+            agree += int((want == (top1(p, ref, kv) if kv != "model" else want)).sum())
             positions += len(ref)
         quality[kv] = {"greedy_agreement": round(common / total, 4) if total else None, "identical": identical,
                        "replies": len(ids), "top1_agreement": round(agree / positions, 4) if positions else None,
                        "positions": positions}
 
     short_ids = build_prompt_ids(lm.tokenizer, [{"role": "user", "content": CHAT_PROMPTS[0]}])
-    speed = {kv: {"short": [], "long": []} for kv in kinds}
-    for r in range(args.rounds):
-        for kv in kinds:  # alternating: each precision sees the same machine state
-            cfg = greedy.replace(kv_cache_dtype=kv)
-            speed[kv]["short"].append(run_request(lm, None, cfg, prompt_ids=short_ids, runner=runner).timeline.decode_tps)
-            speed[kv]["long"].append(run_request(lm, None, cfg, prompt_ids=ids[0], runner=runner).timeline.decode_tps)
-        out(f"  round {r + 1}/{args.rounds}: decode tok/s short/long " + ", ".join(
-            f"{kv} {speed[kv]['short'][-1]:.1f}/{speed[kv]['long'][-1]:.1f}" for kv in kinds))
+    speed = step_speeds(runner, kinds, {"short": short_ids, "long": ids[0]}, args.rounds, args.steps, out)
     rows = {}
     context = len(ids[0]) + args.last_tokens // 2
-    for kv in kinds:
-        short, long = median(speed[kv]["short"]), median(speed[kv]["long"])
+    for kv in kinds if speed else ():
+        short, long = 1 / median(speed[kv]["short"]), 1 / median(speed[kv]["long"])
         rows[kv] = {**quality[kv], "decode_tps_short": round(short, 1), "decode_tps_long": round(long, 1),
                     "long_vs_short": round(long / short, 3),
-                    "long_vs_model_long": round(long / median(speed["model"]["long"]), 3),
+                    "long_vs_model_long": round(long * median(speed["model"]["long"]), 3),
                     "mb_per_step_long": round(bytes_read_per_step(runner.model, context, kv) / 1e6, 1),
                     "kv_mb_long": round((bytes_read_per_step(runner.model, context, kv)
                                          - bytes_read_per_step(runner.model, 0, kv)) / 1e6, 1)}
-        q = rows[kv]
-        out(f"{kv:>6}: greedy agreement {q['greedy_agreement']:.1%} ({q['identical']} of {q['replies']} replies "
-            f"identical), top-1 {q['top1_agreement']:.1%} over {q['positions']} positions; decode "
-            f"{q['decode_tps_short']:.1f} tok/s short, {q['decode_tps_long']:.1f} after {len(ids[0])} tokens "
-            f"= {q['long_vs_short']:.2f}x ({q['long_vs_model_long']:.2f}x model-dtype KV's long); a long step reads "
-            f"{q['mb_per_step_long']:.1f} MB, {q['kv_mb_long']:.1f} MB of it KV")
+    for kv in kinds:
+        q = rows.setdefault(kv, dict(quality[kv]))
+        parts = [f"greedy agreement {q['greedy_agreement']:.1%} ({q['identical']} of {q['replies']} replies "
+                 f"identical), top-1 {q['top1_agreement']:.1%} over {q['positions']} positions"] if replies else []
+        if speed:
+            parts.append(f"decode {q['decode_tps_short']:.1f} tok/s short, {q['decode_tps_long']:.1f} after "
+                         f"{len(ids[0])} tokens = {q['long_vs_short']:.2f}x ({q['long_vs_model_long']:.2f}x model-dtype "
+                         f"KV's long); a long step reads {q['mb_per_step_long']:.1f} MB, {q['kv_mb_long']:.1f} MB of it KV")
+        out(f"{kv:>6}: " + "; ".join(parts))
     key = "int8" if "int8" in rows else kinds[-1]
-    return {"kv_dtypes": rows, "ratio": rows[key]["long_vs_short"], "weights": variant.name, "dtype": lm.dtype_name,
+    return {"kv_dtypes": rows, "ratio": rows[key].get("long_vs_short"), "steps": args.steps,
+            "weights": variant.name, "dtype": lm.dtype_name,
             "long_prompt_tokens": [len(p) for p in ids], "short_prompt_tokens": len(short_ids),
             "max_new_tokens": args.last_tokens, "rounds": args.rounds, "threads": torch.get_num_threads(),
             "capabilities": capabilities.detect().summary(), "kv_attention": runner.plan.kv_attention_text}
+
+
+def step_speeds(runner, kinds, prompts: dict, rounds: int, steps: int, out) -> dict:
+    """Seconds of one decode step per precision and prompt ({kv: {name: [s, ...]}}): a cache per (precision,
+    prompt) prefilled once, then `rounds` of `steps` steps through each in turn, the cache cropped back after
+    each step. {} for 0 rounds."""
+    from engine.bench import Stepper
+
+    if rounds <= 0:
+        return {}
+    device = runner.device
+    held = {}
+    for kv in kinds:
+        stepper = Stepper(runner, kv=kv)
+        for name, ids in prompts.items():
+            cache = stepper.new_cache(len(ids) + 2)
+            stepper.forward(torch.tensor(ids, device=device), cache)
+            held[kv, name] = (stepper, cache, len(ids))
+    times = {kv: {name: [] for name in prompts} for kv in kinds}
+    token = torch.tensor([100], device=device)
+    for r in range(rounds):
+        for (kv, name), (stepper, cache, n) in held.items():  # alternating precisions and contexts, round after round
+            for _ in range(steps):
+                t0 = clock.done_s(device)
+                stepper.forward(token, cache)
+                times[kv][name].append(clock.done_s(device) - t0)
+                cache.crop(n)
+        out(f"  round {r + 1}/{rounds}: decode step ms short/long " + ", ".join(
+            f"{kv} {1e3 * median(times[kv]['short'][-steps:]):.1f}/{1e3 * median(times[kv]['long'][-steps:]):.1f}"
+            for kv in kinds))
+    return times
