@@ -13,7 +13,10 @@ clock; the cache cropped back after each, so every step has the same context): p
 holding a short chat prompt and one holding the first long prompt, then rounds of, per precision in turn,
 `--steps` steps after the short prompt and as many after the long one. Many short samples alternating
 over precisions and contexts: what a shared machine's load disturbs least. `decode_tps` = 1 / the median
-step; `long_vs_short` = long / short decode per precision (the issue's target for int8: >= 0.9). `mb_per_step`:
+step; `long_vs_short` = long / short decode per precision (the issue's target for int8: >= 0.9), and
+`long_vs_model_long` = this precision's long decode / the model-dtype cache's, each the median over rounds
+of the round's own ratio (paired: the two figures of a ratio are taken moments apart, so a load that comes
+and goes between rounds cancels out of it). `mb_per_step`:
 what a step reads at the long prompt's context (weights + KV at that precision: bandwidth.bytes_read_per_step,
 the roofline's count). `ratio`: int8's long_vs_short (or the last precision's).
 """
@@ -86,8 +89,8 @@ def run(args, out):
     for kv in kinds if speed else ():
         short, long = 1 / median(speed[kv]["short"]), 1 / median(speed[kv]["long"])
         rows[kv] = {**quality[kv], "decode_tps_short": round(short, 1), "decode_tps_long": round(long, 1),
-                    "long_vs_short": round(long / short, 3),
-                    "long_vs_model_long": round(long * median(speed["model"]["long"]), 3),
+                    "long_vs_short": round(paired(speed[kv]["short"], speed[kv]["long"], args.steps), 3),
+                    "long_vs_model_long": round(paired(speed["model"]["long"], speed[kv]["long"], args.steps), 3),
                     "mb_per_step_long": round(bytes_read_per_step(runner.model, context, kv) / 1e6, 1),
                     "kv_mb_long": round((bytes_read_per_step(runner.model, context, kv)
                                          - bytes_read_per_step(runner.model, 0, kv)) / 1e6, 1)}
@@ -137,3 +140,10 @@ def step_speeds(runner, kinds, prompts: dict, rounds: int, steps: int, out) -> d
             f"{kv} {1e3 * median(times[kv]['short'][-steps:]):.1f}/{1e3 * median(times[kv]['long'][-steps:]):.1f}"
             for kv in kinds))
     return times
+
+
+def paired(a: list[float], b: list[float], steps: int) -> float:
+    """The median over rounds of (round's median a) / (round's median b): step times a and b taken in the same
+    rounds, `steps` a round. For times, a / b is b's speed over a's."""
+    rounds = range(0, len(a), steps)
+    return median([median(a[i : i + steps]) / median(b[i : i + steps]) for i in rounds])
