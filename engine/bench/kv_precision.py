@@ -16,7 +16,9 @@ over precisions and contexts: what a shared machine's load disturbs least. `deco
 step; `long_vs_short` = long / short decode per precision (the issue's target for int8: >= 0.9), and
 `long_vs_model_long` = this precision's long decode / the model-dtype cache's, each the median over rounds
 of the round's own ratio (paired: the two figures of a ratio are taken moments apart, so a load that comes
-and goes between rounds cancels out of it). `mb_per_step`:
+and goes between rounds cancels out of it). The same from the process's CPU time per step
+(`*_cpu`: with `--threads 1` the step's own work, which a neighbour on the cores delays far less than the
+wall clock; prefill_chunks reads it the same way). `mb_per_step`:
 what a step reads at the long prompt's context (weights + KV at that precision: bandwidth.bytes_read_per_step,
 the roofline's count). `ratio`: int8's long_vs_short (or the last precision's).
 """
@@ -83,7 +85,7 @@ def run(args, out):
                        "positions": positions}
 
     short_ids = build_prompt_ids(lm.tokenizer, [{"role": "user", "content": CHAT_PROMPTS[0]}])
-    speed = step_speeds(runner, kinds, {"short": short_ids, "long": ids[0]}, args.rounds, args.steps, out)
+    speed, cpu = step_speeds(runner, kinds, {"short": short_ids, "long": ids[0]}, args.rounds, args.steps, out)
     rows = {}
     context = len(ids[0]) + args.last_tokens // 2
     for kv in kinds if speed else ():
@@ -91,6 +93,10 @@ def run(args, out):
         rows[kv] = {**quality[kv], "decode_tps_short": round(short, 1), "decode_tps_long": round(long, 1),
                     "long_vs_short": round(paired(speed[kv]["short"], speed[kv]["long"], args.steps), 3),
                     "long_vs_model_long": round(paired(speed["model"]["long"], speed[kv]["long"], args.steps), 3),
+                    "long_vs_short_cpu": round(paired(cpu[kv]["short"], cpu[kv]["long"], args.steps), 3),
+                    "long_vs_model_long_cpu": round(paired(cpu["model"]["long"], cpu[kv]["long"], args.steps), 3),
+                    "cpu_ms_short": round(1e3 * median(cpu[kv]["short"]), 2),
+                    "cpu_ms_long": round(1e3 * median(cpu[kv]["long"]), 2),
                     "mb_per_step_long": round(bytes_read_per_step(runner.model, context, kv) / 1e6, 1),
                     "kv_mb_long": round((bytes_read_per_step(runner.model, context, kv)
                                          - bytes_read_per_step(runner.model, 0, kv)) / 1e6, 1)}
@@ -101,7 +107,9 @@ def run(args, out):
         if speed:
             parts.append(f"decode {q['decode_tps_short']:.1f} tok/s short, {q['decode_tps_long']:.1f} after "
                          f"{len(ids[0])} tokens = {q['long_vs_short']:.2f}x ({q['long_vs_model_long']:.2f}x model-dtype "
-                         f"KV's long); a long step reads {q['mb_per_step_long']:.1f} MB, {q['kv_mb_long']:.1f} MB of it KV")
+                         f"KV's long); CPU time a step {q['cpu_ms_short']:.1f} ms short, {q['cpu_ms_long']:.1f} ms long = "
+                         f"{q['long_vs_short_cpu']:.2f}x ({q['long_vs_model_long_cpu']:.2f}x model-dtype KV's long); a long "
+                         f"step reads {q['mb_per_step_long']:.1f} MB, {q['kv_mb_long']:.1f} MB of it KV")
         out(f"{kv:>6}: " + "; ".join(parts))
     key = "int8" if "int8" in rows else kinds[-1]
     return {"kv_dtypes": rows, "ratio": rows[key].get("long_vs_short"), "steps": args.steps,
@@ -114,11 +122,13 @@ def run(args, out):
 def step_speeds(runner, kinds, prompts: dict, rounds: int, steps: int, out) -> dict:
     """Seconds of one decode step per precision and prompt ({kv: {name: [s, ...]}}): a cache per (precision,
     prompt) prefilled once, then `rounds` of `steps` steps through each in turn, the cache cropped back after
-    each step. {} for 0 rounds."""
+    each step; and the process's CPU time of each. ({}, {}) for 0 rounds."""
+    import time
+
     from engine.bench import Stepper
 
     if rounds <= 0:
-        return {}
+        return {}, {}
     device = runner.device
     held = {}
     for kv in kinds:
@@ -128,18 +138,20 @@ def step_speeds(runner, kinds, prompts: dict, rounds: int, steps: int, out) -> d
             stepper.forward(torch.tensor(ids, device=device), cache)
             held[kv, name] = (stepper, cache, len(ids))
     times = {kv: {name: [] for name in prompts} for kv in kinds}
+    cpu = {kv: {name: [] for name in prompts} for kv in kinds}
     token = torch.tensor([100], device=device)
     for r in range(rounds):
         for (kv, name), (stepper, cache, n) in held.items():  # alternating precisions and contexts, round after round
             for _ in range(steps):
-                t0 = clock.done_s(device)
+                t0, c0 = clock.done_s(device), time.process_time()
                 stepper.forward(token, cache)
                 times[kv][name].append(clock.done_s(device) - t0)
+                cpu[kv][name].append(time.process_time() - c0)
                 cache.crop(n)
         out(f"  round {r + 1}/{rounds}: decode step ms short/long " + ", ".join(
             f"{kv} {1e3 * median(times[kv]['short'][-steps:]):.1f}/{1e3 * median(times[kv]['long'][-steps:]):.1f}"
             for kv in kinds))
-    return times
+    return times, cpu
 
 
 def paired(a: list[float], b: list[float], steps: int) -> float:
