@@ -89,7 +89,7 @@ def test_a_reply_above_the_limit_is_noted_and_the_engine_re_probes_when_idle(tin
 
 
 def test_the_page_shows_the_note_not_the_share(nothing_fits_in_cache):
-    from ui import record_view
+    from ui.chat import record_view
 
     r = {"decode_bandwidth_fraction": 1.1, "decode_gbps": 30.0, "limits_note": "above the measured limit: limit stale"}
     html = record_view._known("decode_bandwidth_fraction", r, "decode 110% of bandwidth")
