@@ -4,7 +4,7 @@ cache over the long prompt set, and decode speed after a short and after a ~1,40
 The long prompt set (engine/bench/long_prompts.py): the bakery notes four times over (a ~1,400-token chat
 history), each closed by one of LONG_ASKS. Per precision (the kv_cache_dtype toggle) and prompt:
   greedy_agreement   the greedy reply's tokens equal to the model-dtype cache's before the two part, over
-                     the model-dtype reply's tokens (ui/replies.py's token agreement); `identical` counts
+                     the model-dtype reply's tokens (ui/compare/replies.py's token agreement); `identical` counts
                      replies equal token for token
   top1_agreement     teacher-forced: the model-dtype reply run through a cache of this precision in one
                      forward; the share of its positions whose top-1 token is the model-dtype cache's
