@@ -321,3 +321,19 @@ def test_turns_think_time_and_kv_budgets_make_a_reuse_study():
     assert "0.05 MiB KV budget reuse collapses at 2 clients" in parts["reuse_sentence"]
     assert "64 MiB KV budget reuse held" in parts["reuse_sentence"]
     assert pair.reuse_parts(done=False) == {"reuse_html": None, "reuse_sentence": None}
+
+
+def test_the_load_pool_references_a_paced_source_as_an_engine():
+    """`app.py --paced-source` serves the Load tab too: its references come from `complete`, as the engine's."""
+    from server.load.pool import build_pool, compute_references, offered_toggles
+    from ui.chat.paced import PacedSource
+
+    source = PacedSource(tokens_per_s=4000, prefill_ms=1)
+    try:
+        offers = offered_toggles(source, variants="none")
+        assert offers == {"speculative": None, "quantization": None}  # the paced source drafts nothing
+        pool = build_pool(1, 4, offers)
+        compute_references(source, pool)
+        assert all(t.ref_text and t.ref_prompt_tokens >= 1 for c in pool for t in c.turns)
+    finally:
+        source.close()

@@ -1,6 +1,6 @@
 """A paced test source: no model, tokens at an exact rate. For measuring the page, not the model.
 
-It has the `Engine` interface the page uses (`submit`, `info`, `close`) and records a real
+It has the `Engine` interface the page uses (`submit`, `complete`, `info`, `close`) and records a real
 Timeline, so the transport and the page can be tested at token rates no model here reaches
 (`python app.py --paced-source 400`; the page header says it is a test source). With a `trace`
 it replays recorded chunks instead ([ms since the request started, text, tokens so far], e.g. a
@@ -62,6 +62,10 @@ class PacedSource:
         handle.push(Event("status", stage="queued", detail={"position": timeline.queue_position}))
         self._queue.put(handle)
         return handle
+
+    def complete(self, messages: list[dict], config=None, **kw) -> Event:
+        """Blocking, as Engine.complete: the done event. The Load tab's clients call this."""
+        return self.submit(messages, config, **kw).result()
 
     def close(self) -> None:
         self._queue.put(None)
