@@ -30,9 +30,9 @@ def _forms():
 def _weights(n, k, seed=0):
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=gen) * 0.05
-    q8, s8 = cpu_gemm.quantize_int8(w)
+    q8, s8 = cpu_qdot.quantize_int8(w)
     q4 = torch.randint(0, 16, (n, k), generator=gen)
-    packed = cpu_gemm.pack_int4(q4, torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3,
+    packed = cpu_qdot.pack_int4(q4, torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3,
                                 torch.randn(n, k // 32, generator=gen) * 0.01)
     return (q8, s8), packed
 
@@ -47,7 +47,8 @@ def test_every_form_this_cpu_runs_passed_its_check_and_the_best_is_chosen():
 
 
 @needs_kernels
-@pytest.mark.parametrize("k", [64, 96, 576, 1536])  # pairs of blocks, a lone last block, the model's sizes
+# a chunk of 8 blocks and none; every partial last chunk (T = 1..7 blocks); the model's sizes
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 192, 224, 256, 288, 480, 576, 1536])
 def test_each_form_equals_the_reference_and_the_others_bit_for_bit(k):
     (q8, s8), (p4, sc, off) = _weights(136, k)
     x = torch.randn(6, k) * 2
@@ -178,7 +179,7 @@ def test_a_long_prompt_multiplies_fp32_activations_by_the_dequantized_weights():
     torch.manual_seed(0)
     linear = nn.Linear(576, 200, bias=True)
     x = torch.randn(1, plan.OURS_ROWS + 40, 576)
-    for cls, ref in ((Int8W8ALinear, lambda l: l.weight_int8.float() * l.scale[:, None]),
+    for cls, ref in ((Int8W8ALinear, lambda l: cpu_qdot.deinterleave(l.weight_int8, 8).float() * l.scale[:, None]),
                      (Int4W8ALinear, lambda l: cpu_qdot.unpack_int4(l.weight_q4).float()
                       * l.scale.float().repeat_interleave(32, 1) + l.offset.float().repeat_interleave(32, 1))):
         layer = cls.from_linear(linear)

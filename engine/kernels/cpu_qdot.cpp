@@ -1,7 +1,8 @@
 // Integer dot-product products for int8 and 4-bit weights: activations quantized to int8 per block of
 // 32 on the fly (llama.cpp's Q8_0, ONNX Runtime's MatMulNBits accuracy level 4), weights multiplied as
-// integers (vpmaddubsw/vpmaddwd on AVX2, vpdpbusd with AVX-512 VNNI or AVX-VNNI), one float scale per
-// block. engine/kernels/cpu_qdot.py picks the ISA from the detected capabilities and checks it.
+// integers (vpmaddubsw/vpmaddwd on AVX2, vpdpbusd with AVX-512 VNNI or AVX-VNNI), one float FMA per 8
+// blocks (the interleaved layout: cpu_qdot.h). engine/kernels/cpu_qdot.py picks the ISA from the
+// detected capabilities and checks it.
 //
 // Why separate files per ISA with runtime dispatch (cpu_qdot.h), not target attributes: a `#pragma GCC
 // target` per file makes every intrinsic of that ISA legal in the shared templated body, and no torch
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 #include <immintrin.h>
 #include <torch/library.h>
@@ -25,7 +27,7 @@ namespace {
 
 using qdot::kBlock;
 
-enum Isa : int64_t { kAvx2 = 1, kVnni512 = 2, kAvxVnni = 4 };  // cpu_qdot.py ISAS
+enum Isa : int64_t { kAvx2 = 1, kVnni512 = 2, kAvxVnni = 4, kVnni256 = 8 };  // cpu_qdot.py ISAS
 
 int64_t supported_isas() {  // cpuid, as the CPU that runs the code reports it (an emulator's, not /proc's)
   __builtin_cpu_init();
@@ -33,59 +35,112 @@ int64_t supported_isas() {  // cpuid, as the CPU that runs the code reports it (
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) mask |= kAvx2;
   if ((mask & kAvx2) && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512bw"))
-    mask |= kVnni512;
+    mask |= kVnni512 | kVnni256;
   if ((mask & kAvx2) && __builtin_cpu_supports("avxvnni")) mask |= kAvxVnni;
   return mask;
 }
 
 std::pair<qdot::RowsFn, qdot::RowsFn> kernels(int64_t isa) {
-  TORCH_CHECK(isa == kAvx2 || isa == kVnni512 || isa == kAvxVnni, "unknown integer-kernel ISA ", isa);
+  TORCH_CHECK(isa == kAvx2 || isa == kVnni512 || isa == kAvxVnni || isa == kVnni256, "unknown integer-kernel ISA ", isa);
   TORCH_CHECK(supported_isas() & isa, "this CPU lacks the instructions of integer-kernel ISA ", isa);
   if (isa == kVnni512) return {&qdot::vnni512::int8_rows, &qdot::vnni512::int4_rows};
+  if (isa == kVnni256) return {&qdot::vnni256::int8_rows, &qdot::vnni256::int4_rows};
   if (isa == kAvxVnni) return {&qdot::avxvnni::int8_rows, &qdot::avxvnni::int4_rows};
   return {&qdot::avx2::int8_rows, &qdot::avx2::int4_rows};
 }
 
 // x [M, K] fp32 -> int8 per block of 32: s = max|x| / 127, q = round-half-even(x * (1 / s)) (0 where
-// the block is all zeros), and the block's exact fp32 sum (left to right). engine/kernels/cpu_qdot.py
-// `quantize_reference` is the same arithmetic in torch (tested bit for bit). `pairs`: the 4-bit
-// kernel's order, blocks g, g + 1 (g even) as [g 0..15 | g+1 0..15 | g 16..31 | g+1 16..31] (the order
-// its unpacked nibbles come in: cpu_qdot_body.inc); a last, lone block stays in order.
-int64_t position(int64_t g, int64_t G, int i, bool pairs) {
-  if (!pairs || (g % 2 == 0 && g + 1 == G)) return g * kBlock + i;
-  const int64_t base = (g - g % 2) * kBlock + (g % 2) * 16;
-  return base + (i < 16 ? i : 32 + i - 16);
+// the block is all zeros), the block's fp32 sum (4 vectors of 8, summed (v0 + v1) + (v2 + v3), then
+// across lanes) and 128 x the sum of its q. engine/kernels/cpu_qdot.py `quantize_reference` is the
+// same arithmetic in torch (tested bit for bit: q and s; the sum up to its order). `interleaved`: xq in
+// the kernels' layout (cpu_qdot.h), rows kp bytes apart and the scales' rows gp apart, zero past K and
+// G; else xq [M, K] and the rest [M, G] in order (qdot_quantize, for the tests).
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
 }
 
-void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* xs, float* xsum, bool pairs) {
-  const int64_t G = K / kBlock;
+inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+struct Layout {  // the quantized activations' strides: natural, or the kernels' interleaved layout
+  int64_t K, G, kp, gp;
+  bool interleaved;
+  Layout(int64_t k, bool il)
+      : K(k), G(k / kBlock), kp(il ? (k / kBlock + qdot::kChunk - 1) / qdot::kChunk * qdot::kChunk * kBlock : k),
+        gp(il ? kp / kBlock : k / kBlock), interleaved(il) {}
+};
+
+void quantize_rows(const float* x, int64_t M, const Layout& L, int8_t* xq, float* xs, float* xsum, int32_t* xqs) {
+  const int64_t K = L.K, G = L.G, C = G / qdot::kChunk, T = G % qdot::kChunk;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t m = r0; m < r1; ++m)
+    for (int64_t m = r0; m < r1; ++m) {
+      int8_t* qr = xq + m * L.kp;
+      if (L.interleaved) {  // the padding: a partial last chunk's missing lanes, the scales past G
+        if (T) std::memset(qr + C * 256, 0, 256);
+        for (int64_t g = G; g < L.gp; ++g) xs[m * L.gp + g] = xsum[m * L.gp + g] = 0.f, xqs[m * L.gp + g] = 0;
+      }
       for (int64_t g = 0; g < G; ++g) {
         const float* xb = x + m * K + g * kBlock;
-        float amax = 0.f, sum = 0.f;
-        for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::abs(xb[i])), sum += xb[i];
+        const __m256 v[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)};
+        const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                                               _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask))));
         const float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
-        xs[m * G + g] = s;
-        xsum[m * G + g] = sum;
-        for (int i = 0; i < kBlock; ++i) xq[m * K + position(g, G, i, pairs)] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
+        const __m256 iv = _mm256_set1_ps(inv);
+        __m256i q[4];
+        for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], iv));  // round half to even
+        const __m256i qsum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        const __m256i bytes = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
+        alignas(32) int32_t words[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(words), bytes);
+        alignas(32) int32_t qs[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(qs), qsum);
+        const int64_t at = m * L.gp + g;
+        xs[at] = s;
+        xsum[at] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+        xqs[at] = 128 * (qs[0] + qs[1] + qs[2] + qs[3] + qs[4] + qs[5] + qs[6] + qs[7]);
+        if (!L.interleaved) {
+          std::memcpy(qr + g * kBlock, words, kBlock);
+          continue;
+        }
+        const int64_t c = g / qdot::kChunk, i = g % qdot::kChunk, lanes = c < C ? qdot::kChunk : T;
+        for (int j = 0; j < 8; ++j) std::memcpy(qr + c * 256 + 4 * (lanes * j + i), words + j, 4);  // step j, lane i
       }
+    }
   });
 }
 
-struct Quantized {
-  at::Tensor xq, xs, xsum;
+struct Quantized {  // one allocation: xq [rows, kp], then xs, xsum [rows, gp] fp32, xqs [rows, gp] int32
+  at::Tensor buf;
+  Layout L;
+  int64_t rows;
+  static int64_t bytes(const Layout& L) { return L.kp + 12 * L.gp; }
+  int8_t* xq() const { return reinterpret_cast<int8_t*>(buf.data_ptr<uint8_t>()); }
+  float* xs() const { return reinterpret_cast<float*>(buf.data_ptr<uint8_t>() + rows * L.kp); }
+  float* xsum() const { return xs() + rows * L.gp; }
+  int32_t* xqs() const { return reinterpret_cast<int32_t*>(xsum() + rows * L.gp); }
+  qdot::Args args(int64_t N, const at::Tensor& w) const {
+    return qdot::Args{xq(), xs(), xsum(), xqs(), L.K, N, L.kp, L.gp, w.data_ptr(), nullptr, nullptr, nullptr, nullptr};
+  }
 };
 
-Quantized quantize(const at::Tensor& x, bool pairs) {
+Quantized quantize(const at::Tensor& x, bool interleaved) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "x must be a contiguous fp32 CPU tensor [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(M >= 1 && K % kBlock == 0 && K / kBlock <= qdot::kMaxGroups, "K must be a multiple of ", kBlock,
-              " up to ", kBlock * qdot::kMaxGroups, ", got ", K);
-  Quantized q{at::empty({M, K}, x.options().dtype(at::kChar)), at::empty({M, K / kBlock}, x.options()),
-              at::empty({M, K / kBlock}, x.options())};
-  quantize_rows(x.data_ptr<float>(), M, K, q.xq.data_ptr<int8_t>(), q.xs.data_ptr<float>(), q.xsum.data_ptr<float>(), pairs);
+  TORCH_CHECK(M >= 1 && K % kBlock == 0, "K must be a multiple of ", kBlock, ", got ", K);
+  const Layout L(K, interleaved);
+  Quantized q{at::empty({M * Quantized::bytes(L)}, x.options().dtype(at::kByte)), L, M};
+  quantize_rows(x.data_ptr<float>(), M, L, q.xq(), q.xs(), q.xsum(), q.xqs());
   return q;
 }
 
@@ -112,10 +167,11 @@ at::Tensor qdot_int8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
   TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 2, "w must be contiguous int8 [N, K]");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == N, "scale: fp32 [N]");
-  Quantized q = quantize(x, false);
+  const Quantized q = quantize(x, true);
   at::Tensor y = at::empty({x.size(0), N}, x.options());
-  qdot::Args a{q.xq.data_ptr<int8_t>(), q.xs.data_ptr<float>(), q.xsum.data_ptr<float>(), K, N, w.data_ptr(),
-               scale.data_ptr<float>(), nullptr, nullptr, y.data_ptr<float>()};
+  qdot::Args a = q.args(N, w);
+  a.scale8 = scale.data_ptr<float>();
+  a.y = y.data_ptr<float>();
   run(a, x.size(0), fns.first);
   return y;
 }
@@ -129,22 +185,36 @@ at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   for (const at::Tensor* t : {&scale, &offset})
     TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->numel() == N * G,
                 "scale and offset: fp16 [N, K/32]");
-  Quantized q = quantize(x, true);
+  const Quantized q = quantize(x, true);
   at::Tensor y = at::empty({x.size(0), N}, x.options());
-  qdot::Args a{q.xq.data_ptr<int8_t>(), q.xs.data_ptr<float>(), q.xsum.data_ptr<float>(), K, N, w.data_ptr(), nullptr,
-               reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
-               reinterpret_cast<const uint16_t*>(offset.data_ptr<at::Half>()), y.data_ptr<float>()};
+  qdot::Args a = q.args(N, w);
+  a.scale4 = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
+  a.offset4 = reinterpret_cast<const uint16_t*>(offset.data_ptr<at::Half>());
+  a.y = y.data_ptr<float>();
   run(a, x.size(0), fns.second);
   return y;
 }
 
+// A row of weights from the interleaved layout (cpu_qdot.h) back in block order: `steps` 4-byte steps a
+// block (int8 8, 4-bit 4), G blocks.
+void deinterleave(const uint8_t* src, uint8_t* dst, int64_t G, int64_t steps) {
+  for (int64_t c0 = 0; c0 < G; c0 += qdot::kChunk) {
+    const int64_t lanes = std::min<int64_t>(qdot::kChunk, G - c0);
+    const uint8_t* chunk = src + c0 * steps * 4;
+    for (int64_t s = 0; s < steps; ++s)
+      for (int64_t i = 0; i < lanes; ++i) std::memcpy(dst + ((c0 + i) * steps + s) * 4, chunk + (s * lanes + i) * 4, 4);
+  }
+}
+
 // The weights back in fp32 [N, K], for a long prefill's fp32 GEMM (cpu_qdot.py: `dequantized`): int8,
-// w * scale[n]; 4-bit, fma(q, scale, offset) per block (byte j of a block: q[j] low, q[j + 16] high).
+// w * scale[n]; 4-bit, fma(q, scale, offset) per block (in block order, byte j of a block: q[j] low,
+// q[j + 16] high). Both in the interleaved layout.
 at::Tensor qdot_dequantize(const at::Tensor& w, const at::Tensor& scale, const std::optional<at::Tensor>& offset) {
   const bool four = offset.has_value();
   const int64_t N = w.size(0), K = four ? w.size(1) * 2 : w.size(1), G = K / kBlock;
   TORCH_CHECK(w.is_contiguous() && w.scalar_type() == (four ? at::kByte : at::kChar) && K % kBlock == 0,
               "w: contiguous int8 [N, K] or 4-bit uint8 [N, K / 2], K a multiple of 32");
+  TORCH_CHECK(K <= qdot::kChunk * kBlock * 64, "K up to ", qdot::kChunk * kBlock * 64, ", got ", K);
   TORCH_CHECK(scale.is_contiguous() && scale.numel() == (four ? N * G : N) &&
                   scale.scalar_type() == (four ? at::kHalf : at::kFloat) &&
                   (!four || (offset->is_contiguous() && offset->numel() == N * G && offset->scalar_type() == at::kHalf)),
@@ -154,15 +224,17 @@ at::Tensor qdot_dequantize(const at::Tensor& w, const at::Tensor& scale, const s
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       float* row = op + n * K;
+      alignas(32) uint8_t natural[qdot::kChunk * kBlock * 64];  // one row in block order (K up to 16,384)
+      deinterleave(static_cast<const uint8_t*>(w.data_ptr()) + n * w.size(1), natural, G, four ? 4 : 8);
       if (!four) {
-        const int8_t* wr = w.data_ptr<int8_t>() + n * K;
+        const int8_t* wr = reinterpret_cast<const int8_t*>(natural);
         const __m256 s = _mm256_set1_ps(scale.data_ptr<float>()[n]);
         for (int64_t k = 0; k < K; k += 8)
           _mm256_storeu_ps(row + k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + k)))), s));
         continue;
       }
-      const uint8_t* wr = w.data_ptr<uint8_t>() + n * (K / 2);
+      const uint8_t* wr = natural;
       const uint16_t* sr = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()) + n * G;
       const uint16_t* orow = reinterpret_cast<const uint16_t*>(offset->data_ptr<at::Half>()) + n * G;
       for (int64_t g = 0; g < G; ++g) {
@@ -180,9 +252,13 @@ at::Tensor qdot_dequantize(const at::Tensor& w, const at::Tensor& scale, const s
   return out;
 }
 
+// x quantized, in block order: (xq [M, K] int8, scale [M, G], block sums [M, G]), for the tests.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qdot_quantize(const at::Tensor& x) {
-  Quantized q = quantize(x, false);
-  return {q.xq, q.xs, q.xsum};
+  const Quantized q = quantize(x, false);
+  const int64_t M = x.size(0), K = x.size(1), G = K / kBlock, base = M * K;
+  return {q.buf.narrow(0, 0, base).view(at::kChar).view({M, K}),
+          q.buf.narrow(0, base, 4 * M * G).view(at::kFloat).view({M, G}),
+          q.buf.narrow(0, base + 4 * M * G, 4 * M * G).view(at::kFloat).view({M, G})};
 }
 
 }  // namespace

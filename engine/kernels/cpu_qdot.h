@@ -1,26 +1,38 @@
 // Integer dot-product kernels: int8 / 4-bit weights times int8 activations quantized per block of 32.
 //
 // The per-ISA row kernels (cpu_qdot_avx2.cpp, cpu_qdot_vnni512.cpp, cpu_qdot_avxvnni.cpp) share one
-// body (cpu_qdot_body.inc) and differ only in the instruction that multiplies 32 unsigned bytes by
-// 32 signed bytes into 8 int32 sums: vpmaddubsw + vpmaddwd (AVX2), vpdpbusd (AVX-512 VNNI, EVEX on
-// 256 bits; AVX-VNNI, VEX). Each int32 lane sums the same 4 products in every form, so the forms give
-// the same bits. This header is plain C++ (no torch): the ISA files include nothing compiled with
-// their wider flags that another file could link to.
+// body (cpu_qdot_body.inc) and differ only in how they multiply 32 unsigned bytes by 32 signed bytes
+// into 8 int32 sums: vpmaddubsw + vpmaddwd (AVX2), vpdpbusd (AVX-512 VNNI on 512 or 256-bit vectors, AVX-VNNI
+// on 256). Every integer sum is exact and every float operation is the same sequence in every form, so
+// the forms give the same bits. This header is plain C++ (no torch): the ISA files include nothing
+// compiled with their wider flags that another file could link to.
+//
+// The interleaved layout (engine/kernels/cpu_qdot.py `interleave`), of the weights (their own, per
+// output channel) and of the quantized activations (the kernels' scratch, per row) alike: a row is cut
+// into chunks of 8 blocks of 32 inputs; in a chunk, 32-byte step s holds bytes 4s..4s+3 of block i in
+// its int32 lane i. So one multiply-accumulate per step builds, in lane i, block i's whole integer dot
+// product: no reduction across lanes, and the 8 blocks' scales apply in one vector FMA. A last chunk
+// of T < 8 blocks keeps T lanes a step (4T-byte steps, dword T * s + i), the activations' tail too
+// (zero past its 8T dwords).
+//   int8 weights:  one byte a weight, steps as above (256 bytes a chunk).
+//   4-bit weights: 128 bytes a chunk in 4 pieces; piece p's low nibbles are step p, its high nibbles
+//                  step p + 4 (in a block's natural order, weights 4p..4p+3 and 16+4p..16+4p+3).
 #pragma once
 #include <cstdint>
 
 namespace qdot {
 
-constexpr int64_t kBlock = 32;      // activations and 4-bit weights: one scale per 32 inputs
-constexpr int kMaxRows = 4;         // rows per kernel pass: their accumulators fit 16 ymm registers
-constexpr int64_t kMaxGroups = 512;  // K up to 16,384 (a row block's scales, 32 KB, live on the stack)
+constexpr int64_t kBlock = 32;       // activations and 4-bit weights: one scale per 32 inputs
+constexpr int64_t kChunk = 8;        // blocks per interleaved chunk (the 8 int32 lanes of 256 bits)
+constexpr int kMaxRows = 4;          // rows per kernel pass
 
 struct Args {
-  const int8_t* xq;     // [M, K] activations quantized to int8 (-127..127)
-  const float* xs;      // [M, G] their scale per block of 32
-  const float* xsum;    // [M, G] the exact fp32 sum of each block of x (4-bit weights' offset term)
-  int64_t K, N;         // inputs, outputs
-  const void* w;        // int8 [N, K] (signed), or 4-bit [N, K / 2] (cpu_gemm.py pack_int4's layout)
+  const int8_t* xq;     // [M, kp] activations quantized to int8 (-127..127), interleaved, zero past K
+  const float* xs;      // [M, gp] their scale per block of 32 (zero past G)
+  const float* xsum;    // [M, gp] the fp32 sum of each block of x (4-bit weights' offset term; zero past G)
+  const int32_t* xqs;   // [M, gp] 128 x the integer sum of each block of xq (int8 weights' offset-binary term)
+  int64_t K, N, kp, gp;  // inputs, outputs, the activations' row strides (bytes, blocks)
+  const void* w;        // int8 [N, K] (signed), or 4-bit [N, K / 2], interleaved
   const float* scale8;  // int8: [N] fp32, one scale per output channel
   const uint16_t* scale4;   // 4-bit: [N, G] fp16 scale
   const uint16_t* offset4;  // 4-bit: [N, G] fp16 offset (w = q * scale + offset, q in 0..15)
@@ -31,6 +43,7 @@ struct Args {
 using RowsFn = void (*)(const Args&, int64_t m0, int rows, int64_t n0, int64_t n1);
 
 namespace avx2 { void int8_rows(const Args&, int64_t, int, int64_t, int64_t); void int4_rows(const Args&, int64_t, int, int64_t, int64_t); }
+namespace vnni256 { void int8_rows(const Args&, int64_t, int, int64_t, int64_t); void int4_rows(const Args&, int64_t, int, int64_t, int64_t); }
 namespace vnni512 { void int8_rows(const Args&, int64_t, int, int64_t, int64_t); void int4_rows(const Args&, int64_t, int, int64_t, int64_t); }
 namespace avxvnni { void int8_rows(const Args&, int64_t, int, int64_t, int64_t); void int4_rows(const Args&, int64_t, int, int64_t, int64_t); }
 

@@ -4,11 +4,18 @@ activations quantized to int8 per block of 32, on the fly.
 What they compute (the `w8a` variants, engine/quant/w8a.py): each row of x is cut into blocks of 32
 inputs; a block gets the scale s = max|x| / 127 and the values round(x / s) in -127..127 (llama.cpp's
 Q8_0; ONNX Runtime's MatMulNBits at accuracy level 4). The weights' integers meet them in exact
-integer dot products, 32 at a time, and one float multiply-add per block applies the scales:
+integer dot products, and float multiply-adds apply the scales, 8 blocks at a time:
   int8 weights (one scale per output channel):  y = scale[n] * sum_g s[g] * (w . xq)_g
   4-bit weights (scale and offset per 32 inputs): y = sum_g scale[n,g] s[g] (q . xq)_g + offset[n,g] * sum_g(x)
-(the offset term takes the exact fp32 sums of x). So they change the bits of the weight-only
-variants, whose activations stay fp32: the variants that use them say so by their name.
+(the offset term takes the fp32 sums of x). So they change the bits of the weight-only variants,
+whose activations stay fp32: the variants that use them say so by their name.
+
+The layout (cpu_qdot.h, `interleave` here): the weights' rows and the quantized activations are cut
+into chunks of 8 blocks, and a chunk's bytes are reordered so that 4 bytes of each block sit side by
+side in a vector's 8 int32 lanes: each multiply-accumulate adds to every block's own sum in its own
+lane, so a chunk's 8 integer sums come out in one vector, with no reduction across lanes, and its 8
+scales (and the 4-bit offsets' term) apply in one vector FMA each. `quantize_int8` and `pack_int4`
+make the weights so; int8wo's and int4wo's quantization, in another byte order.
 
 Why: widening every weight to fp32 (cpu_gemm.cpp's int8 kernel) or int16 (its 4-bit one) made
 those kernels bound by arithmetic, not by memory; integer dot products do 32 products in one or two
@@ -16,11 +23,15 @@ instructions (`python -m engine.bench gemv` prints both at each row count).
 
 The forms, best first (`ISAS`), chosen from the detected capabilities (engine/platform/capabilities.py)
 and confirmed by cpuid in the kernel itself (an emulator may show the host's flags in /proc/cpuinfo):
-- `avx512-vnni`: vpdpbusd, EVEX on 256-bit vectors (AVX-512 VNNI + VL + BW: Ice Lake and later Xeons, Zen 4/5);
+- `avx512-vnni`: vpdpbusd, EVEX on 512-bit vectors, two steps of a chunk a load (AVX-512 VNNI + VL +
+  BW: Ice Lake and later Xeons, Zen 4/5);
+- `avx512-vnni-256`: the same on 256-bit vectors: the fallback within that class. Intel's AVX-512
+  cores run a 512-bit op natively, Zen 4 as two 256-bit halves, so there the two are level
+  (docs/quantization.md has the figures: `python -m engine.bench gemv` times every form);
 - `avx-vnni`: the same instruction VEX-encoded (Alder Lake and later client cores, Zen 5);
 - `avx2`: vpmaddubsw + vpmaddwd (every x86-64 CPU torch dispatches AVX2 on).
-Each int32 lane sums the same 4 products in every form, so all forms give the same bits (the check
-below holds them to it). AMX-INT8 (Sapphire Rapids and later) is not written: this machine (Zen 4) has
+The integer sums are exact and the float operations the same sequence in every form, so all forms
+give the same bits (the check below holds them to it). AMX-INT8 (Sapphire Rapids and later) is not written: this machine (Zen 4) has
 no AMX, and neither qemu-user nor any emulator we can install offline executes AMX tiles, so it could
 not be tested honestly. Where none of these runs (no AVX2, no compiler, a switch off, a failed
 check), `reference` serves: the same arithmetic in torch ops (the integer sums exact in fp32: every
@@ -40,11 +51,57 @@ from engine.platform import capabilities
 BLOCK = 32  # inputs per activation scale (and per 4-bit weight scale)
 # name -> (the kernel's code for it (cpu_qdot.cpp `Isa`), capabilities flags it needs, its instructions)
 ISAS = {
-    "avx512-vnni": (2, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw"), "vpdpbusd (AVX-512 VNNI, 256-bit)"),
+    "avx512-vnni": (2, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw"), "vpdpbusd (AVX-512 VNNI, 512-bit)"),
+    "avx512-vnni-256": (8, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw"), "vpdpbusd (AVX-512 VNNI, 256-bit)"),
     "avx-vnni": (4, ("avx2", "fma", "avx_vnni"), "vpdpbusd (AVX-VNNI)"),
     "avx2": (1, ("avx2", "fma"), "vpmaddubsw + vpmaddwd (AVX2)"),
 }
 REFERENCE = "torch reference (int8 activations, exact integer sums in fp32)"
+
+
+CHUNK = 8  # blocks per interleaved chunk (cpu_qdot.h)
+
+
+# --- the interleaved layout (cpu_qdot.h): in a chunk of 8 blocks, 4-byte step s of block i at lane i
+@functools.lru_cache(maxsize=None)
+def _order(groups: int, steps: int) -> torch.Tensor:
+    """For a row of `groups` blocks of `steps` 4-byte steps: the block-order byte index of each byte of
+    the interleaved row."""
+    idx = []
+    for c0 in range(0, groups, CHUNK):
+        lanes = min(CHUNK, groups - c0)
+        for s in range(steps):
+            for i in range(lanes):
+                at = ((c0 + i) * steps + s) * 4
+                idx.extend(range(at, at + 4))
+    return torch.tensor(idx, dtype=torch.long)
+
+
+def interleave(w: torch.Tensor, steps: int) -> torch.Tensor:
+    """Rows of blocks in order ([N, bytes]: int8 weights, steps=8; pack_int4's 4-bit bytes, steps=4) in
+    the kernels' interleaved layout."""
+    return w[:, _order(w.shape[1] // (4 * steps), steps)].contiguous()
+
+
+def deinterleave(w: torch.Tensor, steps: int) -> torch.Tensor:
+    """interleave's inverse: the rows back in block order."""
+    out = torch.empty_like(w)
+    out[:, _order(w.shape[1] // (4 * steps), steps)] = w
+    return out
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8wo's quantization (cpu_gemm.quantize_int8: symmetric, a scale per output channel), the weights
+    interleaved for the integer kernels."""
+    q, scale = cpu_gemm.quantize_int8(w)
+    return interleave(q, 8), scale
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    """cpu_gemm.pack_int4's 4-bit blocks (q in 0..15, w = (q - 8) * scale + zero; fp16 scale and offset
+    per block), the bytes interleaved for the integer kernels. None where fp16 cannot hold the scales."""
+    layout = cpu_gemm.pack_int4(q, scale, zero)
+    return None if layout is None else (interleave(layout[0], 4), *layout[1:])
 
 
 def cpu_isas() -> frozenset[str]:
@@ -106,13 +163,13 @@ def int4_w8a(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset:
 
 
 def dequantized(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
-    """The weights in fp32 [N, K] (int8 with fp32 scales per channel, or cpu_gemm.pack_int4's 4-bit
-    layout with fp16 scale and offset): a long prefill multiplies them by fp32 activations in the fp32
+    """The weights in fp32 [N, K] (int8 with fp32 scales per channel, or the 4-bit blocks with fp16
+    scale and offset; both interleaved, as quantize_int8 and pack_int4 make them): a long prefill multiplies them by fp32 activations in the fp32
     GEMM (engine/quant/w8a.py `prefill`), where that beats the integer kernels."""
     if cpu_gemm.built_reason() is None:
         return torch.ops.latency_lab_gemv.qdot_dequantize(w, scale, offset)
     if offset is None:
-        return w.float() * scale.float()[:, None]
+        return deinterleave(w, 8).float() * scale.float()[:, None]
     return (unpack_int4(w).float() * scale.float().repeat_interleave(BLOCK, 1)
             + offset.float().repeat_interleave(BLOCK, 1))
 
@@ -143,6 +200,8 @@ def _chunks(n: int, m: int, g: int):
 
 
 def int8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x times quantize_int8's interleaved weights, as the kernels compute it (sums in another order)."""
+    w = deinterleave(w, 8)
     xq, xs, _ = quantize_reference(x)
     starts, step = _chunks(w.shape[0], x.shape[0], xs.shape[1])
     parts = [(_block_dots(xq, w[i:i + step]) * xs[:, None, :]).sum(dim=2) * scale[i:i + step].float()
@@ -151,9 +210,10 @@ def int8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> tor
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """q in 0..15 [N, K] from cpu_gemm.pack_int4's bytes (byte j of a block: q[j] low, q[j + 16] high)."""
+    """q in 0..15 [N, K] from pack_int4's interleaved bytes (in block order, byte j of a block: q[j]
+    low, q[j + 16] high)."""
     n, half = packed.shape
-    b = packed.reshape(n, half // 16, 16)
+    b = deinterleave(packed, 4).reshape(n, half // 16, 16)
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, half * 2)
 
 
@@ -173,11 +233,11 @@ def _checked() -> dict[str, str | None]:
     if cpu_gemm.built_reason() is not None:
         return {}
     gen = torch.Generator().manual_seed(0)
-    n, k = 72, 320  # not a multiple of the 64-channel tiles; 10 blocks: the 8-block offset loop and a tail
+    n, k = 72, 320  # not a multiple of the 64-channel tiles; 10 blocks: a chunk of 8 and a partial one
     w = torch.randn(n, k, generator=gen)
-    q8, s8 = cpu_gemm.quantize_int8(w)
+    q8, s8 = quantize_int8(w)
     q4 = torch.randint(0, 16, (n, k), generator=gen)
-    packed, s16, o16 = cpu_gemm.pack_int4(q4, torch.rand(n, k // BLOCK, generator=gen) * 0.1,
+    packed, s16, o16 = pack_int4(q4, torch.rand(n, k // BLOCK, generator=gen) * 0.1,
                                           torch.randn(n, k // BLOCK, generator=gen) * 0.1)
     xs = [torch.randn(m, k, generator=gen) * 3 for m in (1, 2, 3, 4, 5, 9)]
     xs[0][0, :BLOCK] = 0  # an all-zero block: scale 0

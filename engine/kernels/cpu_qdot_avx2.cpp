@@ -1,19 +1,45 @@
 // The AVX2 form of the integer row kernels (cpu_qdot.h): vpmaddubsw multiplies the unsigned by the
-// signed bytes into int16 pairs (at most 2 x 255 x 127 for the 4-bit weights, 2 x 127 x 127 with the
-// int8 sign trick: no saturation), vpmaddwd by ones sums the pairs into int32.
+// signed bytes into int16 pairs, vpmaddwd by ones sums the pairs into int32.
 #include <immintrin.h>
 
 #include "cpu_qdot.h"
 
+#define QDOT_OWN_CHUNKS
+
 namespace qdot::avx2 {
 namespace {
-inline __m256i dot(__m256i u, __m256i s) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+constexpr bool kBias8 = false;  // int8 weights: |w| . (x with w's sign)
+inline __m256i widen(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+inline __m256i dot4(__m256i acc, __m256i u, __m256i s) { return _mm256_add_epi32(acc, widen(_mm256_maddubs_epi16(u, s))); }
+inline __m256i dot8(__m256i acc, __m256i w, __m256i s) {  // a pair is up to 2 x 127 x 127: widened at once
+  return _mm256_add_epi32(acc, widen(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w))));
 }
-// Two 32-byte products into one int32 vector: each int16 sum stays within 2 x 2 x 15 x 127 (4-bit weights).
-inline __m256i dot2(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
-  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
-                           _mm256_set1_epi16(1));
+inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 4-bit: a block's 8 steps summed in int16 (a vpmaddubsw pair is at most 2 x 15 x 127, 8 of them
+// 30,480: no saturation), widened to int32 once a chunk.
+template <int M>
+inline void int4_chunk(const uint8_t* w, const int8_t* x, int64_t kp, __m256i* d) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256i acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_si256();
+  for (int p = 0; p < 4; ++p) {
+    const __m256i b = load(w + 32 * p);
+    const __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    for (int m = 0; m < M; ++m)
+      acc[m] = _mm256_add_epi16(acc[m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, load(x + m * kp + 32 * p)),
+                                                         _mm256_maddubs_epi16(hi, load(x + m * kp + 32 * (p + 4)))));
+  }
+  for (int m = 0; m < M; ++m) d[m] = widen(acc[m]);
+}
+
+template <int M>
+inline void int8_chunk(const int8_t* w, const int8_t* x, int64_t kp, __m256i* d) {
+  for (int m = 0; m < M; ++m) d[m] = _mm256_setzero_si256();
+  for (int s = 0; s < 8; ++s) {
+    const __m256i wv = load(w + 32 * s);
+    for (int m = 0; m < M; ++m) d[m] = dot8(d[m], wv, load(x + m * kp + 32 * s));
+  }
 }
 }  // namespace
 #include "cpu_qdot_body.inc"

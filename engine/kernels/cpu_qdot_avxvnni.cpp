@@ -1,6 +1,6 @@
 // The AVX-VNNI form of the integer row kernels (cpu_qdot.h): the VEX-encoded vpdpbusd of Intel's
-// Alder Lake and later client cores (and Zen 5), which lack AVX-512. Same arithmetic as the AVX-512
-// VNNI form. Only reached through cpu_qdot.cpp's dispatch, after cpuid says AVX-VNNI.
+// Alder Lake and later client cores (and Zen 5), which lack AVX-512: 256-bit vectors throughout.
+// Only reached through cpu_qdot.cpp's dispatch, after cpuid says AVX-VNNI.
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 #include <immintrin.h>
 
@@ -8,9 +8,10 @@
 
 namespace qdot::avxvnni {
 namespace {
-inline __m256i dot(__m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s); }
-inline __m256i dot2(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
-  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+constexpr bool kBias8 = true;  // int8 weights offset to unsigned (w + 128: the sign bit flipped)
+inline __m256i dot4(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+inline __m256i dot8(__m256i acc, __m256i w, __m256i s) {
+  return _mm256_dpbusd_avx_epi32(acc, _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80))), s);
 }
 }  // namespace
 #include "cpu_qdot_body.inc"

@@ -73,7 +73,7 @@ class Int8W8ALinear(_W8ALinear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **_) -> Int8W8ALinear:
-        q, scale = cpu_gemm.quantize_int8(linear.weight.detach())
+        q, scale = cpu_qdot.quantize_int8(linear.weight.detach())
         return cls(q, scale, None if linear.bias is None else linear.bias.detach().clone())
 
     def _gemv(self, x):
@@ -96,7 +96,7 @@ class Int4W8ALinear(_W8ALinear):
     def from_linear(cls, linear: nn.Linear, **_) -> Int4W8ALinear:
         w = linear.weight.detach()
         q, sz = int4_quantize(w, INT4_GROUP_SIZE)
-        layout = cpu_gemm.pack_int4(q, sz[..., 0].T, sz[..., 1].T)
+        layout = cpu_qdot.pack_int4(q, sz[..., 0].T, sz[..., 1].T)
         if layout is None:
             raise LoadError(f"a {w.shape[1]} -> {w.shape[0]} layer's 4-bit scales overflow fp16; pick int8w8a")
         return cls(*layout, None if linear.bias is None else linear.bias.detach().clone())
