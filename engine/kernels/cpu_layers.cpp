@@ -1,6 +1,8 @@
 // The decoder layers of a forward (engine/runtime/eager.py, for a batch of sequences or one
 // sequence) in one call: the same ATen ops and our kernels, on the same tensors, in the same order as
-// the Python loop, so the same bits.
+// the Python loop, or fused ops that give their very bits (cpu_fused.cpp: rotary positions; for the
+// w8a layers the norms, silu(gate) * up, biases and residual adds around each projection), so the
+// same bits.
 //
 // Why in C++: the Python loop makes ~20 op calls a layer, ~600 a forward. Each releases the
 // interpreter lock and takes it back; in the server the HTTP thread holds it between, and while the
@@ -11,7 +13,7 @@
 // weights: per layer, the attention norm weight, q/k/v's weights, o's, the MLP norm weight, gate/up's,
 // down's; a projection's weights are `kind`'s: 0, fp32 panels (engine/kernels/cpu_gemm.py:
 // fp32_panels); 1, int8 weights and fp32 scales; 2, 4-bit weights, fp16 scales and offsets (the w8a
-// layers of engine/quant/w8a.py, through cpu_qdot.cpp's ops in form `isa`). biases: per layer 4 (q/k/v, o,
+// layers of engine/quant/w8a.py, through cpu_fused.cpp's projections in form `isa`). biases: per layer 4 (q/k/v, o,
 // gate/up, down), undefined where none. outs: the 4 projections' output sizes. Sequence b brings
 // lengths[b] rows from row offsets[b], at positions from starts[b]; `decode` lists the sequences
 // whose single row goes through our decode attention kernel, `others` those through SDPA with
@@ -19,6 +21,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include "cpu_qdot_ops.h"
 
 namespace {
 
@@ -28,22 +32,12 @@ struct Kind {
   int64_t tensors() const { return kind == 0 ? 1 : kind + 1; }  // a projection's weight tensors
 };
 
-// cpu_gemm.ours, or a w8a layer's compute (engine/quant/w8a.py): x [1, R, K] -> [1, R, n]
+// cpu_gemm.ours (fp32 panels): x [1, R, K] -> [1, R, n]
 at::Tensor mm(const at::Tensor& x, const at::Tensor* w, int64_t n, const std::optional<at::Tensor>& bias, Kind k) {
   static auto fp32 = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("latency_lab_gemv::fp32_mm", "")
                          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool)>();
-  static auto int8 = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("latency_lab_gemv::qdot_int8", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
-  static auto int4 = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("latency_lab_gemv::qdot_int4", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                           int64_t)>();
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
-  at::Tensor y = k.kind == 0   ? fp32.call(x2, w[0], n, k.wide)
-                 : k.kind == 1 ? int8.call(x2, w[0], w[1], k.isa)
-                               : int4.call(x2, w[0], w[1], w[2], k.isa);
+  at::Tensor y = fp32.call(x.reshape({-1, x.size(-1)}).contiguous(), w[0], n, k.wide);
   if (bias.has_value() && bias->defined()) y = at::add(y, *bias);
   return y.view({x.size(0), x.size(1), y.size(-1)});
 }
@@ -63,10 +57,17 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return op.call(heads(q), heads(k), heads(v), kc, vc, rows, positions, layer, scale);
 }
 
-at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {  // fast_llama._rope
-  const int64_t half = x.size(-1) / 2;
-  at::Tensor rotated = at::cat({at::neg(x.slice(-1, half)), x.slice(-1, 0, half)}, -1);
-  return at::add(at::mul(x, cos), at::mul(rotated, sin));
+// A w8a projection (kind 1 or 2) through cpu_fused.cpp: the layer's norm, or silu(gate) * up, quantized
+// on the way in; its bias and the residual added on the way out. x, up, residual: [1, R, .] -> [1, R, n].
+at::Tensor project(const at::Tensor& x, const at::Tensor* norm, double eps, const at::Tensor* up, const at::Tensor* w,
+                   const std::optional<at::Tensor>& bias, const at::Tensor* residual, Kind k) {
+  const int64_t R = x.size(1);
+  auto rows = [R](const at::Tensor& t) { return t.view({R, t.size(-1)}); };  // [1, R, .] -> [R, .] (a view)
+  auto opt = [&](const at::Tensor* t) { return t ? std::optional<at::Tensor>(rows(*t)) : std::nullopt; };
+  const std::optional<at::Tensor> b = bias.has_value() && bias->defined() ? bias : std::nullopt;
+  at::Tensor y = qdot::project(rows(x), norm ? std::optional<at::Tensor>(*norm) : std::nullopt, eps, opt(up),
+                               at::TensorList(w, k.tensors()), k.kind, k.isa, b, opt(residual));
+  return y.view({1, R, y.size(-1)});
 }
 
 at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
@@ -98,8 +99,11 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
     const at::Tensor *qkv_w = w + 1, *o_w = w + 1 + T, &mlp_norm = w[1 + 2 * T], *gate_up_w = w + 2 + 2 * T,
                      *down_w = w + 2 + 3 * T;
     auto bias = [&](int64_t j) { return biases.get(4 * i + j); };
-    at::Tensor qkv = mm(at::rms_norm(x, {hidden}, w[0], eps), qkv_w, outs[0], bias(0), how);
-    at::Tensor qk = rope(qkv.slice(-1, 0, q_size + kv_size).view({1, R, H + KV, D}).transpose(1, 2), cos, sin);
+    const bool w8a = how.kind != 0;
+    const at::Tensor qkv = w8a ? project(x, &w[0], eps, nullptr, qkv_w, bias(0), nullptr, how)
+                               : mm(at::rms_norm(x, {hidden}, w[0], eps), qkv_w, outs[0], bias(0), how);
+    // q and k roped ([R, H + KV, D], cpu_fused.cpp: torch's bits), seen as [1, heads, R, D] like the Python loop's
+    at::Tensor qk = qdot::rope_qk(qkv.view({R, qkv.size(-1)}), cos, sin, H, KV, D).view({1, R, H + KV, D}).transpose(1, 2);
     at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);
     at::Tensor v = qkv.slice(-1, q_size + kv_size).view({1, R, KV, D}).transpose(1, 2);
     at::Tensor attn;
@@ -120,6 +124,13 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
                        .select(0, 0)
                        .transpose(0, 1));
       }
+    }
+    if (w8a) {
+      x = project(attn.reshape({1, R, H * D}), nullptr, eps, nullptr, o_w, bias(1), &x, how);
+      at::Tensor gate_up = project(x, &mlp_norm, eps, nullptr, gate_up_w, bias(2), nullptr, how);
+      auto halves = gate_up.chunk(2, -1);
+      x = project(halves[0], nullptr, eps, &halves[1], down_w, bias(3), &x, how);
+      continue;
     }
     x = at::add(x, mm(attn.reshape({1, R, H * D}), o_w, outs[1], bias(1), how));
     at::Tensor gate_up = mm(at::rms_norm(x, {hidden}, mlp_norm, eps), gate_up_w, outs[2], bias(2), how);

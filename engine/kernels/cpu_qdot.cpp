@@ -21,11 +21,12 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include "cpu_qdot.h"
+#include "cpu_qdot_ops.h"
 
 namespace {
 
 using qdot::kBlock;
+using qdot::Quantized;
 
 enum Isa : int64_t { kAvx2 = 1, kVnni512 = 2, kAvxVnni = 4, kVnni256 = 8 };  // cpu_qdot.py ISAS
 
@@ -49,101 +50,6 @@ std::pair<qdot::RowsFn, qdot::RowsFn> kernels(int64_t isa) {
   return {&qdot::avx2::int8_rows, &qdot::avx2::int4_rows};
 }
 
-// x [M, K] fp32 -> int8 per block of 32: s = max|x| / 127, q = round-half-even(x * (1 / s)) (0 where
-// the block is all zeros), the block's fp32 sum (4 vectors of 8, summed (v0 + v1) + (v2 + v3), then
-// across lanes) and 128 x the sum of its q. engine/kernels/cpu_qdot.py `quantize_reference` is the
-// same arithmetic in torch (tested bit for bit: q and s; the sum up to its order). `interleaved`: xq in
-// the kernels' layout (cpu_qdot.h), rows kp bytes apart and the scales' rows gp apart, zero past K and
-// G; else xq [M, K] and the rest [M, G] in order (qdot_quantize, for the tests).
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline float hmax8(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-struct Layout {  // the quantized activations' strides: natural, or the kernels' interleaved layout
-  int64_t K, G, kp, gp;
-  bool interleaved;
-  Layout(int64_t k, bool il)
-      : K(k), G(k / kBlock), kp(il ? (k / kBlock + qdot::kChunk - 1) / qdot::kChunk * qdot::kChunk * kBlock : k),
-        gp(il ? kp / kBlock : k / kBlock), interleaved(il) {}
-};
-
-void quantize_rows(const float* x, int64_t M, const Layout& L, int8_t* xq, float* xs, float* xsum, int32_t* xqs) {
-  const int64_t K = L.K, G = L.G, C = G / qdot::kChunk, T = G % qdot::kChunk;
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t m = r0; m < r1; ++m) {
-      int8_t* qr = xq + m * L.kp;
-      if (L.interleaved) {  // the padding: a partial last chunk's missing lanes, the scales past G
-        if (T) std::memset(qr + C * 256, 0, 256);
-        for (int64_t g = G; g < L.gp; ++g) xs[m * L.gp + g] = xsum[m * L.gp + g] = 0.f, xqs[m * L.gp + g] = 0;
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        const float* xb = x + m * K + g * kBlock;
-        const __m256 v[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)};
-        const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
-                                               _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask))));
-        const float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
-        const __m256 iv = _mm256_set1_ps(inv);
-        __m256i q[4];
-        for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], iv));  // round half to even
-        const __m256i qsum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        const __m256i bytes = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
-        alignas(32) int32_t words[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(words), bytes);
-        alignas(32) int32_t qs[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(qs), qsum);
-        const int64_t at = m * L.gp + g;
-        xs[at] = s;
-        xsum[at] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
-        xqs[at] = 128 * (qs[0] + qs[1] + qs[2] + qs[3] + qs[4] + qs[5] + qs[6] + qs[7]);
-        if (!L.interleaved) {
-          std::memcpy(qr + g * kBlock, words, kBlock);
-          continue;
-        }
-        const int64_t c = g / qdot::kChunk, i = g % qdot::kChunk, lanes = c < C ? qdot::kChunk : T;
-        for (int j = 0; j < 8; ++j) std::memcpy(qr + c * 256 + 4 * (lanes * j + i), words + j, 4);  // step j, lane i
-      }
-    }
-  });
-}
-
-struct Quantized {  // one allocation: xq [rows, kp], then xs, xsum [rows, gp] fp32, xqs [rows, gp] int32
-  at::Tensor buf;
-  Layout L;
-  int64_t rows;
-  static int64_t bytes(const Layout& L) { return L.kp + 12 * L.gp; }
-  int8_t* xq() const { return reinterpret_cast<int8_t*>(buf.data_ptr<uint8_t>()); }
-  float* xs() const { return reinterpret_cast<float*>(buf.data_ptr<uint8_t>() + rows * L.kp); }
-  float* xsum() const { return xs() + rows * L.gp; }
-  int32_t* xqs() const { return reinterpret_cast<int32_t*>(xsum() + rows * L.gp); }
-  qdot::Args args(int64_t N, const at::Tensor& w) const {
-    return qdot::Args{xq(), xs(), xsum(), xqs(), L.K, N, L.kp, L.gp, w.data_ptr(), nullptr, nullptr, nullptr, nullptr};
-  }
-};
-
-Quantized quantize(const at::Tensor& x, bool interleaved) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
-              "x must be a contiguous fp32 CPU tensor [M, K]");
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(M >= 1 && K % kBlock == 0, "K must be a multiple of ", kBlock, ", got ", K);
-  const Layout L(K, interleaved);
-  Quantized q{at::empty({M * Quantized::bytes(L)}, x.options().dtype(at::kByte)), L, M};
-  quantize_rows(x.data_ptr<float>(), M, L, q.xq(), q.xs(), q.xsum(), q.xqs());
-  return q;
-}
-
 constexpr int64_t kTile = 64;  // output channels a thread takes at a time: their weights stay in L2 across row blocks
 
 // Every row block over every tile of output channels; threads take tiles from a shared counter (a
@@ -162,37 +68,16 @@ void run(const qdot::Args& a, int64_t M, qdot::RowsFn rows) {
 }
 
 at::Tensor qdot_int8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t isa) {
-  auto fns = kernels(isa);
-  const int64_t N = w.size(0), K = w.size(1);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
-  TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 2, "w must be contiguous int8 [N, K]");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == N, "scale: fp32 [N]");
-  const Quantized q = quantize(x, true);
-  at::Tensor y = at::empty({x.size(0), N}, x.options());
-  qdot::Args a = q.args(N, w);
-  a.scale8 = scale.data_ptr<float>();
-  a.y = y.data_ptr<float>();
-  run(a, x.size(0), fns.first);
-  return y;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous fp32 CPU tensor [M, K]");
+  const at::Tensor ws[] = {w, scale};
+  return qdot::product(qdot::quantize(x, true), ws, 1, isa, at::Tensor(), at::Tensor());
 }
 
 at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& offset,
                      int64_t isa) {
-  auto fns = kernels(isa);
-  const int64_t N = w.size(0), K = w.size(1) * 2, G = K / kBlock;
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2, "w must be contiguous uint8 [N, K/2]");
-  for (const at::Tensor* t : {&scale, &offset})
-    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->numel() == N * G,
-                "scale and offset: fp16 [N, K/32]");
-  const Quantized q = quantize(x, true);
-  at::Tensor y = at::empty({x.size(0), N}, x.options());
-  qdot::Args a = q.args(N, w);
-  a.scale4 = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
-  a.offset4 = reinterpret_cast<const uint16_t*>(offset.data_ptr<at::Half>());
-  a.y = y.data_ptr<float>();
-  run(a, x.size(0), fns.second);
-  return y;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous fp32 CPU tensor [M, K]");
+  const at::Tensor ws[] = {w, scale, offset};
+  return qdot::product(qdot::quantize(x, true), ws, 2, isa, at::Tensor(), at::Tensor());
 }
 
 // A row of weights from the interleaved layout (cpu_qdot.h) back in block order: `steps` 4-byte steps a
@@ -254,7 +139,7 @@ at::Tensor qdot_dequantize(const at::Tensor& w, const at::Tensor& scale, const s
 
 // x quantized, in block order: (xq [M, K] int8, scale [M, G], block sums [M, G]), for the tests.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qdot_quantize(const at::Tensor& x) {
-  const Quantized q = quantize(x, false);
+  const Quantized q = qdot::quantize(x, false);
   const int64_t M = x.size(0), K = x.size(1), G = K / kBlock, base = M * K;
   return {q.buf.narrow(0, 0, base).view(at::kChar).view({M, K}),
           q.buf.narrow(0, base, 4 * M * G).view(at::kFloat).view({M, G}),
@@ -262,6 +147,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qdot_quantize(const at::Tensor& x
 }
 
 }  // namespace
+
+at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t kind, int64_t isa,
+                         const at::Tensor& bias, const at::Tensor& residual) {
+  TORCH_CHECK(kind == 1 || kind == 2, "integer kernels: kind 1 (int8) or 2 (4-bit)");
+  TORCH_CHECK(q.L.interleaved, "the kernels read interleaved activations");
+  auto fns = kernels(isa);
+  const at::Tensor& w = weights[0];
+  const int64_t N = w.size(0), K = q.L.K, G = K / kBlock, M = q.rows;
+  qdot::Args a{q.xq(), q.xs(), q.xsum(), q.xqs(), K, N, q.L.kp, q.L.gp, w.data_ptr(),
+               nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  if (kind == 1) {
+    TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 2 && w.size(1) == K,
+                "w must be contiguous int8 [N, ", K, "]");
+    const at::Tensor& scale = weights[1];
+    TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == N, "scale: fp32 [N]");
+    a.scale8 = scale.data_ptr<float>();
+  } else {
+    TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 && w.size(1) * 2 == K,
+                "w must be contiguous uint8 [N, ", K / 2, "]");
+    for (int i = 1; i <= 2; ++i)
+      TORCH_CHECK(weights[i].scalar_type() == at::kHalf && weights[i].is_contiguous() && weights[i].numel() == N * G,
+                  "scale and offset: fp16 [N, K/32]");
+    a.scale4 = reinterpret_cast<const uint16_t*>(weights[1].data_ptr<at::Half>());
+    a.offset4 = reinterpret_cast<const uint16_t*>(weights[2].data_ptr<at::Half>());
+  }
+  at::Tensor y = at::empty({M, N}, q.buf.options().dtype(at::kFloat));
+  a.y = y.data_ptr<float>();
+  if (bias.defined()) {
+    TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == N, "bias: fp32 [N]");
+    a.bias = bias.data_ptr<float>();
+  }
+  if (residual.defined()) {
+    TORCH_CHECK(residual.scalar_type() == at::kFloat && residual.is_contiguous() && residual.numel() == M * N,
+                "residual: contiguous fp32 [M, N]");
+    a.resid = residual.data_ptr<float>();
+  }
+  run(a, M, kind == 1 ? fns.first : fns.second);
+  return y;
+}
 
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("qdot_isas() -> int", &supported_isas);  // no tensor to dispatch on: one kernel for every backend

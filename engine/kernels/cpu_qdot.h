@@ -37,6 +37,8 @@ struct Args {
   const uint16_t* scale4;   // 4-bit: [N, G] fp16 scale
   const uint16_t* offset4;  // 4-bit: [N, G] fp16 offset (w = q * scale + offset, q in 0..15)
   float* y;             // [M, N]
+  const float* bias;    // [N] added to the product, or null
+  const float* resid;   // [M, N] added after the bias (y = resid + (x . w + bias)), or null
 };
 
 // Rows [m0, m0 + rows) (rows <= kMaxRows) of y for output channels [n0, n1).

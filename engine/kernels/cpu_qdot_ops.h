@@ -1,0 +1,54 @@
+// The integer kernels' ATen-level pieces, shared by their ops (cpu_qdot.cpp), the quantizer
+// (cpu_qdot_quant.cpp), the fused projections (cpu_fused.cpp) and the C++ layer loop (cpu_layers.cpp).
+// Not included by the per-ISA files (cpu_qdot.h says why).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "cpu_qdot.h"
+
+namespace qdot {
+
+struct Layout {  // the quantized activations' strides: in block order, or the kernels' interleaved layout
+  int64_t K, G, kp, gp;
+  bool interleaved;
+  Layout(int64_t k, bool il)
+      : K(k), G(k / kBlock), kp(il ? (k / kBlock + kChunk - 1) / kChunk * kChunk * kBlock : k),
+        gp(il ? kp / kBlock : k / kBlock), interleaved(il) {}
+};
+
+struct Quantized {  // one allocation: xq [rows, kp], then xs, xsum [rows, gp] fp32, xqs [rows, gp] int32
+  at::Tensor buf;
+  Layout L;
+  int64_t rows;
+  static int64_t bytes(const Layout& L) { return L.kp + 12 * L.gp; }
+  int8_t* xq() const { return reinterpret_cast<int8_t*>(buf.data_ptr<uint8_t>()); }
+  float* xs() const { return reinterpret_cast<float*>(buf.data_ptr<uint8_t>() + rows * L.kp); }
+  float* xsum() const { return xs() + rows * L.gp; }
+  int32_t* xqs() const { return reinterpret_cast<int32_t*>(xsum() + rows * L.gp); }
+};
+
+// Rows of activations quantized per block of 32 (cpu_qdot_quant.cpp), from
+Quantized quantize(const at::Tensor& x, bool interleaved);  // x [M, K] fp32 itself;
+// rms_norm(x, weight, eps) as torch computes it in fp32 (x * rsqrt(mean(x^2) + eps), then * weight;
+// the mean from torch's own sum), without the normalized rows in memory;
+Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double eps);
+// a * b elementwise (silu(gate) * up: a, b [M, K], rows may be strided), without the product in memory.
+Quantized quantize_product(const at::Tensor& a, const at::Tensor& b);
+
+// y [M, N] = the quantized rows times a projection's weights: kind 1, {int8 [N, K], fp32 scale [N]};
+// kind 2, {4-bit [N, K / 2], fp16 scale, fp16 offset [N, K / 32]} (both interleaved), in form `isa`
+// (cpu_qdot.py ISAS). Then `bias` [N] and `residual` [M, N] (fp32, or undefined) are added in that
+// order, each add one rounding as torch's: y = residual + (product + bias).
+at::Tensor product(const Quantized& q, const at::Tensor* weights, int64_t kind, int64_t isa, const at::Tensor& bias,
+                   const at::Tensor& residual);
+
+// The fused projection of cpu_fused.cpp (its op qdot_project says what it computes).
+at::Tensor project(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight, double eps,
+                   const std::optional<at::Tensor>& up, at::TensorList weights, int64_t kind, int64_t isa,
+                   const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual);
+
+// q and k of a fused q/k/v output with rotary positions applied (cpu_fused.cpp: rope_qk).
+at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H, int64_t KV,
+                   int64_t D);
+
+}  // namespace qdot
