@@ -153,8 +153,10 @@ def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled)
     layers = [m for m in model.modules() if isinstance(m, Int4W8ALinear)]
     assert len(layers) == 30 * 4 + 1
     int4wo = build(bundled, "int4wo+head")[0]
-    # counted once, as int4wo's: half a byte a weight, an fp16 scale and offset per 32 (its one layout)
+    # counted once, as int4wo's: half a byte a weight, an fp16 scale and offset per 32 (its one layout),
+    # gathered into one huge-page region (engine/platform/hugepages.py)
     assert weight_bytes(model) == weight_bytes(int4wo.model)
+    assert len({t.untyped_storage().data_ptr() for m in layers for t in (m.weight_q4, m.scale, m.offset)}) == 1
     prompts = [[1, 504, 3458, 30], [1, 2683, 314], [1, 11, 17, 19, 23, 29]]
 
     def greedy(batch, steps=8):

@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.core.errors import LoadError
 from engine.kernels import cpu_gemm, cpu_qdot
+from engine.platform import hugepages
 from engine.quant.weight_only import INT4_GROUP_SIZE, WeightOnlyLinear, int4_quantize
 
 
@@ -34,6 +35,16 @@ def check(device, shapes) -> None:
     if odd:
         raise LoadError(f"the int8-activation variants need input sizes divisible by {cpu_qdot.BLOCK} "
                         f"(their activation blocks); this model has {odd}. Pick int8wo.")
+
+
+def gather(model: nn.Module) -> None:
+    """Move every w8a layer's weights (and scales) of `model` into one huge-page region
+    (engine/platform/hugepages.py says why): the same values; a decode step streams them faster."""
+    held = [(m, name) for m in model.modules() if isinstance(m, _W8ALinear) for name in m.WEIGHTS]
+    if not held:
+        return
+    for (m, name), t in zip(held, hugepages.gather([m._buffers[name] for m, name in held])):
+        m._buffers[name] = t
 
 
 class _W8ALinear(WeightOnlyLinear):
@@ -66,6 +77,8 @@ class _W8ALinear(WeightOnlyLinear):
 class Int8W8ALinear(_W8ALinear):
     """y = x @ (W_int8 * scale).T + b with x quantized to int8 per block of 32."""
 
+    WEIGHTS = ("weight_int8", "scale")  # what a product reads (the C++ layer loop too)
+
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(weight_int8.shape[1], weight_int8.shape[0], bias)
         self.register_buffer("weight_int8", weight_int8.contiguous())
@@ -85,6 +98,8 @@ class Int8W8ALinear(_W8ALinear):
 
 class Int4W8ALinear(_W8ALinear):
     """4-bit weights (int4wo's asymmetric groups of 32) times x quantized to int8 per block of 32."""
+
+    WEIGHTS = ("weight_q4", "scale", "offset")
 
     def __init__(self, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(packed.shape[1] * 2, packed.shape[0], bias)
