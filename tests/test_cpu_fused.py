@@ -17,8 +17,8 @@ def _weights(kind, n, k, seed=0):
     if kind == 1:
         return list(cpu_qdot.quantize_int8(torch.randn(n, k, generator=gen) * 0.05))
     q = torch.randint(0, 16, (n, k), generator=gen)
-    return list(cpu_qdot.pack_int4(q, torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3,
-                                   torch.randn(n, k // 32, generator=gen) * 0.01))
+    return [cpu_qdot.pack_int4(q, torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3,
+                               torch.randn(n, k // 32, generator=gen) * 0.01)]
 
 
 def _plain(x, weights, kind, isa):

@@ -50,12 +50,12 @@ def test_every_form_this_cpu_runs_passed_its_check_and_the_best_is_chosen():
 # a chunk of 8 blocks and none; every partial last chunk (T = 1..7 blocks); the model's sizes
 @pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 192, 224, 256, 288, 480, 576, 1536])
 def test_each_form_equals_the_reference_and_the_others_bit_for_bit(k):
-    (q8, s8), (p4, sc, off) = _weights(136, k)
+    (q8, s8), p4 = _weights(136, k)
     x = torch.randn(6, k) * 2
     x[1, :32] = 0  # an all-zero block
     for what, run, ref in (("int8", lambda f: cpu_qdot.int8_w8a(x, q8, s8, f), cpu_qdot.int8_reference(x, q8, s8)),
-                           ("int4", lambda f: cpu_qdot.int4_w8a(x, p4, sc, off, f),
-                            cpu_qdot.int4_reference(x, p4, sc, off))):
+                           ("int4", lambda f: cpu_qdot.int4_w8a(x, p4, f),
+                            cpu_qdot.int4_reference(x, p4))):
         results = [run(f) for f in _forms()]
         for got in results:
             assert float((got - ref).abs().max() / ref.abs().max()) < 1e-5, what
@@ -77,9 +77,9 @@ def test_activations_are_quantized_as_the_reference_does_bit_for_bit():
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(form):
     if form not in _forms():
         pytest.skip(f"this CPU does not run {form} (test_forced_* covers the choice)")
-    (q8, s8), (p4, sc, off) = _weights(200, 576, seed=1)
+    (q8, s8), p4 = _weights(200, 576, seed=1)
     x = torch.randn(11, 576)
-    for run in (lambda a: cpu_qdot.int8_w8a(a, q8, s8, form), lambda a: cpu_qdot.int4_w8a(a, p4, sc, off, form)):
+    for run in (lambda a: cpu_qdot.int8_w8a(a, q8, s8, form), lambda a: cpu_qdot.int4_w8a(a, p4, form)):
         full = run(x)
         for m in (1, 2, 3, 4, 5, 9):
             assert torch.equal(run(x[:m].contiguous()), full[:m])
@@ -93,7 +93,7 @@ def test_forced_avx2_cpu_takes_the_avx2_form_and_a_layer_is_told_it():
         layer = Int4W8ALinear.from_linear(nn.Linear(96, 40, bias=False))
     assert layer.isa == "avx2"
     x = torch.randn(3, 96)
-    assert torch.equal(layer(x), cpu_qdot.int4_w8a(x, layer.weight_q4, layer.scale, layer.offset, "avx2"))
+    assert torch.equal(layer(x), cpu_qdot.int4_w8a(x, layer.weight_q4, "avx2"))
 
 
 @needs_kernels
@@ -124,7 +124,7 @@ def test_the_reference_is_the_dequantized_product_up_to_activation_rounding():
         layer = cls.from_linear(linear)
         want = x @ layer.dequantized().T
         ref = {Int8W8ALinear: lambda: cpu_qdot.int8_reference(x, layer.weight_int8, layer.scale),
-               Int4W8ALinear: lambda: cpu_qdot.int4_reference(x, layer.weight_q4, layer.scale, layer.offset)}[cls]()
+               Int4W8ALinear: lambda: cpu_qdot.int4_reference(x, layer.weight_q4)}[cls]()
         err = float((ref - want).abs().max() / want.abs().max())
         assert 0 < err < 0.02  # int8 activations: not the fp32 product's bits, but close to it
 
@@ -156,7 +156,7 @@ def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled)
     # counted once, as int4wo's: half a byte a weight, an fp16 scale and offset per 32 (its one layout),
     # gathered into one huge-page region (engine/platform/hugepages.py)
     assert weight_bytes(model) == weight_bytes(int4wo.model)
-    assert len({t.untyped_storage().data_ptr() for m in layers for t in (m.weight_q4, m.scale, m.offset)}) == 1
+    assert len({t.untyped_storage().data_ptr() for m in layers for t in (m.weight_q4,)}) == 1
     prompts = [[1, 504, 3458, 30], [1, 2683, 314], [1, 11, 17, 19, 23, 29]]
 
     def greedy(batch, steps=8):
@@ -183,7 +183,8 @@ def test_a_long_prompt_multiplies_fp32_activations_by_the_dequantized_weights():
     x = torch.randn(1, plan.OURS_ROWS + 40, 576)
     for cls, ref in ((Int8W8ALinear, lambda l: cpu_qdot.deinterleave(l.weight_int8, 8).float() * l.scale[:, None]),
                      (Int4W8ALinear, lambda l: cpu_qdot.unpack_int4(l.weight_q4).float()
-                      * l.scale.float().repeat_interleave(32, 1) + l.offset.float().repeat_interleave(32, 1))):
+                      * cpu_qdot.int4_parts(l.weight_q4)[1].float().repeat_interleave(32, 1)
+                      + cpu_qdot.int4_parts(l.weight_q4)[2].float().repeat_interleave(32, 1))):
         layer = cls.from_linear(linear)
         assert torch.allclose(layer.dequantized(), ref(layer), rtol=1e-6, atol=1e-7)
         lp = plan._linear_plan(layer, "cpu", capabilities.detect(), None, None, True)

@@ -31,8 +31,8 @@ inline __m256 rounded(__m256 v) {  // the product as torch leaves it in memory: 
 at::Tensor project(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight, double eps,
                    const std::optional<at::Tensor>& up, at::TensorList weights, int64_t kind, int64_t isa,
                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual) {
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kind + 1, "kind 1: int8 weights and scale; kind 2: 4-bit "
-              "weights, scale and offset");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == (kind == 1 ? 2 : 1), "kind 1: int8 weights and scale; "
+              "kind 2: 4-bit rows (weights, scales and offsets)");
   TORCH_CHECK(!(norm_weight.has_value() && up.has_value()), "a norm or a product, not both");
   Quantized q = norm_weight.has_value() ? quantize_normed(x, *norm_weight, eps)
                 : up.has_value()        ? quantize_product(at::silu(x), *up)

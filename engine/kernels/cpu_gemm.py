@@ -128,15 +128,15 @@ def _register_fakes() -> None:
         return x.new_empty(x.shape[0], w.shape[0])
 
     @torch.library.register_fake("latency_lab_gemv::qdot_dequantize")
-    def _(w, scale, offset):
-        return w.new_empty(w.shape[0], w.shape[1] * (2 if offset is not None else 1), dtype=torch.float32)
+    def _(w, scale):
+        return w.new_empty(w.shape[0], w.shape[1] * 8 // 5 if scale is None else w.shape[1], dtype=torch.float32)
 
     @torch.library.register_fake("latency_lab_gemv::qdot_int8")
     def _(x, w, scale, isa):
         return x.new_empty(x.shape[0], w.shape[0])
 
     @torch.library.register_fake("latency_lab_gemv::qdot_int4")
-    def _(x, w, scale, offset, isa):
+    def _(x, w, isa):
         return x.new_empty(x.shape[0], w.shape[0])
 
 

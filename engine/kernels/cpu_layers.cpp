@@ -12,7 +12,7 @@
 //
 // weights: per layer, the attention norm weight, q/k/v's weights, o's, the MLP norm weight, gate/up's,
 // down's; a projection's weights are `kind`'s: 0, fp32 panels (engine/kernels/cpu_gemm.py:
-// fp32_panels); 1, int8 weights and fp32 scales; 2, 4-bit weights, fp16 scales and offsets (the w8a
+// fp32_panels); 1, int8 weights and fp32 scales; 2, 4-bit rows with their fp16 scales and offsets (the w8a
 // layers of engine/quant/w8a.py, through cpu_fused.cpp's projections in form `isa`). biases: per layer 4 (q/k/v, o,
 // gate/up, down), undefined where none. outs: the 4 projections' output sizes. Sequence b brings
 // lengths[b] rows from row offsets[b], at positions from starts[b]; `decode` lists the sequences
@@ -29,7 +29,7 @@ namespace {
 struct Kind {
   int64_t kind, isa;
   bool wide;
-  int64_t tensors() const { return kind == 0 ? 1 : kind + 1; }  // a projection's weight tensors
+  int64_t tensors() const { return kind == 1 ? 2 : 1; }  // a projection's weight tensors
 };
 
 // cpu_gemm.ours (fp32 panels): x [1, R, K] -> [1, R, n]

@@ -55,7 +55,7 @@ def loop_kind(model) -> tuple[int, int] | None:
     return next(iter(kinds)) if len(kinds) == 1 and None not in kinds else None
 
 
-_TENSORS = {1: ("weight_int8", "scale"), 2: ("weight_q4", "scale", "offset")}  # a w8a layer's (its WEIGHTS), by kind
+_TENSORS = {1: ("weight_int8", "scale"), 2: ("weight_q4",)}  # a w8a layer's (its WEIGHTS), by kind
 
 
 def layer_weights(model) -> tuple[list, list] | None:

@@ -73,11 +73,9 @@ at::Tensor qdot_int8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return qdot::product(qdot::quantize(x, true), ws, 1, isa, at::Tensor(), at::Tensor());
 }
 
-at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& offset,
-                     int64_t isa) {
+at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, int64_t isa) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous fp32 CPU tensor [M, K]");
-  const at::Tensor ws[] = {w, scale, offset};
-  return qdot::product(qdot::quantize(x, true), ws, 2, isa, at::Tensor(), at::Tensor());
+  return qdot::product(qdot::quantize(x, true), &w, 2, isa, at::Tensor(), at::Tensor());
 }
 
 // A row of weights from the interleaved layout (cpu_qdot.h) back in block order: `steps` 4-byte steps a
@@ -91,40 +89,38 @@ void deinterleave(const uint8_t* src, uint8_t* dst, int64_t G, int64_t steps) {
   }
 }
 
-// The weights back in fp32 [N, K], for a long prefill's fp32 GEMM (cpu_qdot.py: `dequantized`): int8,
-// w * scale[n]; 4-bit, fma(q, scale, offset) per block (in block order, byte j of a block: q[j] low,
-// q[j + 16] high). Both in the interleaved layout.
-at::Tensor qdot_dequantize(const at::Tensor& w, const at::Tensor& scale, const std::optional<at::Tensor>& offset) {
-  const bool four = offset.has_value();
-  const int64_t N = w.size(0), K = four ? w.size(1) * 2 : w.size(1), G = K / kBlock;
-  TORCH_CHECK(w.is_contiguous() && w.scalar_type() == (four ? at::kByte : at::kChar) && K % kBlock == 0,
-              "w: contiguous int8 [N, K] or 4-bit uint8 [N, K / 2], K a multiple of 32");
+// The weights back in fp32 [N, K], for a long prefill's fp32 GEMM (cpu_qdot.py: `dequantized`): int8
+// (`scale` given), w * scale[n]; 4-bit rows (cpu_qdot.h), fma(q, scale, offset) per block (in block
+// order, byte j of a block: q[j] low, q[j + 16] high).
+at::Tensor qdot_dequantize(const at::Tensor& w, const std::optional<at::Tensor>& scale) {
+  const bool four = !scale.has_value();
+  const int64_t N = w.size(0), K = four ? w.size(1) * 8 / 5 : w.size(1), G = K / kBlock;
+  TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && w.scalar_type() == (four ? at::kByte : at::kChar) &&
+                  K % kBlock == 0 && (!four || w.size(1) == K / 2 + 4 * G),
+              "w: contiguous int8 [N, K] with fp32 scales [N], or 4-bit rows [N, K / 2 + K / 8], K a multiple of 32");
+  TORCH_CHECK(four || (scale->is_contiguous() && scale->numel() == N && scale->scalar_type() == at::kFloat),
+              "scale: fp32 [N]");
   TORCH_CHECK(K <= qdot::kChunk * kBlock * 64, "K up to ", qdot::kChunk * kBlock * 64, ", got ", K);
-  TORCH_CHECK(scale.is_contiguous() && scale.numel() == (four ? N * G : N) &&
-                  scale.scalar_type() == (four ? at::kHalf : at::kFloat) &&
-                  (!four || (offset->is_contiguous() && offset->numel() == N * G && offset->scalar_type() == at::kHalf)),
-              "scale: fp32 [N] (int8), or fp16 scale and offset [N, K / 32] (4-bit)");
   at::Tensor out = at::empty({N, K}, w.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       float* row = op + n * K;
+      const uint8_t* src = static_cast<const uint8_t*>(w.data_ptr()) + n * w.size(1);
       alignas(32) uint8_t natural[qdot::kChunk * kBlock * 64];  // one row in block order (K up to 16,384)
-      deinterleave(static_cast<const uint8_t*>(w.data_ptr()) + n * w.size(1), natural, G, four ? 4 : 8);
+      deinterleave(src, natural, G, four ? 4 : 8);
       if (!four) {
-        const int8_t* wr = reinterpret_cast<const int8_t*>(natural);
-        const __m256 s = _mm256_set1_ps(scale.data_ptr<float>()[n]);
+        const __m256 s = _mm256_set1_ps(scale->data_ptr<float>()[n]);
         for (int64_t k = 0; k < K; k += 8)
           _mm256_storeu_ps(row + k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + k)))), s));
+                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(natural + k)))), s));
         continue;
       }
-      const uint8_t* wr = natural;
-      const uint16_t* sr = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()) + n * G;
-      const uint16_t* orow = reinterpret_cast<const uint16_t*>(offset->data_ptr<at::Half>()) + n * G;
+      const uint16_t* sr = reinterpret_cast<const uint16_t*>(src + K / 2);
+      const uint16_t* orow = sr + G;
       for (int64_t g = 0; g < G; ++g) {
         const __m256 s = _mm256_set1_ps(_cvtsh_ss(sr[g])), o = _mm256_set1_ps(_cvtsh_ss(orow[g]));
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + g * 16));
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(natural + g * 16));
         const __m128i q[2] = {_mm_and_si128(b, _mm_set1_epi8(0x0F)), _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F))};
         for (int h = 0; h < 2; ++h) {  // q[0..15], then q[16..31]
           float* at = row + g * kBlock + h * 16;
@@ -155,8 +151,7 @@ at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t 
   auto fns = kernels(isa);
   const at::Tensor& w = weights[0];
   const int64_t N = w.size(0), K = q.L.K, G = K / kBlock, M = q.rows;
-  qdot::Args a{q.xq(), q.xs(), q.xsum(), q.xqs(), K, N, q.L.kp, q.L.gp, w.data_ptr(),
-               nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  qdot::Args a{q.xq(), q.xs(), q.xsum(), q.xqs(), K, N, q.L.kp, q.L.gp, w.data_ptr(), nullptr, nullptr, nullptr, nullptr};
   if (kind == 1) {
     TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 2 && w.size(1) == K,
                 "w must be contiguous int8 [N, ", K, "]");
@@ -164,13 +159,8 @@ at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t 
     TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == N, "scale: fp32 [N]");
     a.scale8 = scale.data_ptr<float>();
   } else {
-    TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 && w.size(1) * 2 == K,
-                "w must be contiguous uint8 [N, ", K / 2, "]");
-    for (int i = 1; i <= 2; ++i)
-      TORCH_CHECK(weights[i].scalar_type() == at::kHalf && weights[i].is_contiguous() && weights[i].numel() == N * G,
-                  "scale and offset: fp16 [N, K/32]");
-    a.scale4 = reinterpret_cast<const uint16_t*>(weights[1].data_ptr<at::Half>());
-    a.offset4 = reinterpret_cast<const uint16_t*>(weights[2].data_ptr<at::Half>());
+    TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 && w.size(1) == K / 2 + 4 * G,
+                "w must be contiguous uint8 rows [N, ", K / 2 + 4 * G, "]: 4-bit weights, fp16 scales and offsets");
   }
   at::Tensor y = at::empty({M, N}, q.buf.options().dtype(at::kFloat));
   a.y = y.data_ptr<float>();
@@ -190,9 +180,9 @@ at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t 
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("qdot_isas() -> int", &supported_isas);  // no tensor to dispatch on: one kernel for every backend
   m.def("qdot_quantize(Tensor x) -> (Tensor, Tensor, Tensor)");
-  m.def("qdot_dequantize(Tensor w, Tensor scale, Tensor? offset) -> Tensor");
+  m.def("qdot_dequantize(Tensor w, Tensor? scale) -> Tensor");
   m.def("qdot_int8(Tensor x, Tensor w, Tensor scale, int isa) -> Tensor");
-  m.def("qdot_int4(Tensor x, Tensor w, Tensor scale, Tensor offset, int isa) -> Tensor");
+  m.def("qdot_int4(Tensor x, Tensor w, int isa) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) {

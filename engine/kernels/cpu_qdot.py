@@ -15,7 +15,10 @@ into chunks of 8 blocks, and a chunk's bytes are reordered so that 4 bytes of ea
 side in a vector's 8 int32 lanes: each multiply-accumulate adds to every block's own sum in its own
 lane, so a chunk's 8 integer sums come out in one vector, with no reduction across lanes, and its 8
 scales (and the 4-bit offsets' term) apply in one vector FMA each. `quantize_int8` and `pack_int4`
-make the weights so; int8wo's and int4wo's quantization, in another byte order.
+make the weights so; int8wo's and int4wo's quantization, in another byte order. A 4-bit channel's row
+holds its fp16 scales and offsets after its weights: one stream of memory a row, not three (the
+model's 120 4-bit layers streamed ~8% faster so, 1 thread, Zen 4, weights in huge pages:
+`python -m engine.bench gemv --rows 1`, the two layouts built in turn).
 
 Why: widening every weight to fp32 (cpu_gemm.cpp's int8 kernel) or int16 (its 4-bit one) made
 those kernels bound by arithmetic, not by memory; integer dot products do 32 products in one or two
@@ -97,11 +100,23 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return interleave(q, 8), scale
 
 
-def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor | None:
     """cpu_gemm.pack_int4's 4-bit blocks (q in 0..15, w = (q - 8) * scale + zero; fp16 scale and offset
-    per block), the bytes interleaved for the integer kernels. None where fp16 cannot hold the scales."""
+    per block) as the integer kernels' rows [N, K / 2 + K / 8]: the weights' bytes interleaved, then
+    the fp16 scales, then the fp16 offsets. None where fp16 cannot hold the scales."""
     layout = cpu_gemm.pack_int4(q, scale, zero)
-    return None if layout is None else (interleave(layout[0], 4), *layout[1:])
+    if layout is None:
+        return None
+    packed, s16, o16 = layout
+    return torch.cat([interleave(packed, 4), s16.view(torch.uint8), o16.view(torch.uint8)], dim=1).contiguous()
+
+
+def int4_parts(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pack_int4's rows as (weight bytes [N, K / 2] interleaved, fp16 scale, fp16 offset [N, K / 32]): views."""
+    half = rows.shape[1] * 4 // 5
+    groups = half // 16
+    return (rows[:, :half], rows[:, half:half + 2 * groups].view(torch.float16),
+            rows[:, half + 2 * groups:].view(torch.float16))
 
 
 def cpu_isas() -> frozenset[str]:
@@ -153,25 +168,24 @@ def int8_w8a(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, isa: str | N
     return torch.ops.latency_lab_gemv.qdot_int8(x, w, scale, ISAS[isa][0])
 
 
-def int4_w8a(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
-             isa: str | None = "auto") -> torch.Tensor:
-    """x [M, K] fp32 @ the 4-bit weights of cpu_gemm.pack_int4 (fp16 scale and offset per block).T."""
+def int4_w8a(x: torch.Tensor, rows: torch.Tensor, isa: str | None = "auto") -> torch.Tensor:
+    """x [M, K] fp32 @ the 4-bit weights of pack_int4's rows (fp16 scale and offset per block).T."""
     isa = choose_isa() if isa == "auto" else isa
     if isa is None:
-        return int4_reference(x, packed, scale, offset)
-    return torch.ops.latency_lab_gemv.qdot_int4(x, packed, scale, offset, ISAS[isa][0])
+        return int4_reference(x, rows)
+    return torch.ops.latency_lab_gemv.qdot_int4(x, rows, ISAS[isa][0])
 
 
-def dequantized(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
-    """The weights in fp32 [N, K] (int8 with fp32 scales per channel, or the 4-bit blocks with fp16
-    scale and offset; both interleaved, as quantize_int8 and pack_int4 make them): a long prefill multiplies them by fp32 activations in the fp32
+def dequantized(w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The weights in fp32 [N, K] (int8 with fp32 scales per channel, or pack_int4's 4-bit rows, scale
+    None; as quantize_int8 and pack_int4 make them): a long prefill multiplies them by fp32 activations in the fp32
     GEMM (engine/quant/w8a.py `prefill`), where that beats the integer kernels."""
     if cpu_gemm.built_reason() is None:
-        return torch.ops.latency_lab_gemv.qdot_dequantize(w, scale, offset)
-    if offset is None:
+        return torch.ops.latency_lab_gemv.qdot_dequantize(w, scale)
+    if scale is not None:
         return deinterleave(w, 8).float() * scale.float()[:, None]
-    return (unpack_int4(w).float() * scale.float().repeat_interleave(BLOCK, 1)
-            + offset.float().repeat_interleave(BLOCK, 1))
+    _, s16, o16 = int4_parts(w)
+    return unpack_int4(w).float() * s16.float().repeat_interleave(BLOCK, 1) + o16.float().repeat_interleave(BLOCK, 1)
 
 
 # --- the reference: the same arithmetic in torch (the fallback, and what the kernels are checked against)
@@ -209,17 +223,19 @@ def int8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> tor
     return torch.cat(parts, dim=1)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """q in 0..15 [N, K] from pack_int4's interleaved bytes (in block order, byte j of a block: q[j]
-    low, q[j + 16] high)."""
+def unpack_int4(rows: torch.Tensor) -> torch.Tensor:
+    """q in 0..15 [N, K] from pack_int4's rows (their weight bytes, in block order: byte j of a block
+    holds q[j] low, q[j + 16] high)."""
+    packed = int4_parts(rows)[0]
     n, half = packed.shape
-    b = deinterleave(packed, 4).reshape(n, half // 16, 16)
+    b = deinterleave(packed.contiguous(), 4).reshape(n, half // 16, 16)
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, half * 2)
 
 
-def int4_reference(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+def int4_reference(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     xq, xs, xsum = quantize_reference(x)
-    q = unpack_int4(packed)
+    q = unpack_int4(rows)
+    _, scale, offset = int4_parts(rows)
     starts, step = _chunks(q.shape[0], x.shape[0], xs.shape[1])
     parts = [(_block_dots(xq, q[i:i + step]) * (scale[i:i + step].float()[None] * xs[:, None, :])).sum(dim=2)
              + xsum @ offset[i:i + step].float().T for i in starts]
@@ -237,8 +253,7 @@ def _checked() -> dict[str, str | None]:
     w = torch.randn(n, k, generator=gen)
     q8, s8 = quantize_int8(w)
     q4 = torch.randint(0, 16, (n, k), generator=gen)
-    packed, s16, o16 = pack_int4(q4, torch.rand(n, k // BLOCK, generator=gen) * 0.1,
-                                          torch.randn(n, k // BLOCK, generator=gen) * 0.1)
+    packed = pack_int4(q4, torch.rand(n, k // BLOCK, generator=gen) * 0.1, torch.randn(n, k // BLOCK, generator=gen) * 0.1)
     xs = [torch.randn(m, k, generator=gen) * 3 for m in (1, 2, 3, 4, 5, 9)]
     xs[0][0, :BLOCK] = 0  # an all-zero block: scale 0
     results, out = {}, {}
@@ -252,9 +267,9 @@ def _checked() -> dict[str, str | None]:
                 if not torch.equal(xq, quantize_reference(x)[0]):
                     raise RuntimeError("activation quantization differs from the reference")
                 a = int8_w8a(x, q8, s8, name)
-                b = int4_w8a(x, packed, s16, o16, name)
+                b = int4_w8a(x, packed, name)
                 _close(a, int8_reference(x, q8, s8), "int8")
-                _close(b, int4_reference(x, packed, s16, o16), "4-bit")
+                _close(b, int4_reference(x, packed), "4-bit")
                 got.append((a, b))
             results[name], out[name] = None, got
         except Exception as exc:  # a wrong result or a missing instruction: this form does not serve

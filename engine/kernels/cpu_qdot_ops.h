@@ -36,7 +36,7 @@ Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double 
 Quantized quantize_product(const at::Tensor& a, const at::Tensor& b);
 
 // y [M, N] = the quantized rows times a projection's weights: kind 1, {int8 [N, K], fp32 scale [N]};
-// kind 2, {4-bit [N, K / 2], fp16 scale, fp16 offset [N, K / 32]} (both interleaved), in form `isa`
+// kind 2, {4-bit rows [N, K / 2 + K / 8]: weights, fp16 scales, fp16 offsets} (cpu_qdot.h), in form `isa`
 // (cpu_qdot.py ISAS). Then `bias` [N] and `residual` [M, N] (fp32, or undefined) are added in that
 // order, each add one rounding as torch's: y = residual + (product + bias).
 at::Tensor product(const Quantized& q, const at::Tensor* weights, int64_t kind, int64_t isa, const at::Tensor& bias,

@@ -9,8 +9,8 @@ and records the form the layers were told.
 
 The weights are stored once, in the integer kernels' own layout (persistent buffers, so
 `weight_bytes` counts them): int8 [N, K] with one fp32 scale per output channel (int8wo's
-quantization); 4-bit, 16 bytes per block of 32 inputs and an fp16 scale and offset per block
-(int4wo's quantization, cpu_gemm.pack_int4's layout: no torch-packed copy beside it).
+quantization); 4-bit, 16 bytes per block of 32 inputs and an fp16 scale and offset per block, a
+channel's in one row (int4wo's quantization, cpu_qdot.pack_int4: no torch-packed copy beside it).
 CPU only: on another device the variant is refused before it is built (`check`).
 """
 
@@ -99,13 +99,11 @@ class Int8W8ALinear(_W8ALinear):
 class Int4W8ALinear(_W8ALinear):
     """4-bit weights (int4wo's asymmetric groups of 32) times x quantized to int8 per block of 32."""
 
-    WEIGHTS = ("weight_q4", "scale", "offset")
+    WEIGHTS = ("weight_q4",)
 
-    def __init__(self, packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__(packed.shape[1] * 2, packed.shape[0], bias)
-        self.register_buffer("weight_q4", packed)
-        self.register_buffer("scale", scale)
-        self.register_buffer("offset", offset)
+    def __init__(self, rows: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(rows.shape[1] * 8 // 5, rows.shape[0], bias)
+        self.register_buffer("weight_q4", rows)  # cpu_qdot.pack_int4: weights, fp16 scales and offsets a row
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **_) -> Int4W8ALinear:
@@ -114,10 +112,10 @@ class Int4W8ALinear(_W8ALinear):
         layout = cpu_qdot.pack_int4(q, sz[..., 0].T, sz[..., 1].T)
         if layout is None:
             raise LoadError(f"a {w.shape[1]} -> {w.shape[0]} layer's 4-bit scales overflow fp16; pick int8w8a")
-        return cls(*layout, None if linear.bias is None else linear.bias.detach().clone())
+        return cls(layout, None if linear.bias is None else linear.bias.detach().clone())
 
     def _gemv(self, x):
-        return cpu_qdot.int4_w8a(x, self.weight_q4, self.scale, self.offset, self.isa)
+        return cpu_qdot.int4_w8a(x, self.weight_q4, self.isa)
 
     def dequantized(self) -> torch.Tensor:
-        return cpu_qdot.dequantized(self.weight_q4, self.scale, self.offset)
+        return cpu_qdot.dequantized(self.weight_q4)
