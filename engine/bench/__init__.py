@@ -145,9 +145,9 @@ class Stepper:
         return self.runner.forward(ids, cache, all_logits, self.mode)
 
 
-def run_request(loaded, messages, config, prefix_cache=None, runner=None, **request_kw):
+def run_request(loaded, messages, config, prefix_cache=None, runner=None, on_event=None, **request_kw):
     """Run one request through the decode loop on this thread (through `runner`, default the loaded
-    model's: runner_for); return the done event."""
+    model's: runner_for); return the done event. `on_event`: called with each event as it comes."""
     from engine.core.request import Request
     from engine.core.timeline import Timeline
     from engine.serving.generate import generate
@@ -158,6 +158,8 @@ def run_request(loaded, messages, config, prefix_cache=None, runner=None, **requ
     for event in generate(runner or runner_for(loaded), loaded.tokenizer, loaded.eos_token_ids,
                           Request(messages=messages, config=config, **request_kw), tl, prefix_cache=prefix_cache,
                           draft=getattr(loaded, "draft", None)):
+        if on_event is not None:
+            on_event(event)
         if event.kind == "done":
             done = event
     return done

@@ -7,7 +7,9 @@ GGUF (Q4_1) itself; we load the same file dequantized. Both get the prompts as t
 (our tokenizer, the model's chat template) and decode greedily.
 
 Figures per engine, medians over alternating rounds (ours, then the peer, in each round):
-- decode tok/s after a short prompt, and after a ~1,500-token prompt;
+- decode tok/s after a short prompt, and after a ~1,500-token prompt; beside each, the CPU time per
+  decoded token (the process's, all its threads, spinning included: between the first and the last
+  token), which a machine shared with other work disturbs far less than the wall clock;
 - cold TTFT of the ~1,500-token prompt (nothing cached);
 - warm TTFT: the same conversation plus one new turn, its history's KV already cached (llama.cpp
   keeps the previous prompt's KV and reuses the longest common prefix; we use the prefix cache).
@@ -26,6 +28,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 
 from engine.bench import CHAT_PROMPTS, load_model, median, peer_ort, run_request
 from engine.bench.kv import ARTICLE
@@ -40,13 +43,15 @@ llm = Llama(model_path=job["gguf"], n_ctx=4096, n_threads=job["threads"], n_batc
 def run(ids, n, cold=True):
     if cold:
         llm.reset()  # forget the previous prompt's KV; otherwise generate() reuses the longest common prefix
-    t0, times = time.perf_counter(), []
+    t0, times, cpu = time.perf_counter(), [], []
     for token in llm.generate(ids, temp=0.0, top_k=1):
         times.append(time.perf_counter())
+        cpu.append(time.process_time())
         if len(times) >= n or token == llm.token_eos():
             break
     decode = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None
-    return {"ttft_ms": (times[0] - t0) * 1e3, "decode_tps": decode, "tokens": len(times)}
+    cpu_ms = (cpu[-1] - cpu[0]) * 1e3 / (len(cpu) - 1) if len(cpu) > 1 else None
+    return {"ttft_ms": (times[0] - t0) * 1e3, "decode_tps": decode, "cpu_ms_per_token": cpu_ms, "tokens": len(times)}
 
 out = {"version": __import__("llama_cpp").__version__}
 out["short"] = run(job["short"], job["max_tokens"])
@@ -85,6 +90,23 @@ def token_ids(tokenizer, messages, reply_open: bool = True) -> list[int]:
                                          return_dict=False)
 
 
+class _CpuPerToken:
+    """The process's CPU time per decoded token over a reply's decode (first chunk to last): on_event."""
+
+    def __init__(self):
+        self.marks = []
+
+    def __call__(self, event):
+        if event.kind == "chunk" and event.output_tokens:
+            self.marks.append((event.output_tokens, time.process_time()))
+
+    def ms(self) -> float | None:
+        if len(self.marks) < 2 or self.marks[-1][0] == self.marks[0][0]:
+            return None
+        (n0, c0), (n1, c1) = self.marks[0], self.marks[-1]
+        return (c1 - c0) * 1e3 / (n1 - n0)
+
+
 def ours(served, ids: dict, args, compiled: bool) -> dict:
     """`served`: (the loaded model, its runner)."""
     model, runner = served
@@ -93,16 +115,24 @@ def ours(served, ids: dict, args, compiled: bool) -> dict:
 
     greedy = GenerationConfig(temperature=0.0, max_new_tokens=args.max_tokens, quantization=None,
                               compiled_decode=compiled)
-    short = run_request(model, None, greedy, prompt_ids=ids["short"], runner=runner).timeline
-    long = run_request(model, None, greedy.replace(kv_reuse=False), prompt_ids=ids["long"], runner=runner).timeline
+    cpu_short, cpu_long = _CpuPerToken(), _CpuPerToken()
+    short = run_request(model, None, greedy, prompt_ids=ids["short"], runner=runner, on_event=cpu_short).timeline
+    long = run_request(model, None, greedy.replace(kv_reuse=False), prompt_ids=ids["long"], runner=runner,
+                       on_event=cpu_long).timeline
     cache = PrefixCache()
     run_request(model, None, greedy.replace(max_new_tokens=1), prompt_ids=ids["history"], prefix_cache=cache,
                 session="peer", runner=runner)
     warm = run_request(model, None, greedy.replace(max_new_tokens=args.warm_tokens), prompt_ids=ids["warm"],
                        prefix_cache=cache, session="peer", runner=runner).timeline
-    return {"short": {"ttft_ms": short.ttft_ms, "decode_tps": short.decode_tps, "tokens": short.output_tokens},
-            "long": {"ttft_ms": long.ttft_ms, "decode_tps": long.decode_tps, "tokens": long.output_tokens},
+    return {"short": {"ttft_ms": short.ttft_ms, "decode_tps": short.decode_tps, "cpu_ms_per_token": cpu_short.ms(),
+                      "tokens": short.output_tokens},
+            "long": {"ttft_ms": long.ttft_ms, "decode_tps": long.decode_tps, "cpu_ms_per_token": cpu_long.ms(),
+                     "tokens": long.output_tokens},
             "warm": {"ttft_ms": warm.ttft_ms, "cached_tokens": warm.cached_tokens, "tokens": warm.output_tokens}}
+
+
+def _ms(v) -> str:
+    return "unknown" if v is None else f"{v:.1f} ms"
 
 
 def peer(args, job: dict) -> dict:
@@ -165,13 +195,18 @@ def run(args, out):
     table = {name: {
         "decode_tps_short": median([x["short"]["decode_tps"] for x in xs]),
         "decode_tps_long": median([x["long"]["decode_tps"] for x in xs]),
+        "cpu_ms_per_token_short": median([x["short"].get("cpu_ms_per_token") for x in xs]),
+        "cpu_ms_per_token_long": median([x["long"].get("cpu_ms_per_token") for x in xs]),
+        "tokens_short": median([x["short"]["tokens"] for x in xs]),
         "cold_ttft_ms": median([x["long"]["ttft_ms"] for x in xs]),
         "warm_ttft_ms": median([x["warm"]["ttft_ms"] for x in xs]),
     } for name, xs in runs.items()}
     theirs = table["llama.cpp"]
     for name, row in table.items():
-        out(f"{name:>20}: decode {row['decode_tps_short']:.1f} tok/s short, {row['decode_tps_long']:.1f} after "
-            f"{len(ids['long'])} tokens; cold TTFT {row['cold_ttft_ms']:.0f} ms; warm TTFT {row['warm_ttft_ms']:.0f} ms")
+        out(f"{name:>20}: decode {row['decode_tps_short']:.1f} tok/s short ({_ms(row['cpu_ms_per_token_short'])} "
+            f"CPU/token, {row['tokens_short']:.0f} tokens), {row['decode_tps_long']:.1f} after {len(ids['long'])} tokens "
+            f"({_ms(row['cpu_ms_per_token_long'])} CPU/token); cold TTFT {row['cold_ttft_ms']:.0f} ms; "
+            f"warm TTFT {row['warm_ttft_ms']:.0f} ms")
     peers = ["llama.cpp", *ort_jobs]
     best = max((n for n in table if n not in peers), key=lambda n: table[n]["decode_tps_short"])
     for name in ort_jobs:

@@ -41,14 +41,16 @@ def generator(n):
 
 def run(ids, n, g=None):
     g = g or generator(len(ids) + n + 8)
-    t0, times = time.perf_counter(), []
+    t0, times, cpu = time.perf_counter(), [], []
     g.append_tokens(ids)
     while not g.is_done() and len(times) < n:
         g.generate_next_token()
         g.get_next_tokens()
         times.append(time.perf_counter())
+        cpu.append(time.process_time())
     decode = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None
-    return {"ttft_ms": (times[0] - t0) * 1e3, "decode_tps": decode, "tokens": len(times)}
+    cpu_ms = (cpu[-1] - cpu[0]) * 1e3 / (len(cpu) - 1) if len(cpu) > 1 else None
+    return {"ttft_ms": (times[0] - t0) * 1e3, "decode_tps": decode, "cpu_ms_per_token": cpu_ms, "tokens": len(times)}
 
 out = {"version": og.__version__, "model": job["model"]}
 out["short"] = run(job["short"], job["max_tokens"])
