@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import cpu_gemm, cpu_qdot
+from engine.platform import capabilities
 from engine.runtime.blocks import roped_heads
 
 pytestmark = pytest.mark.skipif(cpu_gemm.unavailable_reason() is not None, reason="our kernels do not build here")
@@ -28,7 +29,7 @@ def _plain(x, weights, kind, isa):
 @pytest.mark.parametrize("kind", [1, 2])
 @pytest.mark.parametrize("rows", [1, 2, 5, 64, 300])
 def test_a_normed_projection_is_rms_norm_then_the_product_bit_for_bit(kind, rows):
-    isa = cpu_qdot.choose_isa()
+    isa = cpu_qdot.best_form(capabilities.detect())
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(1, rows, 576, generator=gen) * torch.logspace(-2, 1, 576)
     norm = torch.randn(576, generator=gen)
@@ -43,7 +44,7 @@ def test_a_normed_projection_is_rms_norm_then_the_product_bit_for_bit(kind, rows
 @pytest.mark.parametrize("kind", [1, 2])
 @pytest.mark.parametrize("rows", [1, 3, 40])
 def test_a_gated_projection_is_silu_times_up_then_the_product_bit_for_bit(kind, rows):
-    isa = cpu_qdot.choose_isa()
+    isa = cpu_qdot.best_form(capabilities.detect())
     gen = torch.Generator().manual_seed(rows)
     gate_up = torch.randn(1, rows, 2 * 1536, generator=gen) * 3
     gate, up = gate_up.chunk(2, dim=-1)

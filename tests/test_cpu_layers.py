@@ -4,6 +4,7 @@ alone (one sequence through the runner), with projection biases (a Qwen2), and t
 wherever a projection is not our fp32 kernel's. Which loop runs is the plan's decision
 (engine/runtime/plan.py), made with the switches as they are when it is made."""
 
+import dataclasses
 import threading
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from conftest import build_tiny_model_dir
 
 from engine.core.config import LoadConfig
-from engine.kernels import cpu_gemm, cpu_layers, switches
+from engine.kernels import cpu_gemm, cpu_layers, cpu_qdot, switches
 from engine.model.loader import load
 from engine.platform import capabilities
 from engine.runtime.plan import make_plan
@@ -155,7 +156,13 @@ def test_a_w8a_variants_layers_run_in_the_cpp_loop_with_the_python_loops_bits(bu
     (py_logits, py_kv), py_alone = python
     assert all(torch.equal(a, b) for a, b in zip(cpp_logits + cpp_kv + cpp_alone, py_logits + py_kv + py_alone))
     _layers(monkeypatch, True)
-    model.blocks[3].o.isa = None  # one layer served by the torch reference: the loop must not take it
-    assert _runner(model).plan.layer_loop == "python"
+    o, form = model.blocks[3].o, cpu_qdot.best_form(capabilities.detect())
+    model.blocks[3].o = torch.nn.Linear(o.in_features, o.out_features, bias=False)  # a plain fp32 one among
+    assert cpu_layers.loop_kind(model, form) is None  # them: no one kind (the plan refuses such a model)
+    model.blocks[3].o = o
+    assert cpu_layers.loop_kind(model, form) is not None
+    assert cpu_layers.loop_kind(model, None) is None  # the torch reference (no form): the Python loop
+    no_avx = dataclasses.replace(capabilities.detect(), isa=())
+    assert _runner(model, caps=no_avx).plan.layer_loop == "python"
     bf16 = build(build(bundled, "bf16")[0], variant)[0].model  # bf16 activations: the loop runs fp32 only
     assert "fp32 activations" in _runner(bf16).plan.layer_loop_text

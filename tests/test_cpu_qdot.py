@@ -4,6 +4,8 @@ result does not depend on the rows beside it, the form is chosen from the capabi
 fallback reachable (forced here for the CPU classes this machine is not), and a w8a variant's greedy
 output is the same alone and batched."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -12,9 +14,10 @@ from engine.core.errors import LoadError
 from engine.kernels import catalogue, cpu_gemm, cpu_qdot
 from engine.kernels.catalogue import Kernel
 from engine.platform import capabilities
+from engine.quant import w8a
 from engine.quant.w8a import Int4W8ALinear, Int8W8ALinear
 from engine.runtime import plan
-from engine.runtime.runner import Batch
+from engine.runtime.runner import Batch, Runner
 from engine.serving.variants import build, precheck
 
 CAN_BUILD = (capabilities.detect().torch_cpu_capability in ("AVX2", "AVX512")
@@ -43,7 +46,7 @@ def test_every_form_this_cpu_runs_passed_its_check_and_the_best_is_chosen():
     assert "avx2" in forms  # every CPU our extension builds on
     assert all(cpu_qdot._checked()[f] is None for f in forms)
     want = next(f for f in cpu_qdot.ISAS if f in forms and set(cpu_qdot.ISAS[f][1]) <= set(capabilities.detect().isa))
-    assert cpu_qdot.choose_isa() == want
+    assert cpu_qdot.best_form(capabilities.detect()) == want
 
 
 @needs_kernels
@@ -86,34 +89,105 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(form):
         assert torch.equal(run(x[7:8].contiguous()), full[7:8])  # a decode row == the same row in a prefill
 
 
+def _caps(**changes):
+    return replace(capabilities.detect(), **changes)
+
+
 @needs_kernels
-def test_forced_avx2_cpu_takes_the_avx2_form_and_a_layer_is_told_it():
-    with capabilities.forced(isa=AVX2_ONLY):
-        assert cpu_qdot.choose_isa() == "avx2"
-        layer = Int4W8ALinear.from_linear(nn.Linear(96, 40, bias=False))
-    assert layer.isa == "avx2"
-    x = torch.randn(3, 96)
-    assert torch.equal(layer(x), cpu_qdot.int4_w8a(x, layer.weight_q4, "avx2"))
+def test_forced_avx2_cpu_takes_the_avx2_form():
+    assert cpu_qdot.best_form(_caps(isa=AVX2_ONLY)) == "avx2"
 
 
 @needs_kernels
 def test_forced_avx_vnni_is_taken_only_where_cpuid_confirms_it():
     """AVX-VNNI (Alder Lake, Zen 5) is chosen only where the CPU itself runs it: /proc/cpuinfo may show a
     host's flags under an emulator. On a CPU without it the forced flag falls back to AVX2."""
-    with capabilities.forced(isa=(*AVX2_ONLY, "avx_vnni")):
-        got = cpu_qdot.choose_isa()
+    got = cpu_qdot.best_form(_caps(isa=(*AVX2_ONLY, "avx_vnni")))
     assert got == ("avx-vnni" if "avx-vnni" in cpu_qdot.cpu_isas() else "avx2")
+
+
+@needs_kernels
+def test_a_form_that_fails_its_check_gives_way_to_the_next(monkeypatch):
+    """The 512-bit form failing its check (a wrong result, a missing instruction) leaves its 256-bit form
+    where the CPU runs it, else AVX2: each fallback of the AVX-512 class is reachable."""
+    checked = dict(cpu_qdot._checked())
+    monkeypatch.setattr(cpu_qdot, "_checked", lambda: {**checked, "avx512-vnni": "forced to fail"})
+    want = "avx512-vnni-256" if "avx512-vnni-256" in _forms() and set(cpu_qdot.ISAS["avx512-vnni-256"][1]) <= \
+        set(capabilities.detect().isa) else "avx2"
+    assert cpu_qdot.best_form(capabilities.detect()) == want
 
 
 def test_forced_cpu_without_avx2_serves_the_reference_and_says_so(monkeypatch):
     monkeypatch.setenv("LATENCY_LAB_GEMM", "off")  # as where the extension cannot build (no AVX2)
-    assert cpu_qdot.choose_isa() is None
+    assert cpu_qdot.best_form(capabilities.detect()) is None
     layer = Int8W8ALinear.from_linear(nn.Linear(64, 24, bias=False))
-    assert layer.isa is None
-    assert "torch reference" in plan._weight_only_text([layer], {}, None, "cpu")  # engine info's words
-    assert "LATENCY_LAB_GEMM=off" in cpu_qdot.describe()
+    assert layer.isa is None  # never told a form: the torch reference
+    assert "torch reference" in plan._weight_only_text([layer], {}, None, "cpu", None)  # engine info's words
+    assert "LATENCY_LAB_GEMM=off" in cpu_qdot.describe(None)
     x = torch.randn(2, 64)
     assert torch.equal(layer(x), cpu_qdot.int8_reference(x, layer.weight_int8, layer.scale))
+
+
+def _decode(runner, prompts, steps=8, forced=None):
+    """Each prompt's greedy tokens and every step's logits, decoded together (a batch); with `forced`
+    (tokens per prompt), those tokens are fed instead of the greedy ones (teacher forcing)."""
+    caches = [runner.new_cache(40) for _ in prompts]
+    with torch.inference_mode():
+        logits = [torch.stack([runner.run(Batch([p], [c]))[0] for p, c in zip(prompts, caches)])]
+        out = [[int(t)] for t in logits[0].argmax(-1)]
+        for i in range(steps - 1):
+            fed = [[f[i]] for f in forced] if forced else [[o[-1]] for o in out]
+            logits.append(runner.run(Batch(fed, caches)))
+            for o, t in zip(out, logits[-1].argmax(-1)):
+                o.append(int(t))
+    return out, logits
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", ["int4w8a+head", "int8w8a+head"])
+def test_the_plan_chooses_each_form_from_the_capabilities_and_every_form_decodes_the_same_bits(bundled, variant):
+    """The plan is the one place the form is chosen: for each CPU class forced here (this CPU's own; AVX2
+    only, as Zen 3; none: no AVX2) it names the form, the runner tells the layers, and the C++ layer loop
+    runs where a form does. Every form this CPU runs gives the same logits bit for bit, so the same
+    greedy tokens. The torch reference (the plain path) is the same arithmetic with its float sums in
+    another order, and int8 activations amplify last-bit differences: a 1e-6 relative nudge of the
+    embeddings moves these variants' logits by 0.7-0.9 (int8w8a+head) and 2.3-3.0 (int4w8a+head) on
+    logits of ~25-29, fp32's by ~1e-4 (2026-12-05, the prompts below). So the reference is not the same
+    bits, and its greedy tokens may part at a near tie (int8w8a+head, first prompt: a 0.02 margin at
+    token 6). Teacher-forced on the kernels' tokens, its logits stay within that amplification and it
+    agrees on every clear top-1."""
+    from engine.quant.w8a import _W8ALinear
+
+    model = build(bundled, variant)[0].model
+    layers = [m for m in model.modules() if isinstance(m, _W8ALinear)]
+    prompts = [[1, 504, 3458, 30], [1, 2683, 314, 11, 17]]
+    classes = {"this cpu": (capabilities.detect().isa, cpu_qdot.best_form(capabilities.detect())),
+               "avx2 only": (AVX2_ONLY, "avx2"), "no avx": ((), None)}
+    runners = {}
+    for name, (flags, want) in classes.items():
+        p = plan.make_plan(model, caps=_caps(isa=flags))
+        assert p.w8a_form == want, name
+        assert p.decision("w8a kernel form").choice == (want or "torch reference")
+        assert p.layer_loop == ("cpp" if want else "python"), name
+        runners[name] = Runner(model, p)
+        assert {m.isa for m in layers} == {want}
+    # one runner per model object is the runner's contract (the last one made told the layers its form):
+    # here three share one model, so each is given its plan's form again before it runs
+    w8a.tell(model, classes["this cpu"][1])
+    tokens, logits = _decode(runners["this cpu"], prompts)
+    w8a.tell(model, "avx2")
+    assert all(torch.equal(a, b) for a, b in zip(logits, _decode(runners["avx2 only"], prompts)[1]))
+    w8a.tell(model, None)
+    _, ref = _decode(runners["no avx"], prompts, forced=tokens)
+    clear = 0
+    for a, b in zip(logits, ref):
+        diff = (a - b).abs().amax(-1)
+        assert (diff < 0.25 * a.abs().amax(-1)).all()  # within the amplification; a wrong product is far off
+        top2 = a.topk(2, dim=-1).values
+        sure = top2[:, 0] - top2[:, 1] > 2 * diff
+        assert torch.equal(a.argmax(-1)[sure], b.argmax(-1)[sure])
+        clear += int(sure.sum())
+    assert clear > 0  # the check above compared some tokens, not none
 
 
 def test_the_reference_is_the_dequantized_product_up_to_activation_rounding():
@@ -130,8 +204,6 @@ def test_the_reference_is_the_dequantized_product_up_to_activation_rounding():
 
 
 def test_a_w8a_variant_is_refused_off_the_cpu_with_advice(tiny):
-    from dataclasses import replace
-
     meta = replace(tiny, device=torch.device("meta"))
     reason = precheck(meta, "int4w8a")
     assert reason and "CPU only" in reason and "int4wo" in reason
@@ -149,7 +221,8 @@ def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled)
     model, p = v.model, runner.plan
     assert p.used(1) == "wo-int8act" and p.used(plan.OURS_ROWS) == "wo-int8act"
     assert p.used(plan.OURS_ROWS + 1) == "wo-dequant-fp32"  # a long prompt: the fp32 GEMM
-    assert p.layer_loop == "cpp" and p.decision("w8a kernel form").choice == cpu_qdot.choose_isa()
+    assert p.layer_loop == "cpp" and p.w8a_form == cpu_qdot.best_form(capabilities.detect())
+    assert p.decision("w8a kernel form").choice == p.w8a_form
     layers = [m for m in model.modules() if isinstance(m, Int4W8ALinear)]
     assert len(layers) == 30 * 4 + 1
     int4wo = build(bundled, "int4wo+head")[0]

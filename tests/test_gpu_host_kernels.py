@@ -31,7 +31,7 @@ def off_cpu(tiny):
 
 
 def test_nothing_a_gpu_model_asks_builds_our_kernels(off_cpu, builds):
-    assert cpu_layers.layer_weights(off_cpu) is None
+    assert cpu_layers.layer_weights(off_cpu, None) is None
     for device in ("meta", "cuda"):  # the plan of a model on the meta device, and one made for a GPU
         p = make_plan(off_cpu, device=device)
         assert p.layer_loop == "python" and f"our kernels run on CPU; this plan is for {device}" in p.layer_loop_text
@@ -52,7 +52,7 @@ def test_the_same_questions_on_a_cpu_model_do_build_them(tiny, builds):
 def test_weight_only_layers_off_cpu_report_without_a_build(builds):
     torch_kernels = {role: LinearPlan(((ALL, Kernel.WO_TORCH),)) for role in ROLES}
     int4 = Int4WeightOnlyLinear.from_linear(torch.nn.Linear(64, 32), compute_dtype=torch.float32, ours_layout=False)
-    assert "they run on CPU only" in plan._weight_only_text([int4.to("meta")], torch_kernels, None, "meta")
+    assert "they run on CPU only" in plan._weight_only_text([int4.to("meta")], torch_kernels, None, "meta", None)
     int8 = Int8WeightOnlyLinear.from_linear(torch.nn.Linear(64, 32), compute_dtype=torch.float32, ours_layout=False)
-    assert "pays only with the Compiled step" in plan._weight_only_text([int8.to("meta")], torch_kernels, None, "cuda")
+    assert "pays only with the Compiled step" in plan._weight_only_text([int8.to("meta")], torch_kernels, None, "cuda", None)
     assert builds == []

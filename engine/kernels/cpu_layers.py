@@ -37,43 +37,44 @@ def _projections(blk) -> tuple:
     return blk.qkv, blk.o, blk.gate_up, blk.down
 
 
-def _kind(lin) -> tuple[int, int] | None:
+def _kind(lin, form: str | None) -> tuple[int, int] | None:
     """(kind, form code) of a projection the loop runs (cpu_layers.cpp: 0 fp32 panels, 1 int8w8a, 2 int4w8a),
-    None where it cannot. The w8a layers are known by their attributes (engine/quant/w8a.py: quant is above)."""
+    None where it cannot. The w8a layers are known by their attributes (engine/quant/w8a.py: quant is above);
+    `form` is the plan's for them (Plan.w8a_form; None: the torch reference, which the loop does not run)."""
     if plain_fp32_cpu(lin):
         return 0, 0
-    isa = getattr(lin, "isa", None) if getattr(lin, "int8_activations", False) else None
-    if isa is None:  # not a w8a layer, or one the torch reference serves
+    if not getattr(lin, "int8_activations", False) or form is None:
         return None
-    return (1 if hasattr(lin, "weight_int8") else 2), cpu_qdot.ISAS[isa][0]
+    return (1 if hasattr(lin, "weight_int8") else 2), cpu_qdot.ISAS[form][0]
 
 
-def loop_kind(model) -> tuple[int, int] | None:
-    """The one (kind, form) every projection of `model` (a FastLlama) has for the loop (`_kind`), None
-    where they differ or one cannot run in it: what the plan asks before it gives a model the C++ loop."""
-    kinds = {_kind(lin) for blk in model.blocks for lin in _projections(blk)}
+def loop_kind(model, form: str | None) -> tuple[int, int] | None:
+    """The one (kind, form code) every projection of `model` (a FastLlama) has for the loop (`_kind`, w8a
+    layers in the plan's `form`), None where they differ or one cannot run in it: what the plan asks
+    before it gives a model the C++ loop."""
+    kinds = {_kind(lin, form) for blk in model.blocks for lin in _projections(blk)}
     return next(iter(kinds)) if len(kinds) == 1 and None not in kinds else None
 
 
 _TENSORS = {1: ("weight_int8", "scale"), 2: ("weight_q4",)}  # a w8a layer's (its WEIGHTS), by kind
 
 
-def layer_weights(model) -> tuple[list, list] | None:
+def layer_weights(model, form: str | None) -> tuple[list, list] | None:
     """What run_layers reads, per layer (the norms' weights, the projections' panels and biases), or
     None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
-    w8a layer of the first one's class and form, or the kernels are off; the plan checks the rest, e.g.
-    fp32 activations). Makes the panels: call it only where our kernel runs the rows (the runner keeps
+    w8a layer of the first one's class, or the kernels are off; the plan checks the rest, e.g. fp32
+    activations). `form`: the plan's for the w8a layers (Plan.w8a_form). Makes the panels: call it only where our kernel runs the rows (the runner keeps
     the lists: walking them each forward cost a measurable share of a one-row step, docs/history.md).
     The walk reads the modules' own dicts: nn.Module's attribute lookup made it ~0.9 ms of a ~9 ms
     int4w8a step (1 thread, Zen 4), ~0.1 ms this way."""
     if model.device.type != "cpu" or unavailable_reason() is not None:  # never built for a GPU model
         return None
     first = model.blocks[0].qkv
-    kind_isa = _kind(first)
+    kind_isa = _kind(first, form)
     if kind_isa is None:
         return None
     kind = kind_isa[0]
-    cls, form = type(first), first.__dict__.get("isa")
+    cls = type(first)
     weights, biases = [], []
     for blk in model.blocks._modules.values():
         mods = blk._modules
@@ -82,8 +83,8 @@ def layer_weights(model) -> tuple[list, list] | None:
             if not all(plain_fp32_cpu(lin) for lin in lins):
                 return None
             tensors, bias = [[panels(lin)] for lin in lins], [lin._parameters["bias"] for lin in lins]
-        else:  # every one a w8a layer of the first one's class and form
-            if not all(type(lin) is cls and lin.__dict__.get("isa") == form for lin in lins):
+        else:  # every one a w8a layer of the first one's class
+            if not all(type(lin) is cls for lin in lins):
                 return None
             tensors = [[lin._buffers[name] for name in _TENSORS[kind]] for lin in lins]
             bias = [lin._buffers["bias"] for lin in lins]
@@ -96,7 +97,7 @@ def layer_weights(model) -> tuple[list, list] | None:
 def run_layers(model, layers: tuple[list, list], x, cos, sin, caches, starts, lengths, offsets, decode, others,
                masks):
     """engine/runtime/eager.py's layer loop (`blocks`) over x [1, R, hidden] in one call. `layers`:
-    layer_weights(model); the rest are eager.forward's (`decode` the sequences whose row takes our
+    layer_weights(model, plan.w8a_form); the rest are eager.forward's (`decode` the sequences whose row takes our
     attention kernel, `others` the ones through SDPA with masks[b]). Returns x after the last layer."""
     weights, biases, kind, isa = layers
     blk = model.blocks[0]

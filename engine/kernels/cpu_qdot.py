@@ -24,8 +24,8 @@ Why: widening every weight to fp32 (cpu_gemm.cpp's int8 kernel) or int16 (its 4-
 those kernels bound by arithmetic, not by memory; integer dot products do 32 products in one or two
 instructions (`python -m engine.bench gemv` prints both at each row count).
 
-The forms, best first (`ISAS`), chosen from the detected capabilities (engine/platform/capabilities.py)
-and confirmed by cpuid in the kernel itself (an emulator may show the host's flags in /proc/cpuinfo):
+The forms, best first (`ISAS`); the execution plan (engine/runtime/plan.py) picks the best one the
+detected capabilities (engine/platform/capabilities.py) allow (`best_form`), confirmed by cpuid in the kernel itself (an emulator may show the host's flags in /proc/cpuinfo):
 - `avx512-vnni`: vpdpbusd, EVEX on 512-bit vectors, two steps of a chunk a load (AVX-512 VNNI + VL +
   BW: Ice Lake and later Xeons, Zen 4/5);
 - `avx512-vnni-256`: the same on 256-bit vectors: the fallback within that class. Intel's AVX-512
@@ -127,12 +127,13 @@ def cpu_isas() -> frozenset[str]:
     return frozenset(name for name, (code, _, _) in ISAS.items() if mask & code)
 
 
-def choose_isa() -> str | None:
-    """The best form that the detected capabilities and cpuid both allow and that passed its check
-    (None: the torch reference serves). Read per call: `capabilities.forced` in tests reaches it."""
+def best_form(caps) -> str | None:
+    """The best form (ISAS order) that the capabilities `caps` list the flags of, that cpuid confirms and
+    that passed its check; None: the torch reference serves. A fact the execution plan reads
+    (engine/runtime/plan.py `w8a_form`: the one place the form is chosen); tests pass forced `caps`."""
     if unavailable_reason() is not None:
         return None
-    have, runs = set(capabilities.detect().isa), cpu_isas()
+    have, runs = set(caps.isa), cpu_isas()
     for name, (_, flags, _) in ISAS.items():
         if name in runs and set(flags) <= have and _checked().get(name) is None:
             return name
@@ -152,25 +153,24 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def describe() -> str:
-    """What serves the w8a variants' products here, for engine info."""
-    isa = choose_isa()
-    if isa is None:
+def describe(form: str | None) -> str:
+    """What serves a w8a product in `form` (the plan's; None: the torch reference), for engine info."""
+    if form is None:
         return f"{REFERENCE}; our kernels not used: {unavailable_reason() or 'the capabilities allow none'}"
-    return f"latency_lab integer kernels, {isa}: {ISAS[isa][2]} (engine/kernels/cpu_qdot.py)"
+    return f"latency_lab integer kernels, {form}: {ISAS[form][2]} (engine/kernels/cpu_qdot.py)"
 
 
-def int8_w8a(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, isa: str | None = "auto") -> torch.Tensor:
-    """x [M, K] fp32 @ (w [N, K] int8 * scale [N] fp32).T with x quantized per block: [M, N] fp32."""
-    isa = choose_isa() if isa == "auto" else isa
+def int8_w8a(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, isa: str | None) -> torch.Tensor:
+    """x [M, K] fp32 @ (w [N, K] int8 * scale [N] fp32).T with x quantized per block: [M, N] fp32, in form
+    `isa` (None: the torch reference)."""
     if isa is None:
         return int8_reference(x, w, scale)
     return torch.ops.latency_lab_gemv.qdot_int8(x, w, scale, ISAS[isa][0])
 
 
-def int4_w8a(x: torch.Tensor, rows: torch.Tensor, isa: str | None = "auto") -> torch.Tensor:
-    """x [M, K] fp32 @ the 4-bit weights of pack_int4's rows (fp16 scale and offset per block).T."""
-    isa = choose_isa() if isa == "auto" else isa
+def int4_w8a(x: torch.Tensor, rows: torch.Tensor, isa: str | None) -> torch.Tensor:
+    """x [M, K] fp32 @ the 4-bit weights of pack_int4's rows (fp16 scale and offset per block).T, in
+    form `isa` (None: the torch reference)."""
     if isa is None:
         return int4_reference(x, rows)
     return torch.ops.latency_lab_gemv.qdot_int4(x, rows, ISAS[isa][0])

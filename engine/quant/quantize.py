@@ -52,7 +52,6 @@ from engine.core import clock
 from engine.core.errors import InvalidRequest, LoadError
 from engine.model.loaded import DTYPE_NAMES, LoadedModel, first_line
 from engine.platform import capabilities
-from engine.kernels import cpu_qdot
 from engine.quant import bnb, w8a
 from engine.quant.weight_only import (
     INT8_CUDA_CAVEAT,
@@ -107,8 +106,7 @@ def build_variant(base: LoadedModel, name: str, activations: Mapping[str, torch.
             raise ValueError(f"{m}: its activation dtype is the plan's decision, and none was given")
     if method in INT8_ACTIVATIONS:  # (a +head8 head is int8w8a too: the same check)
         _check_w8a(base, head is not None)
-    extra = (f" (here: {dtype_name(activations[method])})" if method in WEIGHT_ONLY
-             else f" (here: {cpu_qdot.describe()})" if method in INT8_ACTIVATIONS else "")
+    extra = f" (here: {dtype_name(activations[method])})" if method in WEIGHT_ONLY else ""
     try:
         model = _cast(base, DTYPE_NAMES[method]) if method in DTYPE_NAMES else _quantized(base, method, head,
                                                                                            activations or {})

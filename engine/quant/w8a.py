@@ -1,11 +1,12 @@
 """Weight-only layers whose products quantize the activations to int8 per block of 32 (the `int8w8a`
 and `int4w8a` variants, engine/quant/quantize.py): integer dot products, engine/kernels/cpu_qdot.py.
 
-Each layer is told its kernel form (`isa`: 'avx512-vnni', 'avx-vnni', 'avx2', or None for the torch
-reference) when it is built, by rule from the capabilities (cpu_qdot.choose_isa); the execution plan
-(engine/runtime/plan.py) names the kernel from the layer's `int8_activations` mark: `WO_INT8ACT` for a
-sequence's rows up to OURS_ROWS, `WO_DEQUANT_FP32` (the fp32 GEMM over dequantized weights) past them,
-and records the form the layers were told.
+The execution plan (engine/runtime/plan.py) chooses everything about their products: the kernel, from
+the layer's `int8_activations` mark (`WO_INT8ACT` for a sequence's rows up to OURS_ROWS,
+`WO_DEQUANT_FP32`, the fp32 GEMM over dequantized weights, past them), and the form of our integer
+kernels from the detected capabilities (`Plan.w8a_form`: 'avx512-vnni', 'avx-vnni', 'avx2', ..., or
+None for the torch reference). The runner tells each layer that form (`tell`) before its first
+forward; a layer never told runs the torch reference.
 
 The weights are stored once, in the integer kernels' own layout (persistent buffers, so
 `weight_bytes` counts them): int8 [N, K] with one fp32 scale per output channel (int8wo's
@@ -37,6 +38,16 @@ def check(device, shapes) -> None:
                         f"(their activation blocks); this model has {odd}. Pick int8wo.")
 
 
+def tell(model: nn.Module, form: str | None) -> None:
+    """Give every w8a layer of `model` the kernel form its execution plan chose (engine/runtime/runner.py
+    calls this with `Plan.w8a_form`; None: the torch reference)."""
+    if form is not None and form not in cpu_qdot.ISAS:
+        raise ValueError(f"unknown w8a kernel form {form!r}; forms: {', '.join(cpu_qdot.ISAS)}")
+    for m in model.modules():
+        if isinstance(m, _W8ALinear):
+            m.isa = form
+
+
 def gather(model: nn.Module) -> None:
     """Move every w8a layer's weights (and scales) of `model` into one huge-page region
     (engine/platform/hugepages.py says why): the same values; a decode step streams them faster."""
@@ -52,7 +63,7 @@ class _W8ALinear(WeightOnlyLinear):
 
     def __init__(self, in_features, out_features, bias):
         super().__init__(in_features, out_features, bias, torch.float32)
-        self.isa = cpu_qdot.choose_isa()  # told once, at build, by rule from the capabilities (the plan records it)
+        self.isa: str | None = None  # the plan's form, told by the runner (`tell`); None: the torch reference
 
     def ours_product(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W.T + b through our integer kernels (x quantized to int8 per block of 32)."""

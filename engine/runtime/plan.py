@@ -13,7 +13,10 @@ below and the detected capabilities (engine/platform/capabilities.py):
 
 The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
 - w8a (int8 activations, engine/quant/w8a.py): our integer kernels (`WO_INT8ACT`) for up to OURS_ROWS
-  rows, past them (a long prompt) the fp32 GEMM over the weights dequantized (`WO_DEQUANT_FP32`);
+  rows, past them (a long prompt) the fp32 GEMM over the weights dequantized (`WO_DEQUANT_FP32`); the
+  integer kernels' form (`w8a_form`) by rule, the best of cpu_qdot.ISAS the capabilities allow
+  (AVX-512 VNNI 512-bit, its 256-bit form, AVX-VNNI, AVX2), else the torch reference (no AVX2, no
+  compiler, a switch off); the runner tells the layers the form;
 - weight-only int8/4-bit: ours (`WO_OURS`) on CPU where the layer holds our layout and the race below
   picked ours, else torch's (`WO_TORCH`); bitsandbytes: `BNB`; any other module, or off the CPU: `ATEN`;
 - fp32 CPU Linear: `OURS_FP32` for up to OURS_ROWS rows where the fp32 one-row decision is 'ours' (by
@@ -121,6 +124,7 @@ class Plan:
         """`cpp_rows` for a forward over caches of precisions `kvs`: the C++ layer loop (cpu_layers.cpp)
         stores and reads caches in the model's dtype only; any other precision runs the Python loop (0)."""
         return self.cpp_rows if all(kv == "model" for kv in kvs) else 0
+    w8a_form: str | None = None  # the w8a layers' form of our integer kernels (cpu_qdot.ISAS; None: the torch reference)
 
     @property
     def compiled_mode(self) -> str:
@@ -213,6 +217,7 @@ class Plan:
                 "names": {k.short: k.what for k in Kernel}, "switches": switches.describe(),
                 "device": self.device, "weights": self.weights, "attention": self.attention,
                 "layer_loop": self.layer_loop, "cpp_rows": self.cpp_rows, "kv_attention": dict(self.kv_attention),
+                "w8a_form": self.w8a_form,
                 "linears": {role: lp.describe() for role, lp in self.linears.items()},
                 "step_modes": dict(self.step_modes), "decisions": [d.to_dict() for d in self.decisions]}
 
@@ -225,10 +230,12 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
     device = torch.device(device) if device is not None else model.device
     caps = caps or capabilities.detect()
     dev, weights = device.type, weights or DTYPE_NAMES_BY.get(model.dtype, str(model.dtype))
+    form, form_decision = _w8a_form(model, dev, caps)
     if not hasattr(model, "blocks"):  # the generic transformers forward (engine/runtime/hf.py)
         why = "the compiled step needs our Llama-family forward; this model runs the generic transformers one"
         return Plan(dev, weights, "transformers", {}, "transformers", "transformers", 0,
-                    {"eager": None, "static": why, "inductor": why, "cuda_graph": why}, (), {"compiled_machine": why})
+                    {"eager": None, "static": why, "inductor": why, "cuda_graph": why},
+                    (form_decision,) if form_decision else (), {"compiled_machine": why}, w8a_form=form)
     roles = {"qkv": [b.qkv for b in model.blocks], "o": [b.o for b in model.blocks],
              "gate_up": [b.gate_up for b in model.blocks], "down": [b.down for b in model.blocks],
              "lm_head": [model.lm_head]}
@@ -257,32 +264,44 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
     if len(wo_layers) > len(w8a):
         dtypes = sorted({DTYPE_NAMES_BY[m.compute_dtype] for m in wo_layers if m not in w8a})
         made.append(Decision("weight-only activations", "+".join(dtypes), "told at build (runtime/activations.py)"))
-    if w8a:
-        forms = "+".join(dict.fromkeys(m.isa or "torch reference" for m in w8a))
-        made.append(Decision("w8a kernel form", forms, "rule (the capabilities; told at build: cpu_qdot.choose_isa)"))
+    if form_decision:
+        made.append(form_decision)
     linears = table(one.choice if one else None, wo.choice if wo else None)
     reasons: dict[str, str] = {}
     attention = _attention(model, dev, reasons)
     kv_attention = _kv_attention(model, dev, reasons)
-    reasons["layer_loop"] = _layer_loop_reason(model, dev, linears)
+    reasons["layer_loop"] = _layer_loop_reason(model, dev, linears, form)
     cpp_rows = linears["qkv"].buckets[0][0] if reasons["layer_loop"] is None else 0
-    reasons["weight_only"] = _weight_only_text(wo_layers, linears, wo, dev)
+    reasons["weight_only"] = _weight_only_text(wo_layers, linears, wo, dev, form)
     modes, reasons["compiled_machine"] = _step_modes(model, dev, caps, mods)
     reasons = {k: v for k, v in reasons.items() if v}
     return Plan(dev, weights, "fast", linears, attention, "cpp" if cpp_rows else "python", cpp_rows, modes,
-                tuple(made), reasons, kv_attention)
+                tuple(made), reasons, kv_attention, w8a_form=form)
 
 
-def _layer_loop_reason(model, dev, linears) -> str | None:
+def _w8a_form(model, dev, caps) -> tuple[str | None, Decision | None]:
+    """The form of our integer kernels the w8a layers (engine/quant/w8a.py) run, by rule: the best of
+    cpu_qdot.ISAS whose flags `caps` lists, that cpuid confirms and that passed its check; None (the torch
+    reference) where none does, or off the CPU. (None, None) where the model has no w8a layer."""
+    if not any(getattr(m, "int8_activations", False) for m in model.modules()):
+        return None, None
+    form = cpu_qdot.best_form(caps) if dev == "cpu" else None
+    why = (f"rule (the capabilities list {', '.join(cpu_qdot.ISAS[form][1])})" if form
+           else f"rule ({cpu_qdot.unavailable_reason() or 'the capabilities allow none of ' + ', '.join(cpu_qdot.ISAS)})"
+           if dev == "cpu" else f"rule (our integer kernels run on CPU; this plan is for {dev})")
+    return form, Decision("w8a kernel form", form or "torch reference", why)
+
+
+def _layer_loop_reason(model, dev, linears, form) -> str | None:
     """Why the layers run in Python (None: in one C++ call, for rows up to the first bucket's bound): the
     loop takes every projection as a plain fp32 Linear on our fp32 kernel, or as a w8a layer of one kind
-    and form on our integer kernels (cpu_layers.loop_kind)."""
+    and the plan's form on our integer kernels (cpu_layers.loop_kind)."""
     blocks = [linears[r] for r in ROLES[:4]]
     if dev != "cpu":
         return f"our kernels run on CPU; this plan is for {dev}"
     if model.dtype != torch.float32:  # its norms, rotary tables and attention run fp32 activations only
         return f"the C++ loop runs fp32 activations; this model's are {DTYPE_NAMES_BY.get(model.dtype, model.dtype)}"
-    if cpu_layers.loop_kind(model) is None:
+    if cpu_layers.loop_kind(model, form) is None:
         return ("a projection is not a plain fp32 Linear nor a w8a layer of one form our kernels serve "
                 "(quantized, bf16, GPU)")
     if any(lp.buckets[0][1] not in (Kernel.OURS_FP32, Kernel.WO_INT8ACT) or lp != blocks[0] for lp in blocks):
@@ -464,15 +483,15 @@ def _step_modes(model, dev, caps, mods) -> tuple[dict, str | None]:
             "cuda_graph": (machine or weights) if dev == "cuda" else "CUDA graphs need a CUDA device"}, machine
 
 
-def _weight_only_text(layers, linears, wo: Decision | None, dev: str) -> str:
+def _weight_only_text(layers, linears, wo: Decision | None, dev: str, form: str | None) -> str:
     """What the weight-only layers decode with, for engine info ('' where there are none)."""
     if not layers:
         return ""
     w8a = [m for m in layers if getattr(m, "int8_activations", False)]
-    if w8a:  # engine/quant/w8a.py: the form each was told
-        return ("int8 activations per block of 32: " + "; ".join(
-            f"our integer kernels, {i}: {cpu_qdot.ISAS[i][2]}" if i else cpu_qdot.REFERENCE
-            for i in dict.fromkeys(m.isa for m in w8a)) + " (engine/kernels/cpu_qdot.py)")
+    if w8a:  # engine/quant/w8a.py: the plan's form
+        return ("int8 activations per block of 32: " + (f"our integer kernels, {form}: {cpu_qdot.ISAS[form][2]}"
+                                                         if form else cpu_qdot.describe(None))
+                + " (engine/kernels/cpu_qdot.py)")
     kernels = {linears[r].kernel(1) for r in ROLES if linears[r].kernel(1) in (Kernel.WO_OURS, Kernel.WO_TORCH)}
     if kernels == {Kernel.WO_OURS}:
         return cpu_gemm.NAME

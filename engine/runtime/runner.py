@@ -26,6 +26,7 @@ from engine.core import clock
 from engine.core.errors import InvalidRequest, LoadError, first_line
 from engine.kernels import catalogue, cpu_layers
 from engine.kernels.catalogue import Kernel
+from engine.quant import w8a
 from engine.runtime import compiled, cuda_graph, eager, hf
 from engine.runtime.plan import Plan, make_plan
 
@@ -52,7 +53,8 @@ class Runner:
         self._graph_info: dict | None = None  # the CUDA graphs' check, once made
         self._graphs_ready = False
         self._lock = threading.Lock()
-        self._layers = cpu_layers.layer_weights(model) if plan.cpp_rows else None  # the C++ loop's lists
+        w8a.tell(model, plan.w8a_form)  # the w8a layers' kernel form: the plan's (before any forward)
+        self._layers = cpu_layers.layer_weights(model, plan.w8a_form) if plan.cpp_rows else None  # the C++ loop's lists
         self._prepare_weights()
 
     # --- what the decode loop asks of a model ---------------------------------------------------
