@@ -33,6 +33,13 @@ def unavailable_reason() -> str | None:
     return switches.off_reason("layers") or cpu_gemm.unavailable_reason()
 
 
+def shape_reason(model) -> str | None:
+    """Why `model`'s shape keeps its layers out of the C++ loop (None: it does not): the loop ropes q and k
+    in 8-float vectors over each half of a head (cpu_fused.cpp rope_qk), so head_dim a multiple of 16."""
+    d = model.head_dim
+    return None if d % 16 == 0 else f"the C++ loop ropes heads whose size is a multiple of 16; this model's is {d}"
+
+
 def _projections(blk) -> tuple:
     return blk.qkv, blk.o, blk.gate_up, blk.down
 

@@ -306,7 +306,7 @@ def _layer_loop_reason(model, dev, linears, form) -> str | None:
                 "(quantized, bf16, GPU)")
     if any(lp.buckets[0][1] not in (Kernel.OURS_FP32, Kernel.WO_INT8ACT) or lp != blocks[0] for lp in blocks):
         return f"the kernel decision sends one-row products to {blocks[0].kernel(1).short}, not our kernel"
-    return cpu_layers.unavailable_reason()
+    return cpu_layers.shape_reason(model) or cpu_layers.unavailable_reason()
 
 
 DTYPE_NAMES_BY = {v: k for k, v in DTYPE_NAMES.items()}
