@@ -61,3 +61,19 @@ def public_preamble(engine, timeout: float = 120) -> int:
         time.sleep(0.05)
     assert engine.prefix_cache.has_public(key), "the idle worker never prefilled the public preamble"
     return len(preamble_ids(engine.loaded.tokenizer))
+
+
+@contextlib.contextmanager
+def paced_app(*args, **kwargs):
+    """The real page app over a paced test source (ui/chat/paced.py, no model) on a free loopback
+    port: yields its URL; the source is closed after. Arguments go to PacedSource."""
+    from server.run import BackgroundServer
+    from ui.chat.paced import PacedSource
+    from ui.webapp import create_app
+
+    source = PacedSource(*args, **kwargs)
+    try:
+        with BackgroundServer(create_app(source)) as url:
+            yield url
+    finally:
+        source.close()

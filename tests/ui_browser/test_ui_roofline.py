@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from engine.measure.machine_limits import MachineLimits
 from server.run import BackgroundServer
+from support import paced_app
 
 LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", copy_gbps=15.0,
                        matmul_tflops={"fp32": 0.2, "bf16": 0.01}, read_gbps=20.0)
@@ -69,15 +70,9 @@ def test_a_reply_shows_its_prefill_rate_context_and_roofline_bars(page_server, m
 @pytest.fixture(scope="module")
 def paced_markdown():
     """A paced source replaying a hostile markdown reply in small chunks."""
-    from ui.chat.paced import PacedSource
-    from ui.webapp import create_app
-
     pieces = [HOSTILE[i:i + 7] for i in range(0, len(HOSTILE), 7)]
-    trace = [[20 + 5 * i, p, i + 1] for i, p in enumerate(pieces)]
-    source = PacedSource(trace=trace)
-    with BackgroundServer(create_app(source)) as url:
+    with paced_app(trace=[[20 + 5 * i, p, i + 1] for i, p in enumerate(pieces)]) as url:
         yield url
-    source.close()
 
 
 def test_markdown_renders_and_model_html_stays_inert_text(paced_markdown, browser_page):

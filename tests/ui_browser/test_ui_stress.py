@@ -5,20 +5,15 @@ naming where it falls behind. Render cost per update must not grow with the repl
 as the shape of the curve (late vs early updates), never as a time."""
 
 import pytest
+from support import paced_app
 
-from server.run import BackgroundServer
 from ui.chat.stress import REPLY_TOKENS
 
 
 @pytest.fixture(scope="module")
 def stress_app():
-    from ui.chat.paced import PacedSource
-    from ui.webapp import create_app
-
-    source = PacedSource(200)  # the app's own backend; the stress run brings its own paced source
-    with BackgroundServer(create_app(source)) as url:
+    with paced_app(200) as url:  # the app's own backend; the stress run brings its own paced source
         yield url
-    source.close()
 
 
 def test_the_stress_run_measures_each_rate_and_render_cost_stays_flat(stress_app, browser_page, artifacts):

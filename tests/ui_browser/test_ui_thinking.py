@@ -4,8 +4,8 @@
 the browser's, the browser's measured live by the page and again by the server from the same paint log."""
 
 import pytest
+from support import paced_app
 
-from server.run import BackgroundServer
 
 LAST = "#lab-log-chat .lab-msg.assistant:last-child"
 DONE = LAST + " .lab-stats span"
@@ -13,13 +13,8 @@ DONE = LAST + " .lab-stats span"
 
 @pytest.fixture(scope="module")
 def thinking_app():
-    from ui.chat.paced import PacedSource
-    from ui.webapp import create_app
-
-    source = PacedSource(40, think=True)  # 16 tokens of thought at 40 tok/s: ~0.4 s of thinking
-    with BackgroundServer(create_app(source)) as url:
+    with paced_app(40, think=True) as url:  # 16 tokens of thought at 40 tok/s: ~0.4 s of thinking
         yield url
-    source.close()
 
 
 def test_a_thinking_reply_shows_a_thought_band_and_its_own_answer_ttft(thinking_app, browser_page, artifacts):
