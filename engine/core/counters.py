@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields, is_dataclass
 
 @dataclass
 class KvReuseCounters:
-    """The prefix cache's part of a reply (`RequestReuse.counters`, engine/serving/prefix_cache.py)."""
+    """The prefix cache's part of a reply (`RequestReuse.counters`, engine/serving/request_reuse.py)."""
 
     kv_reuse: str | None = None  # off | session | shared | no_session: how the cache was asked
     kv_copy_ms: float | None = None  # copying the cached prefix's KV (None: the cache was not looked up)

@@ -19,7 +19,8 @@ from engine.core.request import Event, Request
 from engine.core.timeline import Timeline, now_ns
 from engine.serving.decoding import Decoding, Pause, Step, cache_capacity, check_lengths
 from engine.serving.detokenize import IncrementalDetokenizer, StopStrings
-from engine.serving.prefix_cache import PrefixCache, RequestReuse
+from engine.serving.prefix_cache import PrefixCache
+from engine.serving.request_reuse import RequestReuse
 
 
 def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
