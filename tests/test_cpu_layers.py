@@ -33,20 +33,25 @@ def _runner(model, **inject) -> Runner:
     return Runner(model, make_plan(model, **{"one_row": "ours", **inject}))
 
 
-def _batched_run(runner):
-    """Three forwards over four sequences: prompts at position 0, decode rows beside a prompt that
-    continues a prefix (a masked SDPA), then decode rows only. Logits and each cache's KV."""
-    caches = [runner.new_cache(64) for _ in range(4)]
+def _kv(c) -> list:
+    """A cache's valid keys and values, and its int8 scales where it keeps them."""
+    return [getattr(c, name)[:, :, :, : c.length].clone() for name in c._buffers()]
+
+
+def _batched_run(runner, kinds=("model",) * 4):
+    """Three forwards over four sequences (their caches at precisions `kinds`): prompts at position 0,
+    decode rows beside a prompt that continues a prefix (a masked SDPA), then decode rows only. Logits
+    and each cache's KV."""
+    caches = [runner.new_cache(64, kv) for kv in kinds]
     logits = [runner.run(Batch([list(range(5, 25)), list(range(7, 12))], caches[:2]))]
     logits.append(runner.run(Batch([[3], list(range(30, 40)), [9], list(range(2, 9))], caches)))
     logits.append(runner.run(Batch([[3], [4], [5], [6]], caches)))
-    kv = [torch.cat([c.k[..., : c.length, :], c.v[..., : c.length, :]]).clone() for c in caches]
-    return logits, kv
+    return logits, [t for c in caches for t in _kv(c)]
 
 
-def _alone_run(runner):
+def _alone_run(runner, kv="model"):
     """A prompt, then 6 greedy decode steps, one sequence."""
-    cache, out = runner.new_cache(64), []
+    cache, out = runner.new_cache(64, kv), []
     logits = runner.forward(torch.arange(40, 60), cache, all_logits=True)
     out.append(logits)
     for _ in range(6):
@@ -166,3 +171,38 @@ def test_a_w8a_variants_layers_run_in_the_cpp_loop_with_the_python_loops_bits(bu
     assert _runner(model, caps=no_avx).plan.layer_loop == "python"
     bf16 = build(build(bundled, "bf16")[0], variant)[0].model  # bf16 activations: the loop runs fp32 only
     assert "fp32 activations" in _runner(bf16).plan.layer_loop_text
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", ["fp32", "int8w8a", "int4w8a"])
+def test_caches_at_every_precision_run_in_the_cpp_loop_with_the_python_loops_bits(bundled, variant, monkeypatch):
+    """The kv_cache_dtype toggle (fp16, bf16, int8 with its scales): the plan gives such a cache the C++ loop
+    too (Plan.loop_kv), whose decode rows take decode_attention_kv and whose prompt rows are stored and read as
+    KVCache does: the Python loop's bits, logits, keys, values and scales, alone, batched and with precisions
+    mixed in one forward."""
+    from engine.serving.variants import build
+
+    model = bundled.model if variant == "fp32" else build(bundled, variant)[0].model
+    runs = [(kv,) * 4 for kv in ("fp16", "bf16", "int8")] + [("int8", "model", "fp16", "int8")]
+    _layers(monkeypatch, True)
+    cpp_runner = _runner(model)
+    assert cpp_runner.plan.layer_loop == "cpp" and set(cpp_runner.plan.loop_kv) == {"model", "fp16", "bf16", "int8"}
+    assert cpp_runner.plan.loop_rows(["int8", "fp16"]) == cpp_runner.plan.cpp_rows > 0
+    assert cpp_runner.plan.kv_attention_text.endswith("the layers in one C++ call")
+    calls, me = [], threading.get_ident()
+    run_layers = cpu_layers.run_layers
+    monkeypatch.setattr(cpu_layers, "run_layers",
+                        lambda *a: (threading.get_ident() == me and calls.append(1)) or run_layers(*a))
+    cpp = [_batched_run(cpp_runner, kinds) for kinds in runs] + [_alone_run(cpp_runner, kv) for kv in runs[2][:1]]
+    assert len(calls) == 3 * len(runs) + 7  # every forward through the C++ loop
+    _layers(monkeypatch, False)
+    py_runner = _runner(model)
+    assert py_runner.plan.loop_rows(["int8"]) == 0 and "the layers in Python" in py_runner.plan.kv_attention_text
+    python = [_batched_run(py_runner, kinds) for kinds in runs] + [_alone_run(py_runner, kv) for kv in runs[2][:1]]
+    assert len(calls) == 3 * len(runs) + 7  # none through it
+    for (cpp_logits, cpp_kv), (py_logits, py_kv) in zip(cpp[:-1], python[:-1]):
+        assert all(torch.equal(a, b) for a, b in zip(cpp_logits + cpp_kv, py_logits + py_kv))
+        assert len(cpp_kv) == len(py_kv) > 0
+    assert all(torch.equal(a, b) for a, b in zip(cpp[-1], python[-1]))  # one int8 sequence alone
+    int8_kv = cpp[2][1]
+    assert int8_kv[0].dtype == torch.int8 and int8_kv[2].dtype == torch.float32  # values and scales compared

@@ -106,7 +106,9 @@ def test_the_plan_names_what_reads_each_precision(tiny):
     assert plan.attention_for("model") == plan.attention
     want = cpu_attention.PLAN_NAME_KV if CAN_BUILD else "sdpa"
     assert all(plan.attention_for(kv) == want for kv in LOSSY)
-    assert plan.loop_rows(["model", "model"]) == plan.cpp_rows and plan.loop_rows(["model", "int8"]) == 0
+    assert plan.loop_rows(["model", "model"]) == plan.loop_rows(["model", "int8", "bf16"]) == plan.cpp_rows
+    assert (plan.cpp_rows > 0) == CAN_BUILD and set(plan.loop_kv) == (set(KV_CACHE_DTYPES) if CAN_BUILD else set())
+    assert plan.describe()["loop_kv"] == list(plan.loop_kv)
     assert plan.describe()["kv_attention"] == {kv: want for kv in LOSSY}
     meta = make_plan(tiny.model, device="meta")
     assert meta.attention_for("int8") == "sdpa" and "fp32 activations on CPU" in meta.kv_attention_text

@@ -17,10 +17,15 @@
 // gate/up, down), undefined where none. outs: the 4 projections' output sizes. Sequence b brings
 // lengths[b] rows from row offsets[b], at positions from starts[b]; `decode` lists the sequences
 // whose single row goes through our decode attention kernel, `others` those through SDPA with
-// masks[b] (engine/runtime/eager.py makes both lists and the masks).
+// masks[b] (engine/runtime/eager.py makes both lists and the masks). A cache may be kept at another
+// precision than the model's (the kv_cache_dtype toggle, engine/model/kv_cache.py: fp16, bf16, or int8 with
+// k_scales[b], v_scales[b]): its decode row goes through decode_attention_kv, its other rows are stored and
+// read back as KVCache.store and read do, op for op.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include <algorithm>
 
 #include "cpu_qdot_ops.h"
 
@@ -42,19 +47,68 @@ at::Tensor mm(const at::Tensor& x, const at::Tensor* w, int64_t n, const std::op
   return y.view({x.size(0), x.size(1), y.size(-1)});
 }
 
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::vector<at::Tensor>& kc, const std::vector<at::Tensor>& vc,
-                            const std::vector<int64_t>& rows, const std::vector<int64_t>& positions, int64_t layer,
-                            double scale) {  // cpu_attention.decode_attention_heads
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("latency_lab_gemv::decode_attention", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList,
-                                         at::TensorList, at::IntArrayRef, at::IntArrayRef, int64_t, double)>();
+// The decode sequences whose caches share a storage type (fp32: the model's dtype; fp16, bf16, or int8 with its
+// scales: the kv_cache_dtype toggle), their rows and positions; `index` the rows as a tensor.
+struct Decode {
+  std::vector<at::Tensor> kc, vc, ks, vs;
+  std::vector<int64_t> rows, positions;
+  at::Tensor index;
+};
+
+// A decode group through our attention kernel (cpu_attention.decode_attention_heads, or decode_attention_kv
+// for a cache at another precision, as engine/runtime/eager.py picks them): [rows, H, D].
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Decode& g,
+                            int64_t layer, double scale) {
+  using Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, at::TensorList,
+                         at::IntArrayRef, at::IntArrayRef, int64_t, double);
+  using SigKV = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, at::TensorList,
+                           at::TensorList, at::TensorList, at::IntArrayRef, at::IntArrayRef, int64_t, double);
+  static auto& d = c10::Dispatcher::singleton();
+  static auto op = d.findSchemaOrThrow("latency_lab_gemv::decode_attention", "").typed<Sig>();
+  static auto kv = d.findSchemaOrThrow("latency_lab_gemv::decode_attention_kv", "").typed<SigKV>();
   auto heads = [](const at::Tensor& t) {
     at::Tensor r = t.select(0, 0).transpose(0, 1);
     return r.stride(-1) == 1 ? r : r.contiguous();
   };
-  return op.call(heads(q), heads(k), heads(v), kc, vc, rows, positions, layer, scale);
+  if (g.kc[0].scalar_type() == at::kFloat)
+    return op.call(heads(q), heads(k), heads(v), g.kc, g.vc, g.rows, g.positions, layer, scale);
+  return kv.call(heads(q), heads(k), heads(v), g.kc, g.vc, g.ks, g.vs, g.rows, g.positions, layer, scale);
+}
+
+// engine/kernels/cpu_attention.py quantize_int8, op for op (the same bits): x [..., D] -> int8 values, fp32
+// scales [...]
+std::pair<at::Tensor, at::Tensor> quantize_int8(const at::Tensor& x) {
+  at::Tensor scale = x.abs().amax(-1) / 127.0;
+  at::Tensor s = scale.unsqueeze(-1);
+  at::Tensor q = at::where(s > 0, at::round(x / s), at::zeros({}, x.options()));
+  return {q.clamp_(-127, 127).to(at::kChar), scale};
+}
+
+// Sequence b's n new keys and values (k, v: [1, KV, n, D]) stored at positions [s, s + n) of `layer`, and its keys
+// and values [0, s + n) read back in fp32: engine/model/kv_cache.py KVCache.store and read, op for op (fp32: the
+// slice assignment and views; fp16/bf16: rounded in, widened out; int8: quantize_int8 in, times the scales out).
+std::pair<at::Tensor, at::Tensor> store_read(const at::Tensor& kc, const at::Tensor& vc,
+                                             const std::optional<at::Tensor>& ks, const std::optional<at::Tensor>& vs,
+                                             int64_t layer, const at::Tensor& k, const at::Tensor& v, int64_t s,
+                                             int64_t n) {
+  at::Tensor kl = kc.select(0, layer), vl = vc.select(0, layer);
+  if (kc.scalar_type() != at::kChar) {
+    kl.slice(2, s, s + n).copy_(k);
+    vl.slice(2, s, s + n).copy_(v);
+    at::Tensor keys = kl.slice(2, 0, s + n), values = vl.slice(2, 0, s + n);
+    if (kc.scalar_type() == at::kFloat) return {keys, values};
+    return {keys.to(at::kFloat), values.to(at::kFloat)};
+  }
+  TORCH_CHECK(ks.has_value() && vs.has_value(), "batch_layers: an int8 cache needs its scales");
+  at::Tensor ksl = ks->select(0, layer), vsl = vs->select(0, layer);
+  auto [qk, sk] = quantize_int8(k);
+  auto [qv, sv] = quantize_int8(v);
+  kl.slice(2, s, s + n).copy_(qk);
+  ksl.slice(2, s, s + n).copy_(sk);
+  vl.slice(2, s, s + n).copy_(qv);
+  vsl.slice(2, s, s + n).copy_(sv);
+  return {kl.slice(2, 0, s + n).to(at::kFloat) * ksl.slice(2, 0, s + n).unsqueeze(-1),
+          vl.slice(2, 0, s + n).to(at::kFloat) * vsl.slice(2, 0, s + n).unsqueeze(-1)};
 }
 
 // A w8a projection (kind 1 or 2) through cpu_fused.cpp: the layer's norm, or silu(gate) * up, quantized
@@ -73,7 +127,9 @@ at::Tensor project(const at::Tensor& x, const at::Tensor* norm, double eps, cons
 at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
                         const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef outs, double eps,
                         int64_t H, int64_t KV, int64_t D, int64_t q_size, int64_t kv_size, double scale,
-                        at::TensorList k_caches, at::TensorList v_caches, at::IntArrayRef starts,
+                        at::TensorList k_caches, at::TensorList v_caches,
+                        const c10::List<std::optional<at::Tensor>>& k_scales,
+                        const c10::List<std::optional<at::Tensor>>& v_scales, at::IntArrayRef starts,
                         at::IntArrayRef lengths, at::IntArrayRef offsets, at::IntArrayRef decode,
                         at::IntArrayRef others, const c10::List<std::optional<at::Tensor>>& masks, bool wide,
                         int64_t kind, int64_t isa) {
@@ -84,15 +140,26 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == per * L && static_cast<int64_t>(biases.size()) == 4 * L &&
                   outs.size() == 4 && static_cast<int64_t>(masks.size()) == static_cast<int64_t>(starts.size()),
               "batch_layers: ", per, " weights and 4 biases a layer, 4 output sizes, a mask (or None) per sequence");
-  std::vector<at::Tensor> dk, dv;  // the decode sequences' caches, rows and positions
-  std::vector<int64_t> drows, dpos;
+  TORCH_CHECK(k_scales.size() == starts.size() && v_scales.size() == starts.size(),
+              "batch_layers: a k and a v scale tensor (int8 caches) or None per sequence");
+  auto scales = [](const c10::List<std::optional<at::Tensor>>& l, int64_t b) { return l.get(b); };
+  std::vector<Decode> groups;  // the decode sequences by their caches' storage type, in order of first appearance
   for (int64_t b : decode) {
-    dk.push_back(k_caches[b]);
-    dv.push_back(v_caches[b]);
-    drows.push_back(offsets[b]);
-    dpos.push_back(starts[b]);
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const Decode& d) { return d.kc[0].scalar_type() == k_caches[b].scalar_type(); });
+    if (g == groups.end()) g = groups.insert(groups.end(), Decode{});
+    g->kc.push_back(k_caches[b]);
+    g->vc.push_back(v_caches[b]);
+    if (k_caches[b].scalar_type() == at::kChar) {
+      TORCH_CHECK(scales(k_scales, b).has_value() && scales(v_scales, b).has_value(),
+                  "batch_layers: an int8 cache needs its scales");
+      g->ks.push_back(*scales(k_scales, b));
+      g->vs.push_back(*scales(v_scales, b));
+    }
+    g->rows.push_back(offsets[b]);
+    g->positions.push_back(starts[b]);
   }
-  const at::Tensor decode_rows = at::tensor(drows, at::TensorOptions().dtype(at::kLong));
+  for (Decode& g : groups) g.index = at::tensor(g.rows, at::TensorOptions().dtype(at::kLong));
   const bool gqa = H != KV;
   for (int64_t i = 0; i < L; ++i) {
     const at::Tensor* w = weights.data() + per * i;  // [attn norm, qkv (T), o (T), mlp norm, gate/up (T), down (T)]
@@ -107,20 +174,18 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
     at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);
     at::Tensor v = qkv.slice(-1, q_size + kv_size).view({1, R, KV, D}).transpose(1, 2);
     at::Tensor attn;
-    if (others.empty()) {  // decode only: rows are sequences, in order
-      attn = decode_attention(q, k, v, dk, dv, drows, dpos, i, scale);
+    if (others.empty() && groups.size() == 1) {  // decode only, one precision: rows are sequences, in order
+      attn = decode_attention(q, k, v, groups[0], i, scale);
     } else {
       attn = at::empty({R, H, D}, q.options());
-      if (!decode.empty()) attn.index_put_({decode_rows}, decode_attention(q, k, v, dk, dv, drows, dpos, i, scale));
+      for (const Decode& g : groups) attn.index_put_({g.index}, decode_attention(q, k, v, g, i, scale));
       for (int64_t b : others) {
         const int64_t s = starts[b], n = lengths[b], row = offsets[b];
-        at::Tensor kl = k_caches[b].select(0, i), vl = v_caches[b].select(0, i);
-        kl.slice(2, s, s + n).copy_(k.slice(2, row, row + n));
-        vl.slice(2, s, s + n).copy_(v.slice(2, row, row + n));
+        auto [keys, values] = store_read(k_caches[b], v_caches[b], scales(k_scales, b), scales(v_scales, b), i,
+                                         k.slice(2, row, row + n), v.slice(2, row, row + n), s, n);
         attn.slice(0, row, row + n)
-            .copy_(at::scaled_dot_product_attention(q.slice(2, row, row + n), kl.slice(2, 0, s + n),
-                                                    vl.slice(2, 0, s + n), masks.get(b), 0.0, n > 1 && s == 0,
-                                                    scale, gqa)
+            .copy_(at::scaled_dot_product_attention(q.slice(2, row, row + n), keys, values, masks.get(b), 0.0,
+                                                    n > 1 && s == 0, scale, gqa)
                        .select(0, 0)
                        .transpose(0, 1));
       }
@@ -145,6 +210,7 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("batch_layers(Tensor x, Tensor cos, Tensor sin, Tensor[] weights, Tensor?[] biases, int[] outs, float eps, "
         "int H, int KV, int D, int q_size, int kv_size, float scale, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
+        "Tensor(c!)?[] k_scales, Tensor(d!)?[] v_scales, "
         "int[] starts, int[] lengths, int[] offsets, int[] decode, int[] others, Tensor?[] masks, bool wide, "
         "int kind=0, int isa=0) -> Tensor");
 }

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.config import KV_CACHE_DTYPES
 from engine.kernels import cpu_gemm, cpu_qdot, switches
 from engine.kernels.cpu_gemm import panels, plain_fp32_cpu
 
 NAME = "one C++ call a forward (engine/kernels/cpu_layers.py)"
+KV_KINDS = KV_CACHE_DTYPES  # the cache precisions it stores and reads (KVCache.kind): every one (Plan.loop_kv)
 PYTHON = "Python, an op call at a time"
 
 
@@ -105,11 +107,14 @@ def run_layers(model, layers: tuple[list, list], x, cos, sin, caches, starts, le
                masks):
     """engine/runtime/eager.py's layer loop (`blocks`) over x [1, R, hidden] in one call. `layers`:
     layer_weights(model, plan.w8a_form); the rest are eager.forward's (`decode` the sequences whose row takes our
-    attention kernel, `others` the ones through SDPA with masks[b]). Returns x after the last layer."""
+    attention kernel, `others` the ones through SDPA with masks[b]); a cache at another precision than the
+    model's (KVCache.kind) brings its int8 scales, and its rows are read and stored as the Python loop does
+    (engine/runtime/eager.py). Returns x after the last layer."""
     weights, biases, kind, isa = layers
     blk = model.blocks[0]
     outs = [blk.qkv.out_features, blk.o.out_features, blk.gate_up.out_features, blk.down.out_features]
     return torch.ops.latency_lab_gemv.batch_layers(
         x, cos, sin, weights, biases, outs, blk.attn_norm.eps, model.n_heads, model.n_kv_heads, model.head_dim,
-        blk.q_size, blk.kv_size, blk.scaling, [c.k for c in caches], [c.v for c in caches], starts, lengths, offsets,
-        decode, others, masks, cpu_gemm.wide(), kind, isa)
+        blk.q_size, blk.kv_size, blk.scaling, [c.k for c in caches], [c.v for c in caches],
+        [getattr(c, "k_scale", None) for c in caches], [getattr(c, "v_scale", None) for c in caches], starts, lengths,
+        offsets, decode, others, masks, cpu_gemm.wide(), kind, isa)

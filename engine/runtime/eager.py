@@ -16,8 +16,9 @@ shares the forward; a kernel that is not row-invariant runs once per sequence. S
 is the same alone, batched, and through either worker.
 
 Layer loop: `blocks` (engine/runtime/blocks.py) in Python is the reference; where the plan sends
-every projection's rows to our fp32 kernel (`Plan.cpp_rows`), engine/kernels/cpu_layers.cpp runs the
-same loop in one C++ call (tested bit-equal). The runner (engine/runtime/runner.py) calls this.
+every projection's rows to our kernels (`Plan.loop_rows`: up to `cpp_rows` rows, caches at the precisions
+of `loop_kv`), engine/kernels/cpu_layers.cpp runs the same loop in one C++ call (tested bit-equal). The
+runner (engine/runtime/runner.py) calls this.
 """
 
 from __future__ import annotations

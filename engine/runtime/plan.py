@@ -7,9 +7,9 @@ below and the detected capabilities (engine/platform/capabilities.py):
   rows are ONE sequence's rows, so a sequence gets the same kernels, and bits, alone and batched);
 - the decode-row attention kernel, per KV cache precision (the kv_cache_dtype toggle: the model's dtype,
   or fp16/bf16/int8 read by our kernel widened on the fly, else SDPA over the cache dequantized), the layer
-  loop (one C++ call, or Python: the C++ loop reads caches in the model's dtype only, so a sequence at
-  another precision runs the Python loop), and which step modes can serve (eager, the GPU's static step,
-  the compiled step: Inductor on CPU, CUDA graphs on a GPU; both over model-dtype caches only).
+  loop (one C++ call, at every cache precision: `Plan.loop_kv`; or Python), and which step modes can serve
+  (eager, the GPU's static step, the compiled step: Inductor on CPU, CUDA graphs on a GPU; both over
+  model-dtype caches only).
 
 The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
 - w8a (int8 activations, engine/quant/w8a.py): our integer kernels (`WO_INT8ACT`) for up to OURS_ROWS
@@ -115,7 +115,7 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
     modes, reasons["compiled_machine"] = _step_modes(model, dev, caps, mods)
     reasons = {k: v for k, v in reasons.items() if v}
     return Plan(dev, weights, "fast", linears, attention, "cpp" if cpp_rows else "python", cpp_rows, modes,
-                tuple(made), reasons, kv_attention, w8a_form=form)
+                tuple(made), reasons, kv_attention, w8a_form=form, loop_kv=cpu_layers.KV_KINDS if cpp_rows else ())
 
 
 def _w8a_form(model, dev, caps) -> tuple[str | None, Decision | None]:

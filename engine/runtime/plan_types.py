@@ -66,15 +66,16 @@ class Plan:
     reasons: Mapping[str, str] = field(default_factory=dict)  # why not, for engine info: attention, layer_loop, ...
     kv_attention: Mapping[str, str] = field(default_factory=dict)  # KV precision (not 'model') -> 'ours-cpu-kv' | 'sdpa'
     w8a_form: str | None = None  # the w8a layers' form of our integer kernels (cpu_qdot.ISAS; None: the torch reference)
+    loop_kv: tuple[str, ...] = ("model",)  # the KV cache precisions the C++ layer loop reads (KVCache.kind)
 
     def attention_for(self, kv: str) -> str:
         """Decode rows' attention over a cache of precision `kv` (KVCache.kind)."""
         return self.attention if kv == "model" else self.kv_attention.get(kv, "sdpa")
 
     def loop_rows(self, kvs) -> int:
-        """`cpp_rows` for a forward over caches of precisions `kvs`: the C++ layer loop (cpu_layers.cpp)
-        stores and reads caches in the model's dtype only; any other precision runs the Python loop (0)."""
-        return self.cpp_rows if all(kv == "model" for kv in kvs) else 0
+        """`cpp_rows` for a forward over caches of precisions `kvs`: the C++ layer loop (cpu_layers.cpp) where
+        it reads every one of them (`loop_kv`), else 0 (the Python loop)."""
+        return self.cpp_rows if all(kv in self.loop_kv for kv in kvs) else 0
 
     @property
     def compiled_mode(self) -> str:
@@ -120,7 +121,9 @@ class Plan:
     def kv_attention_text(self) -> str:
         """What reads a cache kept at fp16, bf16 or int8 (the kv_cache_dtype toggle)."""
         if self.kv_attention and all(a == cpu_attention.PLAN_NAME_KV for a in self.kv_attention.values()):
-            return cpu_attention.NAME_KV + "; the layers in Python (the C++ loop reads model-dtype caches)"
+            loop = "one C++ call" if set(self.kv_attention) <= set(self.loop_kv) else \
+                f"Python ({self.reasons.get('layer_loop', 'the C++ loop reads model-dtype caches only')})"
+            return f"{cpu_attention.NAME_KV}; the layers in {loop}"
         why = self.reasons.get("kv_attention", "this model runs the generic transformers forward")
         return f"{cpu_attention.SDPA} over the cache dequantized each layer ({why})"
 
@@ -166,7 +169,8 @@ class Plan:
         return {"prefill": self.used(64), "decode": self.used(1), "one_row": one_row,
                 "names": {k.short: k.what for k in Kernel}, "switches": switches.describe(),
                 "device": self.device, "weights": self.weights, "attention": self.attention,
-                "layer_loop": self.layer_loop, "cpp_rows": self.cpp_rows, "kv_attention": dict(self.kv_attention),
+                "layer_loop": self.layer_loop, "cpp_rows": self.cpp_rows, "loop_kv": list(self.loop_kv),
+                "kv_attention": dict(self.kv_attention),
                 "w8a_form": self.w8a_form,
                 "linears": {role: lp.describe() for role, lp in self.linears.items()},
                 "step_modes": dict(self.step_modes), "decisions": [d.to_dict() for d in self.decisions]}
