@@ -220,14 +220,17 @@ def test_bench_kv_prints_agreement_and_decode_per_precision(tmp_path, tokenizer)
 
     model_dir = build_tiny_model_dir(tmp_path / "tiny2k", tokenizer, max_position_embeddings=2048)
     argv = ["kv", "--model", str(model_dir), "--dtype", "fp32", "--kv-dtypes", "int8,fp16", "--prompts-long", "2",
-            "--rounds", "1", "--last-tokens", "4"]
+            "--rounds", "1", "--last-tokens", "4", "--python-loop"]
     p, kv = build_parser(argv)
     lines = []
     result = kv.run(p.parse_args(argv), lambda *a: lines.append(" ".join(map(str, a))))
     rows = result["kv_dtypes"]
-    assert list(rows) == ["model", "int8", "fp16"] and result["ratio"] == rows["int8"]["long_vs_short"]
+    loops = [f"{kv} python loop" for kv in ("model", "int8", "fp16")]  # --python-loop: timed beside, alternating
+    assert list(rows) == ["model", "int8", "fp16", *loops] and result["ratio"] == rows["int8"]["long_vs_short"]
+    assert all(rows[name]["decode_tps_long"] > 0 and "greedy_agreement" not in rows[name] for name in loops)
+    assert any(line.startswith("plan's loop / Python loop") and "int8" in line for line in lines)
     assert rows["model"]["greedy_agreement"] == rows["model"]["top1_agreement"] == 1.0  # itself
-    for kv_dtype, row in rows.items():
+    for kv_dtype, row in list(rows.items())[:3]:
         assert 0 <= row["greedy_agreement"] <= 1 and 0 <= row["top1_agreement"] <= 1 and row["positions"] > 0
         assert row["decode_tps_short"] > 0 and row["decode_tps_long"] > 0
         assert any(line.lstrip().startswith(f"{kv_dtype}: greedy agreement") for line in lines)

@@ -21,15 +21,20 @@ and goes between rounds cancels out of it). The same from the process's CPU time
 wall clock; prefill_chunks reads it the same way). `mb_per_step`:
 what a step reads at the long prompt's context (weights + KV at that precision: bandwidth.bytes_read_per_step,
 the roofline's count). `ratio`: int8's long_vs_short (or the last precision's).
+`--python-loop`: each precision timed too through a runner whose plan was made with the layers switch off
+(`PRECISION python loop` rows, in the same rounds), and the plan's loop over the Python one, paired: what the
+C++ layer loop (engine/kernels/cpu_layers.py) buys at each precision, short and long.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.bench import CHAT_PROMPTS, load_model, median, run_request
+from engine.bench import CHAT_PROMPTS, Stepper, load_model, median, run_request
 from engine.core import clock
 from engine.bench.long_prompts import LONG_ASKS, long_prompts
+
+PY = "python loop"  # --python-loop's label suffix
 
 def add_args(p):
     p.add_argument("--kv-dtypes", default="",
@@ -40,12 +45,18 @@ def add_args(p):
     p.add_argument("--steps", type=int, default=6, help="decode steps per precision and context per round")
     p.add_argument("--no-quality", action="store_true", help="speed only: no replies, no agreement figures")
     p.add_argument("--weights", default=None, help="a weights variant to run (default: the loaded model)")
+    p.add_argument("--python-loop", action="store_true",
+                   help="also time each precision with the layers in Python (a plan made with the layers switch "
+                        "off), alternating with the plan's own loop: what the C++ loop buys at each precision")
 
 
 def run(args, out):
     from engine.bench.bandwidth import bytes_read_per_step
     from engine.core.config import GenerationConfig
+    from engine.kernels import switches
     from engine.platform import capabilities
+    from engine.runtime.plan import make_plan
+    from engine.runtime.runner import Runner
     from engine.serving.generate import build_prompt_ids
     from engine.serving.variants import VariantSet
 
@@ -85,25 +96,35 @@ def run(args, out):
                        "positions": positions}
 
     short_ids = build_prompt_ids(lm.tokenizer, [{"role": "user", "content": CHAT_PROMPTS[0]}])
-    speed, cpu = step_speeds(runner, kinds, {"short": short_ids, "long": ids[0]}, args.rounds, args.steps, out)
+    steppers = {kv: Stepper(runner, kv=kv) for kv in kinds}
+    if args.python_loop:
+        with switches.forced_off("layers"):  # a plan made with the switch off: its layers in Python
+            py = Runner(runner.model, make_plan(runner.model, cache_dir=lm.cache_dir, weights=variant.name))
+        out(f"also timed: the layers in {py.plan.layer_loop_text}, against {runner.plan.layer_loop_text}")
+        steppers.update({f"{kv} {PY}": Stepper(py, kv=kv) for kv in kinds})
+    speed, cpu = step_speeds(steppers, {"short": short_ids, "long": ids[0]}, args.rounds, args.steps, out)
     rows = {}
     context = len(ids[0]) + args.last_tokens // 2
-    for kv in kinds if speed else ():
-        short, long = 1 / median(speed[kv]["short"]), 1 / median(speed[kv]["long"])
-        rows[kv] = {**quality[kv], "decode_tps_short": round(short, 1), "decode_tps_long": round(long, 1),
-                    "long_vs_short": round(paired(speed[kv]["short"], speed[kv]["long"], args.steps), 3),
-                    "long_vs_model_long": round(paired(speed["model"]["long"], speed[kv]["long"], args.steps), 3),
-                    "long_vs_short_cpu": round(paired(cpu[kv]["short"], cpu[kv]["long"], args.steps), 3),
-                    "long_vs_model_long_cpu": round(paired(cpu["model"]["long"], cpu[kv]["long"], args.steps), 3),
-                    "cpu_ms_short": round(1e3 * median(cpu[kv]["short"]), 2),
-                    "cpu_ms_long": round(1e3 * median(cpu[kv]["long"]), 2),
-                    "mb_per_step_long": round(bytes_read_per_step(runner.model, context, kv) / 1e6, 1),
-                    "kv_mb_long": round((bytes_read_per_step(runner.model, context, kv)
-                                         - bytes_read_per_step(runner.model, 0, kv)) / 1e6, 1)}
-    for kv in kinds:
-        q = rows.setdefault(kv, dict(quality[kv]))
+    for label, stepper in steppers.items() if speed else ():
+        kv, t, c = stepper.kv, speed[label], cpu[label]
+        model = "model" + label[len(kv):]  # the model-dtype cache through the same loop
+        rows[label] = {**(quality[kv] if label == kv else {}),
+                       "decode_tps_short": round(1 / median(t["short"]), 1),
+                       "decode_tps_long": round(1 / median(t["long"]), 1),
+                       "long_vs_short": round(paired(t["short"], t["long"], args.steps), 3),
+                       "long_vs_model_long": round(paired(speed[model]["long"], t["long"], args.steps), 3),
+                       "long_vs_short_cpu": round(paired(c["short"], c["long"], args.steps), 3),
+                       "long_vs_model_long_cpu": round(paired(cpu[model]["long"], c["long"], args.steps), 3),
+                       "cpu_ms_short": round(1e3 * median(c["short"]), 2),
+                       "cpu_ms_long": round(1e3 * median(c["long"]), 2),
+                       "mb_per_step_long": round(bytes_read_per_step(runner.model, context, kv) / 1e6, 1),
+                       "kv_mb_long": round((bytes_read_per_step(runner.model, context, kv)
+                                            - bytes_read_per_step(runner.model, 0, kv)) / 1e6, 1)}
+    for kv in list(steppers) if speed else kinds:
+        q = rows[kv] if kv in rows else rows.setdefault(kv, dict(quality[kv]))
         parts = [f"greedy agreement {q['greedy_agreement']:.1%} ({q['identical']} of {q['replies']} replies "
-                 f"identical), top-1 {q['top1_agreement']:.1%} over {q['positions']} positions"] if replies else []
+                 f"identical), top-1 {q['top1_agreement']:.1%} over {q['positions']} positions"] \
+            if replies and kv in kinds else []
         if speed:
             parts.append(f"decode {q['decode_tps_short']:.1f} tok/s short, {q['decode_tps_long']:.1f} after "
                          f"{len(ids[0])} tokens = {q['long_vs_short']:.2f}x ({q['long_vs_model_long']:.2f}x model-dtype "
@@ -111,6 +132,10 @@ def run(args, out):
                          f"{q['long_vs_short_cpu']:.2f}x ({q['long_vs_model_long_cpu']:.2f}x model-dtype KV's long); a long "
                          f"step reads {q['mb_per_step_long']:.1f} MB, {q['kv_mb_long']:.1f} MB of it KV")
         out(f"{kv:>6}: " + "; ".join(parts))
+    if args.python_loop and speed:
+        out("plan's loop / Python loop, decode speed (paired medians): " + ", ".join(
+            f"{kv} {paired(speed[f'{kv} {PY}'][n], speed[kv][n], args.steps):.2f}x {n}" for kv in kinds
+            for n in ("short", "long")))
     key = "int8" if "int8" in rows else kinds[-1]
     return {"kv_dtypes": rows, "ratio": rows[key].get("long_vs_short"), "steps": args.steps,
             "weights": variant.name, "dtype": lm.dtype_name,
@@ -119,20 +144,19 @@ def run(args, out):
             "capabilities": capabilities.detect().summary(), "kv_attention": runner.plan.kv_attention_text}
 
 
-def step_speeds(runner, kinds, prompts: dict, rounds: int, steps: int, out) -> dict:
-    """Seconds of one decode step per precision and prompt ({kv: {name: [s, ...]}}): a cache per (precision,
-    prompt) prefilled once, then `rounds` of `steps` steps through each in turn, the cache cropped back after
-    each step; and the process's CPU time of each. ({}, {}) for 0 rounds."""
+def step_speeds(steppers: dict, prompts: dict, rounds: int, steps: int, out) -> dict:
+    """Seconds of one decode step per stepper (a runner and a cache precision, by label) and prompt
+    ({label: {name: [s, ...]}}): a cache per (label, prompt) prefilled once, then `rounds` of `steps` steps
+    through each in turn, the cache cropped back after each step; and the process's CPU time of each. ({}, {})
+    for 0 rounds."""
     import time
-
-    from engine.bench import Stepper
 
     if rounds <= 0:
         return {}, {}
-    device = runner.device
+    kinds = list(steppers)
+    device = next(iter(steppers.values())).runner.device
     held = {}
-    for kv in kinds:
-        stepper = Stepper(runner, kv=kv)
+    for kv, stepper in steppers.items():
         for name, ids in prompts.items():
             cache = stepper.new_cache(len(ids) + 2)
             stepper.forward(torch.tensor(ids, device=device), cache)
