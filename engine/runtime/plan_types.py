@@ -122,7 +122,7 @@ class Plan:
         """What reads a cache kept at fp16, bf16 or int8 (the kv_cache_dtype toggle)."""
         if self.kv_attention and all(a == cpu_attention.PLAN_NAME_KV for a in self.kv_attention.values()):
             loop = "one C++ call" if set(self.kv_attention) <= set(self.loop_kv) else \
-                f"Python ({self.reasons.get('layer_loop', 'the C++ loop reads model-dtype caches only')})"
+                f"Python ({self.reasons.get('layer_loop', 'the plan keeps these precisions off the C++ loop')})"
             return f"{cpu_attention.NAME_KV}; the layers in {loop}"
         why = self.reasons.get("kv_attention", "this model runs the generic transformers forward")
         return f"{cpu_attention.SDPA} over the cache dequantized each layer ({why})"
