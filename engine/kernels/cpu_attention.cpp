@@ -29,6 +29,8 @@
 #include <vector>
 #include <torch/library.h>
 
+#include "cpu_attention.h"
+
 namespace {
 
 constexpr int64_t kChunk = 256;  // keys per task: 2 x 64 KB of K and V at D = 64, resident in L2
@@ -193,7 +195,7 @@ template <typename E>
 at::Tensor attend_caches(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                          at::TensorList k_caches, at::TensorList v_caches, at::TensorList k_scales,
                          at::TensorList v_scales, at::IntArrayRef rows, at::IntArrayRef positions, int64_t layer,
-                         double scale) {
+                         double scale, const at::Tensor& into) {
   constexpr bool kInt8 = std::is_same_v<E, int8_t>;
   const int64_t B = static_cast<int64_t>(rows.size());
   TORCH_CHECK(B >= 1 && static_cast<int64_t>(positions.size()) == B && static_cast<int64_t>(k_caches.size()) == B &&
@@ -263,7 +265,13 @@ at::Tensor attend_caches(const at::Tensor& q, const at::Tensor& k_new, const at:
       });
     }
   });
-  at::Tensor out = at::empty({B, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = into;
+  if (out.defined()) {
+    TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == B * H * D,
+                "out: contiguous fp32 [sequences, ", H, ", ", D, "]");
+  } else {
+    out = at::empty({B, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  }
   float* op = out.data_ptr<float>();
   for (int64_t t = 0; t < T;) {  // merge each (sequence, KV head)'s chunks in order
     int64_t e = t;
@@ -288,12 +296,12 @@ at::Tensor attend_caches(const at::Tensor& q, const at::Tensor& k_new, const at:
   return out;
 }
 
-// fp32 caches (the model's dtype): the op the C++ layer loop calls too (cpu_layers.cpp), unchanged.
+// fp32 caches (the model's dtype).
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                             at::TensorList k_caches, at::TensorList v_caches, at::IntArrayRef rows,
                             at::IntArrayRef positions, int64_t layer, double scale) {
   TORCH_CHECK(!k_caches.empty() && k_caches[0].scalar_type() == at::kFloat, "caches must be fp32");
-  return attend_caches<float>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale);
+  return attention::decode(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale);
 }
 
 // Caches kept at another precision than the model's (the kv_cache_dtype toggle): fp16, bf16, or int8 with
@@ -304,20 +312,33 @@ at::Tensor decode_attention_kv(const at::Tensor& q, const at::Tensor& k_new, con
                                at::TensorList v_scales, at::IntArrayRef rows, at::IntArrayRef positions,
                                int64_t layer, double scale) {
   TORCH_CHECK(!k_caches.empty(), "no caches");
-  switch (k_caches[0].scalar_type()) {
-    case at::kHalf:
-      return attend_caches<c10::Half>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale);
-    case at::kBFloat16:
-      return attend_caches<c10::BFloat16>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale);
-    case at::kChar:
-      return attend_caches<int8_t>(q, k_new, v_new, k_caches, v_caches, k_scales, v_scales, rows, positions, layer,
-                                   scale);
-    default:
-      TORCH_CHECK(false, "decode_attention_kv takes fp16, bf16 or int8 caches, not ", k_caches[0].scalar_type());
-  }
+  TORCH_CHECK(k_caches[0].scalar_type() != at::kFloat, "decode_attention_kv takes fp16, bf16 or int8 caches, not ",
+              k_caches[0].scalar_type());
+  return attention::decode(q, k_new, v_new, k_caches, v_caches, k_scales, v_scales, rows, positions, layer, scale);
 }
 
 }  // namespace
+
+at::Tensor attention::decode(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                             at::TensorList k_caches, at::TensorList v_caches, at::TensorList k_scales,
+                             at::TensorList v_scales, at::IntArrayRef rows, at::IntArrayRef positions, int64_t layer,
+                             double scale, const at::Tensor& out) {
+  TORCH_CHECK(!k_caches.empty(), "no caches");
+  switch (k_caches[0].scalar_type()) {
+    case at::kFloat:
+      return attend_caches<float>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale, out);
+    case at::kHalf:
+      return attend_caches<c10::Half>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale, out);
+    case at::kBFloat16:
+      return attend_caches<c10::BFloat16>(q, k_new, v_new, k_caches, v_caches, {}, {}, rows, positions, layer, scale,
+                                          out);
+    case at::kChar:
+      return attend_caches<int8_t>(q, k_new, v_new, k_caches, v_caches, k_scales, v_scales, rows, positions, layer,
+                                   scale, out);
+    default:
+      TORCH_CHECK(false, "decode attention takes fp32, fp16, bf16 or int8 caches, not ", k_caches[0].scalar_type());
+  }
+}
 
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("decode_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "

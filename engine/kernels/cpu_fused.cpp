@@ -28,20 +28,35 @@ inline __m256 rounded(__m256 v) {  // the product as torch leaves it in memory: 
 }
 }  // namespace
 
+namespace {
+at::Tensor silu(const at::Tensor& x, const Scratch* s) {  // torch's own (its bits), into s->gated where kept
+  if (!s || !s->gated.defined()) return at::silu(x);
+  at::Tensor out = s->gated;
+  return at::silu_out(out, x);
+}
+}  // namespace
+
+at::Tensor project_into(const at::Tensor& x, const at::Tensor* norm_weight, double eps, const at::Tensor* up,
+                        const at::Tensor* weights, int64_t kind, int64_t isa, const at::Tensor& bias,
+                        const at::Tensor& residual, const Scratch* s, const at::Tensor& y) {
+  TORCH_CHECK(!(norm_weight && up), "a norm or a product, not both");
+  Quantized q = norm_weight ? quantize_normed(x, *norm_weight, eps, s)
+                : up        ? quantize_product(silu(x, s), *up, s)
+                            : quantize(x, true, s);
+  return product(q, weights, kind, isa, bias, residual, y);
+}
+
 at::Tensor project(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight, double eps,
                    const std::optional<at::Tensor>& up, at::TensorList weights, int64_t kind, int64_t isa,
                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual) {
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == (kind == 1 ? 2 : 1), "kind 1: int8 weights and scale; "
               "kind 2: 4-bit rows (weights, scales and offsets)");
-  TORCH_CHECK(!(norm_weight.has_value() && up.has_value()), "a norm or a product, not both");
-  Quantized q = norm_weight.has_value() ? quantize_normed(x, *norm_weight, eps)
-                : up.has_value()        ? quantize_product(at::silu(x), *up)
-                                        : quantize(x, true);
-  return product(q, weights.data(), kind, isa, bias.value_or(at::Tensor()), residual.value_or(at::Tensor()));
+  return project_into(x, norm_weight ? &*norm_weight : nullptr, eps, up ? &*up : nullptr, weights.data(), kind, isa,
+                      bias.value_or(at::Tensor()), residual.value_or(at::Tensor()), nullptr, at::Tensor());
 }
 
 at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H, int64_t KV,
-                   int64_t D) {
+                   int64_t D, const at::Tensor& into) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.scalar_type() == at::kFloat && qkv.size(1) >= (H + KV) * D,
               "qkv: fp32 rows [R, >= (H + KV) * D], each contiguous");
   const int64_t R = qkv.size(0), half = D / 2;
@@ -49,7 +64,13 @@ at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   for (const at::Tensor* t : {&cos, &sin})
     TORCH_CHECK(t->dim() == 2 && t->size(0) == R && t->size(1) == D && t->stride(1) == 1 && t->scalar_type() == at::kFloat,
                 "cos and sin: fp32 rows [R, D]");
-  at::Tensor out = at::empty({R, H + KV, D}, qkv.options());
+  at::Tensor out = into;
+  if (out.defined()) {
+    TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == R * (H + KV) * D,
+                "out: contiguous fp32 [R, H + KV, D]");
+  } else {
+    out = at::empty({R, H + KV, D}, qkv.options());
+  }
   const float *xp = qkv.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -71,6 +92,13 @@ at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   return out;
 }
 
+namespace {
+at::Tensor rope_qk_op(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H, int64_t KV,
+                      int64_t D) {
+  return rope_qk(qkv, cos, sin, H, KV, D);
+}
+}  // namespace
+
 }  // namespace qdot
 
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
@@ -81,5 +109,5 @@ TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
 
 TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) {
   m.impl("qdot_project", &qdot::project);
-  m.impl("rope_qk", &qdot::rope_qk);
+  m.impl("rope_qk", &qdot::rope_qk_op);
 }

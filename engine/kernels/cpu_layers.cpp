@@ -27,6 +27,7 @@
 
 #include <algorithm>
 
+#include "cpu_attention.h"
 #include "cpu_qdot_ops.h"
 
 namespace {
@@ -37,14 +38,14 @@ struct Kind {
   int64_t tensors() const { return kind == 1 ? 2 : 1; }  // a projection's weight tensors
 };
 
-// cpu_gemm.ours (fp32 panels): x [1, R, K] -> [1, R, n]
+// cpu_gemm.ours (fp32 panels): x [R, K] -> [R, n]
 at::Tensor mm(const at::Tensor& x, const at::Tensor* w, int64_t n, const std::optional<at::Tensor>& bias, Kind k) {
   static auto fp32 = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("latency_lab_gemv::fp32_mm", "")
                          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool)>();
-  at::Tensor y = fp32.call(x.reshape({-1, x.size(-1)}).contiguous(), w[0], n, k.wide);
+  at::Tensor y = fp32.call(x.contiguous(), w[0], n, k.wide);
   if (bias.has_value() && bias->defined()) y = at::add(y, *bias);
-  return y.view({x.size(0), x.size(1), y.size(-1)});
+  return y;
 }
 
 // The decode sequences whose caches share a storage type (fp32: the model's dtype; fp16, bf16, or int8 with its
@@ -55,24 +56,13 @@ struct Decode {
   at::Tensor index;
 };
 
-// A decode group through our attention kernel (cpu_attention.decode_attention_heads, or decode_attention_kv
-// for a cache at another precision, as engine/runtime/eager.py picks them): [rows, H, D].
+// A decode group through our attention kernel (cpu_attention.h: a direct call, no dispatcher look-up; the ops
+// decode_attention and decode_attention_kv that engine/runtime/eager.py picks run the same function, by the
+// caches' dtype): q [R, H, D], k and v [R, KV, D] as rope_qk and the q/k/v output lay them (rows and heads
+// strided, no copies); into `out` where defined, else a new [rows, H, D].
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Decode& g,
-                            int64_t layer, double scale) {
-  using Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, at::TensorList,
-                         at::IntArrayRef, at::IntArrayRef, int64_t, double);
-  using SigKV = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, at::TensorList,
-                           at::TensorList, at::TensorList, at::IntArrayRef, at::IntArrayRef, int64_t, double);
-  static auto& d = c10::Dispatcher::singleton();
-  static auto op = d.findSchemaOrThrow("latency_lab_gemv::decode_attention", "").typed<Sig>();
-  static auto kv = d.findSchemaOrThrow("latency_lab_gemv::decode_attention_kv", "").typed<SigKV>();
-  auto heads = [](const at::Tensor& t) {
-    at::Tensor r = t.select(0, 0).transpose(0, 1);
-    return r.stride(-1) == 1 ? r : r.contiguous();
-  };
-  if (g.kc[0].scalar_type() == at::kFloat)
-    return op.call(heads(q), heads(k), heads(v), g.kc, g.vc, g.rows, g.positions, layer, scale);
-  return kv.call(heads(q), heads(k), heads(v), g.kc, g.vc, g.ks, g.vs, g.rows, g.positions, layer, scale);
+                            int64_t layer, double scale, const at::Tensor& out = at::Tensor()) {
+  return attention::decode(q, k, v, g.kc, g.vc, g.ks, g.vs, g.rows, g.positions, layer, scale, out);
 }
 
 // engine/kernels/cpu_attention.py quantize_int8, op for op (the same bits): x [..., D] -> int8 values, fp32
@@ -111,20 +101,47 @@ std::pair<at::Tensor, at::Tensor> store_read(const at::Tensor& kc, const at::Ten
           vl.slice(2, 0, s + n).to(at::kFloat) * vsl.slice(2, 0, s + n).unsqueeze(-1)};
 }
 
-// A w8a projection (kind 1 or 2) through cpu_fused.cpp: the layer's norm, or silu(gate) * up, quantized
-// on the way in; its bias and the residual added on the way out. x, up, residual: [1, R, .] -> [1, R, n].
-at::Tensor project(const at::Tensor& x, const at::Tensor* norm, double eps, const at::Tensor* up, const at::Tensor* w,
-                   const std::optional<at::Tensor>& bias, const at::Tensor* residual, Kind k) {
-  const int64_t R = x.size(1);
-  auto rows = [R](const at::Tensor& t) { return t.view({R, t.size(-1)}); };  // [1, R, .] -> [R, .] (a view)
-  auto opt = [&](const at::Tensor* t) { return t ? std::optional<at::Tensor>(rows(*t)) : std::nullopt; };
-  const std::optional<at::Tensor> b = bias.has_value() && bias->defined() ? bias : std::nullopt;
-  at::Tensor y = qdot::project(rows(x), norm ? std::optional<at::Tensor>(*norm) : std::nullopt, eps, opt(up),
-                               at::TensorList(w, k.tensors()), k.kind, k.isa, b, opt(residual));
-  return y.view({1, R, y.size(-1)});
-}
+// What a forward's layers write, allocated once a call and reused by every layer (a one-row step made ~40
+// ATen calls a layer, most of them allocations and views, before: issue 41), with the views the loop reads
+// made once too. The residual stream x is updated in place (y = x + (product + bias), element by element:
+// the same bits as the new tensor the Python loop makes).
+struct Workspace {
+  at::Tensor x;        // [R, hidden]: the residual stream (a copy of the caller's: its x is not written)
+  at::Tensor qkv;      // [R, q + 2 kv]: the fused q/k/v projection
+  at::Tensor roped;    // [R, H + KV, D]: q and k with rotary positions
+  at::Tensor attn;     // [R, H, D]: the attention output
+  at::Tensor gate_up;  // [R, 2 I] (w8a layers; the fp32 panels' product returns its own)
+  qdot::Scratch scratch;  // the w8a projections' temporaries (cpu_qdot_ops.h)
+  // views of the above: x as [1, R, hidden], q, k, v as the decode kernel reads them ([R, heads, D]) and as SDPA
+  // does ([1, heads, R, D]), the attention's rows [R, H * D], gate/up's halves
+  at::Tensor q, k, v, q4, k4, v4, attn_rows, gate, up;
 
-at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
+  Workspace(const at::Tensor& x0, at::IntArrayRef outs, int64_t H, int64_t KV, int64_t D, int64_t q_size,
+            int64_t kv_size, bool w8a) {
+    const int64_t R = x0.size(1), hidden = x0.size(2), I = outs[2] / 2;
+    const at::TensorOptions f = x0.options().dtype(at::kFloat);
+    x = x0.reshape({R, hidden}).clone(at::MemoryFormat::Contiguous);
+    qkv = at::empty({R, outs[0]}, f);
+    roped = at::empty({R, H + KV, D}, f);
+    attn = at::empty({R, H, D}, f);
+    q = roped.narrow(1, 0, H);
+    k = roped.narrow(1, H, KV);
+    v = qkv.narrow(1, q_size + kv_size, kv_size).view({R, KV, D});
+    q4 = q.transpose(0, 1).unsqueeze(0);
+    k4 = k.transpose(0, 1).unsqueeze(0);
+    v4 = v.transpose(0, 1).unsqueeze(0);
+    attn_rows = attn.view({R, H * D});
+    if (!w8a) return;
+    gate_up = at::empty({R, outs[2]}, f);
+    gate = gate_up.narrow(1, 0, I);
+    up = gate_up.narrow(1, I, I);
+    int64_t bytes = 0;  // the quantized activations of the widest input
+    for (int64_t K : {hidden, H * D, I}) bytes = std::max(bytes, R * qdot::Quantized::bytes(qdot::Layout(K, true)));
+    scratch = {at::empty({bytes}, f.dtype(at::kByte)), at::empty({R, hidden}, f), at::empty({R}, f), at::empty({R, I}, f)};
+  }
+};
+
+at::Tensor batch_layers(const at::Tensor& x0, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
                         const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef outs, double eps,
                         int64_t H, int64_t KV, int64_t D, int64_t q_size, int64_t kv_size, double scale,
                         at::TensorList k_caches, at::TensorList v_caches,
@@ -136,10 +153,11 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
   TORCH_CHECK(kind >= 0 && kind <= 2, "batch_layers: kind 0 (fp32 panels), 1 (int8w8a) or 2 (int4w8a)");
   const Kind how{kind, isa, wide};
   const int64_t T = how.tensors(), per = 2 + 4 * T;  // two norms and four projections a layer
-  const int64_t L = static_cast<int64_t>(weights.size()) / per, R = x.size(1), hidden = x.size(2);
+  const int64_t L = static_cast<int64_t>(weights.size()) / per, hidden = x0.size(2);
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == per * L && static_cast<int64_t>(biases.size()) == 4 * L &&
                   outs.size() == 4 && static_cast<int64_t>(masks.size()) == static_cast<int64_t>(starts.size()),
               "batch_layers: ", per, " weights and 4 biases a layer, 4 output sizes, a mask (or None) per sequence");
+  TORCH_CHECK(x0.dim() == 3 && x0.size(0) == 1 && x0.scalar_type() == at::kFloat, "batch_layers: x fp32 [1, R, hidden]");
   TORCH_CHECK(k_scales.size() == starts.size() && v_scales.size() == starts.size(),
               "batch_layers: a k and a v scale tensor (int8 caches) or None per sequence");
   auto scales = [](const c10::List<std::optional<at::Tensor>>& l, int64_t b) { return l.get(b); };
@@ -160,25 +178,26 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
     g->positions.push_back(starts[b]);
   }
   for (Decode& g : groups) g.index = at::tensor(g.rows, at::TensorOptions().dtype(at::kLong));
-  const bool gqa = H != KV;
+  const bool gqa = H != KV, w8a = how.kind != 0;
+  Workspace ws(x0, outs, H, KV, D, q_size, kv_size, w8a);
+  const qdot::Scratch* scratch = &ws.scratch;
+  const at::Tensor none;
   for (int64_t i = 0; i < L; ++i) {
     const at::Tensor* w = weights.data() + per * i;  // [attn norm, qkv (T), o (T), mlp norm, gate/up (T), down (T)]
     const at::Tensor *qkv_w = w + 1, *o_w = w + 1 + T, &mlp_norm = w[1 + 2 * T], *gate_up_w = w + 2 + 2 * T,
                      *down_w = w + 2 + 3 * T;
     auto bias = [&](int64_t j) { return biases.get(4 * i + j); };
-    const bool w8a = how.kind != 0;
-    const at::Tensor qkv = w8a ? project(x, &w[0], eps, nullptr, qkv_w, bias(0), nullptr, how)
-                               : mm(at::rms_norm(x, {hidden}, w[0], eps), qkv_w, outs[0], bias(0), how);
-    // q and k roped ([R, H + KV, D], cpu_fused.cpp: torch's bits), seen as [1, heads, R, D] like the Python loop's
-    at::Tensor qk = qdot::rope_qk(qkv.view({R, qkv.size(-1)}), cos, sin, H, KV, D).view({1, R, H + KV, D}).transpose(1, 2);
-    at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);
-    at::Tensor v = qkv.slice(-1, q_size + kv_size).view({1, R, KV, D}).transpose(1, 2);
-    at::Tensor attn;
+    auto given = [&](int64_t j) { const auto o = bias(j); return o.has_value() ? *o : none; };  // undefined: none
+    if (w8a)
+      qdot::project_into(ws.x, &w[0], eps, nullptr, qkv_w, kind, isa, given(0), none, scratch, ws.qkv);
+    else
+      ws.qkv.copy_(mm(at::rms_norm(ws.x, {hidden}, w[0], eps), qkv_w, outs[0], bias(0), how));
+    qdot::rope_qk(ws.qkv, cos, sin, H, KV, D, ws.roped);  // q and k roped: cpu_fused.cpp, torch's bits
     if (others.empty() && groups.size() == 1) {  // decode only, one precision: rows are sequences, in order
-      attn = decode_attention(q, k, v, groups[0], i, scale);
+      decode_attention(ws.q, ws.k, ws.v, groups[0], i, scale, ws.attn);
     } else {
-      attn = at::empty({R, H, D}, q.options());
-      for (const Decode& g : groups) attn.index_put_({g.index}, decode_attention(q, k, v, g, i, scale));
+      const at::Tensor &q = ws.q4, &k = ws.k4, &v = ws.v4, &attn = ws.attn;
+      for (const Decode& g : groups) attn.index_put_({g.index}, decode_attention(ws.q, ws.k, ws.v, g, i, scale));
       for (int64_t b : others) {
         const int64_t s = starts[b], n = lengths[b], row = offsets[b];
         auto [keys, values] = store_read(k_caches[b], v_caches[b], scales(k_scales, b), scales(v_scales, b), i,
@@ -190,19 +209,18 @@ at::Tensor batch_layers(at::Tensor x, const at::Tensor& cos, const at::Tensor& s
                        .transpose(0, 1));
       }
     }
-    if (w8a) {
-      x = project(attn.reshape({1, R, H * D}), nullptr, eps, nullptr, o_w, bias(1), &x, how);
-      at::Tensor gate_up = project(x, &mlp_norm, eps, nullptr, gate_up_w, bias(2), nullptr, how);
-      auto halves = gate_up.chunk(2, -1);
-      x = project(halves[0], nullptr, eps, &halves[1], down_w, bias(3), &x, how);
+    if (w8a) {  // x += o(attn); x += down(silu(gate) * up), gate/up from the normed x: in place, into the workspace
+      qdot::project_into(ws.attn_rows, nullptr, eps, nullptr, o_w, kind, isa, given(1), ws.x, scratch, ws.x);
+      qdot::project_into(ws.x, &mlp_norm, eps, nullptr, gate_up_w, kind, isa, given(2), none, scratch, ws.gate_up);
+      qdot::project_into(ws.gate, nullptr, eps, &ws.up, down_w, kind, isa, given(3), ws.x, scratch, ws.x);
       continue;
     }
-    x = at::add(x, mm(attn.reshape({1, R, H * D}), o_w, outs[1], bias(1), how));
-    at::Tensor gate_up = mm(at::rms_norm(x, {hidden}, mlp_norm, eps), gate_up_w, outs[2], bias(2), how);
+    ws.x.add_(mm(ws.attn_rows, o_w, outs[1], bias(1), how));
+    at::Tensor gate_up = mm(at::rms_norm(ws.x, {hidden}, mlp_norm, eps), gate_up_w, outs[2], bias(2), how);
     auto halves = gate_up.chunk(2, -1);
-    x = at::add(x, mm(at::mul(at::silu(halves[0]), halves[1]), down_w, outs[3], bias(3), how));
+    ws.x.add_(mm(at::mul(at::silu(halves[0]), halves[1]), down_w, outs[3], bias(3), how));
   }
-  return x;
+  return ws.x.view({1, ws.x.size(0), hidden});
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ using qdot::Quantized;
 
 enum Isa : int64_t { kAvx2 = 1, kVnni512 = 2, kAvxVnni = 4, kVnni256 = 8 };  // cpu_qdot.py ISAS
 
-int64_t supported_isas() {  // cpuid, as the CPU that runs the code reports it (an emulator's, not /proc's)
+int64_t probe_isas() {  // cpuid, as the CPU that runs the code reports it (an emulator's, not /proc's)
   __builtin_cpu_init();
   int64_t mask = 0;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) mask |= kAvx2;
@@ -38,6 +38,11 @@ int64_t supported_isas() {  // cpuid, as the CPU that runs the code reports it (
       __builtin_cpu_supports("avx512bw"))
     mask |= kVnni512 | kVnni256;
   if ((mask & kAvx2) && __builtin_cpu_supports("avxvnni")) mask |= kAvxVnni;
+  return mask;
+}
+
+int64_t supported_isas() {  // probed once a process: a product asks every call
+  static const int64_t mask = probe_isas();
   return mask;
 }
 
@@ -145,7 +150,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qdot_quantize(const at::Tensor& x
 }  // namespace
 
 at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t kind, int64_t isa,
-                         const at::Tensor& bias, const at::Tensor& residual) {
+                         const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& into) {
   TORCH_CHECK(kind == 1 || kind == 2, "integer kernels: kind 1 (int8) or 2 (4-bit)");
   TORCH_CHECK(q.L.interleaved, "the kernels read interleaved activations");
   auto fns = kernels(isa);
@@ -162,7 +167,12 @@ at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t 
     TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 && w.size(1) == K / 2 + 4 * G,
                 "w must be contiguous uint8 rows [N, ", K / 2 + 4 * G, "]: 4-bit weights, fp16 scales and offsets");
   }
-  at::Tensor y = at::empty({M, N}, q.buf.options().dtype(at::kFloat));
+  at::Tensor y = into;
+  if (y.defined()) {
+    TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous() && y.numel() == M * N, "y: contiguous fp32 [M, N]");
+  } else {
+    y = at::empty({M, N}, q.buf.options().dtype(at::kFloat));
+  }
   a.y = y.data_ptr<float>();
   if (bias.defined()) {
     TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == N, "bias: fp32 [N]");

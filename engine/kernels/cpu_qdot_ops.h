@@ -27,28 +27,44 @@ struct Quantized {  // one allocation: xq [rows, kp], then xs, xsum [rows, gp] f
   int32_t* xqs() const { return reinterpret_cast<int32_t*>(xsum() + rows * L.gp); }
 };
 
-// Rows of activations quantized per block of 32 (cpu_qdot_quant.cpp), from
-Quantized quantize(const at::Tensor& x, bool interleaved);  // x [M, K] fp32 itself;
+// A projection's temporaries, kept by a caller that runs many (cpu_layers.cpp: one set a forward, for
+// every projection of every layer), so that a one-row step allocates nothing per projection. Each one
+// undefined (or no Scratch at all) is allocated where it is needed.
+struct Scratch {
+  at::Tensor bytes;    // the quantized activations: uint8, at least M * Quantized::bytes(Layout(K, true))
+  at::Tensor squares;  // the norm's x * x: fp32 [M, K] (the norm's K)
+  at::Tensor sums;     // their row sums: fp32 [M]
+  at::Tensor gated;    // silu(gate): fp32 [M, K] (the gated projection's K)
+};
+
+// Rows of activations quantized per block of 32 (cpu_qdot_quant.cpp), into s->bytes where given, from
+Quantized quantize(const at::Tensor& x, bool interleaved, const Scratch* s = nullptr);  // x [M, K] fp32 itself;
 // rms_norm(x, weight, eps) as torch computes it in fp32 (x * rsqrt(mean(x^2) + eps), then * weight;
 // the mean from torch's own sum), without the normalized rows in memory;
-Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double eps);
+Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double eps, const Scratch* s = nullptr);
 // a * b elementwise (silu(gate) * up: a, b [M, K], rows may be strided), without the product in memory.
-Quantized quantize_product(const at::Tensor& a, const at::Tensor& b);
+Quantized quantize_product(const at::Tensor& a, const at::Tensor& b, const Scratch* s = nullptr);
 
 // y [M, N] = the quantized rows times a projection's weights: kind 1, {int8 [N, K], fp32 scale [N]};
 // kind 2, {4-bit rows [N, K / 2 + K / 8]: weights, fp16 scales, fp16 offsets} (cpu_qdot.h), in form `isa`
 // (cpu_qdot.py ISAS). Then `bias` [N] and `residual` [M, N] (fp32, or undefined) are added in that
-// order, each add one rounding as torch's: y = residual + (product + bias).
+// order, each add one rounding as torch's: y = residual + (product + bias). Written into `y` (contiguous
+// fp32 [M, N]; it may be `residual` itself: each element is read before it is written) where defined.
 at::Tensor product(const Quantized& q, const at::Tensor* weights, int64_t kind, int64_t isa, const at::Tensor& bias,
-                   const at::Tensor& residual);
+                   const at::Tensor& residual, const at::Tensor& y = at::Tensor());
 
 // The fused projection of cpu_fused.cpp (its op qdot_project says what it computes).
 at::Tensor project(const at::Tensor& x, const std::optional<at::Tensor>& norm_weight, double eps,
                    const std::optional<at::Tensor>& up, at::TensorList weights, int64_t kind, int64_t isa,
                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual);
+// The same into `y` (product's), its temporaries in `s`: norm_weight, up, bias, residual null or undefined where none.
+at::Tensor project_into(const at::Tensor& x, const at::Tensor* norm_weight, double eps, const at::Tensor* up,
+                        const at::Tensor* weights, int64_t kind, int64_t isa, const at::Tensor& bias,
+                        const at::Tensor& residual, const Scratch* s, const at::Tensor& y);
 
-// q and k of a fused q/k/v output with rotary positions applied (cpu_fused.cpp: rope_qk).
+// q and k of a fused q/k/v output with rotary positions applied (cpu_fused.cpp: rope_qk), [R, H + KV, D]:
+// into `out` (contiguous fp32 [R, H + KV, D]) where defined.
 at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H, int64_t KV,
-                   int64_t D);
+                   int64_t D, const at::Tensor& out = at::Tensor());
 
 }  // namespace qdot

@@ -118,9 +118,15 @@ void quantize_rows(const Src& src, int64_t M, const Layout& L, const Quantized& 
   });
 }
 
-Quantized allocate(const at::Tensor& like, int64_t M, int64_t K, bool interleaved) {
+Quantized allocate(const at::Tensor& like, int64_t M, int64_t K, bool interleaved, const Scratch* s) {
   TORCH_CHECK(M >= 1 && K % kBlock == 0, "K must be a multiple of ", kBlock, ", got ", K);
   const Layout L(K, interleaved);
+  if (s && s->bytes.defined()) {  // the caller's buffer: no allocation
+    TORCH_CHECK(s->bytes.scalar_type() == at::kByte && s->bytes.is_contiguous() &&
+                    s->bytes.numel() >= M * Quantized::bytes(L),
+                "scratch bytes: contiguous uint8, at least ", M * Quantized::bytes(L));
+    return Quantized{s->bytes, L, M};
+  }
   return Quantized{at::empty({M * Quantized::bytes(L)}, like.options().dtype(at::kByte)), L, M};
 }
 
@@ -131,33 +137,42 @@ void check_rows(const at::Tensor& t, const char* what) {
 
 }  // namespace
 
-Quantized quantize(const at::Tensor& x, bool interleaved) {
+Quantized quantize(const at::Tensor& x, bool interleaved, const Scratch* s) {
   check_rows(x, "x");
-  Quantized q = allocate(x, x.size(0), x.size(1), interleaved);
+  Quantized q = allocate(x, x.size(0), x.size(1), interleaved, s);
   quantize_rows(Plain{x.data_ptr<float>(), x.stride(0)}, x.size(0), q.L, q);
   return q;
 }
 
-Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double eps) {
+Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double eps, const Scratch* s) {
   check_rows(x, "x");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == K && weight.scalar_type() == at::kFloat, "norm weight: fp32 [K]");
   // torch's rms_norm in fp32: mean(x^2) as sum / K (its own sum: the summation order is torch's), then
-  // rsqrt(mean + float(eps)) = 1 / sqrt(...), exactly (tests/test_cpu_fused.py holds it to the bits)
-  const at::Tensor ss = at::sum(at::mul(x, x), {1});
+  // rsqrt(mean + float(eps)) = 1 / sqrt(...), exactly (tests/test_cpu_fused.py holds it to the bits); the
+  // _out forms where the caller keeps their buffers (the same kernels, the same bits)
+  at::Tensor ss;
+  if (s && s->squares.defined() && s->sums.defined()) {
+    at::Tensor squares = s->squares;
+    const int64_t row = 1;
+    ss = s->sums;
+    at::sum_out(ss, at::mul_out(squares, x, x), at::IntArrayRef(row));
+  } else {
+    ss = at::sum(at::mul(x, x), {1});
+  }
   std::vector<float> r(M);
   const float* sp = ss.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) r[m] = 1.f / std::sqrt(sp[m] / static_cast<float>(K) + static_cast<float>(eps));
-  Quantized q = allocate(x, M, K, true);
+  Quantized q = allocate(x, M, K, true, s);
   quantize_rows(Normed{x.data_ptr<float>(), r.data(), weight.data_ptr<float>(), x.stride(0)}, M, q.L, q);
   return q;
 }
 
-Quantized quantize_product(const at::Tensor& a, const at::Tensor& b) {
+Quantized quantize_product(const at::Tensor& a, const at::Tensor& b, const Scratch* s) {
   check_rows(a, "a");
   check_rows(b, "b");
   TORCH_CHECK(a.sizes() == b.sizes(), "a and b: the same shape");
-  Quantized q = allocate(a, a.size(0), a.size(1), true);
+  Quantized q = allocate(a, a.size(0), a.size(1), true, s);
   quantize_rows(Product{a.data_ptr<float>(), b.data_ptr<float>(), a.stride(0), b.stride(0)}, a.size(0), q.L, q);
   return q;
 }

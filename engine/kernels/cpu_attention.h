@@ -1,0 +1,14 @@
+// Decode attention (cpu_attention.cpp), for C++ callers (the layer loop, cpu_layers.cpp): the function its ops
+// decode_attention and decode_attention_kv run, called directly (no dispatcher look-up, no op boxing) and
+// written into `out` (contiguous fp32 [sequences, H, D]) where defined. The caches' dtype picks the form:
+// fp32, fp16, bf16, or int8 with k_scales and v_scales (empty lists for the others).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace attention {
+
+at::Tensor decode(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, at::TensorList k_caches,
+                  at::TensorList v_caches, at::TensorList k_scales, at::TensorList v_scales, at::IntArrayRef rows,
+                  at::IntArrayRef positions, int64_t layer, double scale, const at::Tensor& out = at::Tensor());
+
+}  // namespace attention
