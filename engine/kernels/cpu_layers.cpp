@@ -112,8 +112,8 @@ struct Workspace {
   at::Tensor attn;     // [R, H, D]: the attention output
   at::Tensor gate_up;  // [R, 2 I] (w8a layers; the fp32 panels' product returns its own)
   qdot::Scratch scratch;  // the w8a projections' temporaries (cpu_qdot_ops.h)
-  // views of the above: x as [1, R, hidden], q, k, v as the decode kernel reads them ([R, heads, D]) and as SDPA
-  // does ([1, heads, R, D]), the attention's rows [R, H * D], gate/up's halves
+  // views of the above: q, k, v as the decode kernel reads them ([R, heads, D]) and as SDPA does ([1, heads, R,
+  // D]), the attention's rows [R, H * D], gate/up's halves
   at::Tensor q, k, v, q4, k4, v4, attn_rows, gate, up;
 
   Workspace(const at::Tensor& x0, at::IntArrayRef outs, int64_t H, int64_t KV, int64_t D, int64_t q_size,
