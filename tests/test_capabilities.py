@@ -36,6 +36,23 @@ def test_detect_reports_this_machine_and_forced_changes_it_only_inside():
     assert capabilities.detect() == CAPS
 
 
+def test_isa_flags_are_cpuid_s_not_proc_cpuinfo_s(monkeypatch):
+    """The flags are those of the CPU that runs the code: torch's cpuid reader, not /proc/cpuinfo, which
+    under qemu-user (`qemu-x86_64 -cpu Haswell`, scripts/qemu_cpu_classes.sh) is the host's and lists
+    AVX-512 the emulated CPU lacks: a kernel chosen from it dies with an illegal instruction."""
+    cpuid = torch.cpu.get_capabilities()
+    assert set(CAPS.isa) == {f for f in capabilities.ISA_FLAGS if cpuid.get(capabilities._CPUID_NAMES.get(f, f))}
+    host = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"}
+    haswell = {"avx": True, "avx2": True, "fma3": True, "f16c": True, "avx512_f": False, "avx512_vnni": False}
+    monkeypatch.setattr(capabilities, "_cpu_info", lambda: ("a host CPU", host))
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: haswell)
+    caps = capabilities.detect.__wrapped__()  # detected afresh, past the cache
+    assert caps.isa == ("avx2", "fma", "f16c") and caps.isa_level == "AVX2" and not caps.bnb_cpu_avx512bf16
+    assert len(caps.notes) == 1 and "avx512_bf16" in caps.notes[0] and "cpuid" in caps.notes[0]
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {})  # Nehalem: no AVX at all
+    assert capabilities.detect.__wrapped__().isa == ()
+
+
 # --- packed oneDNN bf16 weights (engine/model/fast_llama.py) ----------------------------------------------
 def test_packed_weights_fall_back_to_plain_linear_without_onednn_bf16():
     lin = nn.Linear(64, 96, bias=True).to(torch.bfloat16)

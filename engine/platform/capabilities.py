@@ -4,6 +4,10 @@ Every fast path is chosen from `detect()` and has a fallback, so the same code i
 AVX2-only CPU, on AVX-512 (with or without BF16), AMX and CUDA. Tests force a fallback by
 patching `detect` (see `forced`), never by assuming the machine they run on.
 
+The ISA flags come from cpuid (torch's reader, `_isa_flags`), not /proc/cpuinfo: under an emulator
+(qemu-user) /proc/cpuinfo is the host's, and a kernel chosen from it would die with an illegal
+instruction; `scripts/qemu_cpu_classes.sh` runs the kernel tests under emulated smaller CPUs.
+
 Why each flag matters here:
 - `onednn_bf16`: oneDNN's bf16 GEMM and its packed-weight reorder
   (`torch.ops.mkldnn._reorder_linear_weight`) need AVX512BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only
@@ -36,12 +40,16 @@ import torch
 # /proc/cpuinfo flag names, grouped by what the engine cares about.
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
              "avx512_vnni", "avx_vnni", "avx_ne_convert", "amx_tile", "amx_bf16", "amx_int8")
+# The same flags as torch's cpuid reader names them (torch.cpu.get_capabilities(): pytorch/cpuinfo,
+# which also checks that the OS saves the registers, XCR0); the rest are spelled alike.
+_CPUID_NAMES = {"fma": "fma3", "avx512f": "avx512_f", "avx512bw": "avx512_bw", "avx512vl": "avx512_vl",
+                "avx512dq": "avx512_dq"}
 
 
 @dataclass(frozen=True)
 class Capabilities:
     cpu_model: str
-    isa: tuple[str, ...]  # the ISA_FLAGS this CPU reports
+    isa: tuple[str, ...]  # the ISA_FLAGS the CPU that runs this code reports by cpuid (`_isa_flags`)
     torch_cpu_capability: str  # torch's own dispatch level: DEFAULT, AVX2, AVX512
     onednn: bool  # torch built with oneDNN (mkldnn)
     onednn_bf16: bool  # oneDNN can run bf16 GEMMs and pack bf16 weights
@@ -134,6 +142,25 @@ def _cpu_info() -> tuple[str, set[str]]:
     return model, flags
 
 
+def _isa_flags(proc_flags: set[str]) -> tuple[set[str], str | None]:
+    """The ISA_FLAGS of the CPU that runs this code, by cpuid (torch's own reader), and a note where
+    /proc/cpuinfo says otherwise. /proc/cpuinfo is the kernel's view of the host: under qemu-user
+    (`qemu-x86_64 -cpu Haswell`) it lists the host's AVX-512 while the emulated CPU has none, so a
+    path chosen from it would die with an illegal instruction. Where torch has no cpuid reader (an
+    older torch, not x86), /proc/cpuinfo's flags serve."""
+    try:
+        cpuid = torch.cpu.get_capabilities()
+    except (AttributeError, RuntimeError):
+        return proc_flags, None
+    flags = {f for f in ISA_FLAGS if cpuid.get(_CPUID_NAMES.get(f, f))}
+    hidden = sorted((proc_flags & set(ISA_FLAGS)) - flags)
+    note = None
+    if hidden and proc_flags:
+        note = (f"/proc/cpuinfo lists {', '.join(hidden)}, which the CPU that runs this code lacks by cpuid "
+                "(an emulator such as qemu-user shows the host's flags there): the capabilities follow cpuid")
+    return flags, note
+
+
 def _onednn_bf16() -> bool:
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -174,7 +201,8 @@ def _bitsandbytes_unusable(torch_cpu_capability: str, cuda: bool) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def detect() -> Capabilities:
-    model, flags = _cpu_info()
+    model, proc_flags = _cpu_info()
+    flags, note = _isa_flags(proc_flags)
     cuda = torch.cuda.is_available()
     name = cap = None
     if cuda:
@@ -200,9 +228,10 @@ def detect() -> Capabilities:
         bitsandbytes=bnb_version,
         cpp_compiler=shutil.which(os.environ.get("CXX") or "g++"),  # what Inductor calls on CPU
         triton=bool(cuda and importlib.util.find_spec("triton")),
-        bnb_cpu_avx512bf16="avx512_bf16" in flags,  # what bitsandbytes' own has_avx512bf16() reads
+        bnb_cpu_avx512bf16="avx512_bf16" in flags,  # bitsandbytes' has_avx512bf16() asks the CPU too
         bnb_unusable=(_bitsandbytes_unusable(torch.backends.cpu.get_cpu_capability(), cuda) if bnb_version
                       else "bitsandbytes is not installed"),
+        notes=(note,) if note else (),
     )
 
 
