@@ -104,7 +104,7 @@ inline float hmax(__m256 v) {
 // chunk's max score, its sum of exp(score - max) and its unnormalised output (D floats).
 // E: the cache's element type; ks, vs: int8's per-position scales (nullptr for the other types).
 // Row by row: each score summed across lanes alone (hsum), G x D/8 output accumulators (spilled
-// beyond AVX2's 16 registers). Serves every type and head_dim; attend_rows below, the others at D = 64.
+// beyond AVX2's 16 registers). Serves every type and head_dim but int8 at D = 64 (attend_rows, below).
 template <int G, typename E>
 void attend_row_by_row(const float* const* q, const E* k, const E* v, const float* ks, const float* vs, int64_t D,
                   int64_t begin, int64_t end, float scale, float* scores, float* partial) {
@@ -300,12 +300,12 @@ void attend_rows(const float* const* q, const E* k, const E* v, const float* ks,
 template <int G, typename E>
 void attend_chunk(const float* const* q, const E* k, const E* v, const float* ks, const float* vs, int64_t D,
                   int64_t begin, int64_t end, float scale, float* scores, float* partial) {
-  // Caches at another precision than the model's (int8, fp16, bf16) at D = 64 (SmolLM2's head_dim) go
-  // through attend_rows: the same bits, 1.1-1.3x faster at ~1,400 positions with a layer's rows in L3
-  // (alternating old and new in one process). fp32 (the model's dtype) stays row by row until measured
-  // faster too: with the rows streamed from memory, timings of identical code differed up to 2x between
-  // two builds (placement), too noisy to decide.
-  if constexpr (!std::is_same_v<E, float>) {
+  // int8 caches at D = 64 (SmolLM2's head_dim) go through attend_rows: the same bits, 1.2-1.4x faster at
+  // ~1,400 positions. fp16, bf16 and fp32 rows stay row by row: streamed from memory (as in a step, where
+  // the weights evict each layer's rows), they ran 0.85x (fp16, bf16) and 0.6x (fp32) as fast through
+  // attend_rows, with or without its software prefetch; the cause is not found (no hardware counters here).
+  // Measured with both builds in one process, alternating, a fresh copy of 30 layers' caches each round.
+  if constexpr (std::is_same_v<E, int8_t>) {
     if (D == 64) return attend_rows<G, E, 8>(q, k, v, ks, vs, D, begin, end, scale, scores, partial);
   }
   attend_row_by_row<G, E>(q, k, v, ks, vs, D, begin, end, scale, scores, partial);
