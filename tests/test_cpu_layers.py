@@ -4,6 +4,7 @@ alone (one sequence through the runner), with projection biases (a Qwen2), and t
 wherever a projection is not our fp32 kernel's. Which loop runs is the plan's decision
 (engine/runtime/plan.py), made with the switches as they are when it is made."""
 
+import copy
 import dataclasses
 import threading
 
@@ -169,8 +170,11 @@ def test_a_w8a_variants_layers_run_in_the_cpp_loop_with_the_python_loops_bits(bu
     assert cpu_layers.loop_kind(model, None) is None  # the torch reference (no form): the Python loop
     no_avx = dataclasses.replace(capabilities.detect(), isa=())
     assert _runner(model, caps=no_avx).plan.layer_loop == "python"
-    bf16 = build(build(bundled, "bf16")[0], variant)[0].model  # bf16 activations: the loop runs fp32 only
-    assert "fp32 activations" in _runner(bf16).plan.layer_loop_text
+    widened = build(build(bundled, "bf16")[0], variant)[0].model  # built from bf16: fp32 (w8a.widen)
+    assert widened.dtype == torch.float32 and _runner(widened).plan.layer_loop == "cpp"
+    bf16 = copy.copy(widened)  # bf16 activations (its embedding's dtype): the loop runs fp32 only
+    bf16.embed = torch.nn.Embedding.from_pretrained(widened.embed.weight.bfloat16())
+    assert "fp32 activations" in Runner(bf16, make_plan(bf16, one_row="ours")).plan.layer_loop_text
 
 
 @needs_kernels

@@ -272,3 +272,24 @@ def test_a_long_prompt_multiplies_fp32_activations_by_the_dequantized_weights():
             want = x @ ref(layer).T + linear.bias
         assert float((got - want).abs().max() / want.abs().max()) < 1e-5
         assert lp.kernel(1) is Kernel.WO_INT8ACT
+
+
+def test_a_w8a_variant_of_a_bf16_model_computes_in_fp32_through_the_cpp_loop(tiny_model_dir):
+    """A bf16 model's w8a variant widens its norms, embedding and rotary tables to fp32 (its own copies:
+    the base keeps its bf16 tensors), so the plan runs its layers in one C++ call; it decodes."""
+    from engine.core.config import LoadConfig
+    from engine.model.loader import load
+
+    base = load(LoadConfig(model=str(tiny_model_dir), dtype="bf16", device="cpu", progress=False))
+    embed = base.model.embed.weight
+    loaded, runner = build(base, "int4w8a+head")
+    assert loaded.dtype == torch.float32 and loaded.model.dtype == torch.float32
+    floats = [t for t in [*loaded.model.parameters(), *loaded.model.buffers()] if t.is_floating_point()]
+    assert floats and all(t.dtype == torch.float32 for t in floats)
+    assert base.model.embed.weight is embed and embed.dtype == torch.bfloat16  # the base is untouched
+    assert torch.equal(loaded.model.embed.weight, embed.float())  # widened exactly
+    if runner.plan.w8a_form is not None and cpu_gemm.available():
+        assert runner.plan.layer_loop == "cpp", runner.plan.reasons
+    cache = runner.new_cache(8)
+    logits = runner.forward(torch.tensor([1, 2, 3]), cache)
+    assert cache.length == 3 and torch.isfinite(logits).all()

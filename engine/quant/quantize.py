@@ -114,7 +114,7 @@ def build_variant(base: LoadedModel, name: str, activations: Mapping[str, torch.
         raise
     except Exception as exc:  # a native library that fails at its first call, out of memory...
         raise build_failure(name, base.device, exc) from exc
-    dtype = DTYPE_NAMES.get(method, base.dtype)
+    dtype = torch.float32 if method in INT8_ACTIVATIONS else DTYPE_NAMES.get(method, base.dtype)
     note = f"variant {name}: {describe(name, base.device)}{extra}" + (f" (lm_head {head}, untied)" if head else "")
     return replace(base, model=model, dtype=dtype, load_s=(clock.now_ns() - t0) / 1e9, notes=[*base.notes, note])
 
@@ -196,6 +196,7 @@ def _quantized(base: LoadedModel, name: str, head: str | None, activations: Mapp
             layer = _BNB[method](linear, name=method, device=base.device, dtype=base.dtype)
         setattr(parent, attr, layer)
     if name in INT8_ACTIVATIONS:
+        w8a.widen(model)  # fp32 activations throughout, so the C++ layer loop runs it (w8a.widen says why)
         w8a.gather(model)  # their weights in one huge-page region: streamed faster
     return model
 

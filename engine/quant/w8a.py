@@ -48,6 +48,25 @@ def tell(model: nn.Module, form: str | None) -> None:
             m.isa = form
 
 
+def widen(model: nn.Module) -> None:
+    """Give `model`'s floating tensors that are not fp32 (a bf16 or fp16 model's embedding, norms, rotary
+    tables, an unquantized lm_head) fp32 copies, exact, ties kept; the tensors it shares with the model it
+    was built from are replaced in this model's modules, never changed. Why: the w8a products compute in
+    fp32 whatever comes in, and the C++ layer loop (engine/kernels/cpu_layers.cpp) runs fp32 activations
+    only, so a w8a variant of a bf16 model ran the Python loop, ~3x slower a step
+    (`python -m engine.bench bandwidth --dtype bf16 --variants int4w8a+head`)."""
+    wide: dict[int, torch.Tensor] = {}
+    for m in model.modules():
+        for store in (m._parameters, m._buffers):
+            for name, t in store.items():
+                if t is None or not t.is_floating_point() or t.dtype == torch.float32:
+                    continue
+                if id(t) not in wide:
+                    w = t.detach().float()
+                    wide[id(t)] = nn.Parameter(w, requires_grad=False) if isinstance(t, nn.Parameter) else w
+                store[name] = wide[id(t)]
+
+
 def gather(model: nn.Module) -> None:
     """Move every w8a layer's weights (and scales) of `model` into one huge-page region
     (engine/platform/hugepages.py says why): the same values; a decode step streams them faster."""
