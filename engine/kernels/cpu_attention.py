@@ -111,11 +111,9 @@ def _checked() -> str | None:
             r = rows[b]
             if not (torch.equal(c.k[1, 0, :, n - 1], k[r]) and torch.equal(c.v[1, 0, :, n - 1], v[r])):
                 return "decode attention kernel did not store the new key and value where asked"
-            want = F.scaled_dot_product_attention(q[r][None, :, None], c.k[1, :, :, :n], c.v[1, :, :, :n],
-                                                  scale=D ** -0.5, enable_gqa=True)[0, :, 0]
-            err = float((got[b] - want).abs().max())
-            if not err < 1e-5:
-                return f"decode attention kernel: error {err:.2g} against SDPA at {n} keys"
+            wrong = _against_sdpa(got[b], q[r][None, :, None], c.k[1, :, :, :n], c.v[1, :, :, :n], 1e-5, "")
+            if wrong:
+                return wrong
     except Exception as exc:  # noqa: BLE001 - a broken kernel must not serve; SDPA does
         return f"decode attention kernel failed its check: {type(exc).__name__}: {first_line(exc)}"
     return None
@@ -168,11 +166,20 @@ def _checked_kv() -> str | None:
                               and torch.equal(c.v[1, 0, :, n - 1], v[0, :, b].to(dtype)))
                 if not stored:
                     return f"decode attention kernel ({kind} cache) did not store the new key and value by the cache's rule"
-                want = F.scaled_dot_product_attention(q[:, :, b : b + 1], kk, vv, scale=D ** -0.5,
-                                                      enable_gqa=True)[0, :, 0]
-                err = float((got[b] - want).abs().max())
-                if not err < 1e-4:
-                    return f"decode attention kernel ({kind} cache): error {err:.2g} against SDPA at {n} keys"
+                wrong = _against_sdpa(got[b], q[:, :, b : b + 1], kk, vv, 1e-4, f" ({kind} cache)")
+                if wrong:
+                    return wrong
     except Exception as exc:  # noqa: BLE001 - a broken kernel must not serve; SDPA does
         return f"decode attention kernel over fp16/bf16/int8 caches failed its check: {type(exc).__name__}: {first_line(exc)}"
+    return None
+
+
+def _against_sdpa(got, q, keys, values, bound: float, what: str) -> str | None:
+    """Why one row's kernel output `got` [H, D] is not SDPA's over the same fp32 keys and values (within
+    `bound`, scale head_dim ** -0.5; `what` names the cache in the message), or None: both checks' tail."""
+    n, D = keys.shape[-2], keys.shape[-1]
+    want = F.scaled_dot_product_attention(q, keys, values, scale=D ** -0.5, enable_gqa=True)[0, :, 0]
+    err = float((got - want).abs().max())
+    if not err < bound:
+        return f"decode attention kernel{what}: error {err:.2g} against SDPA at {n} keys"
     return None
