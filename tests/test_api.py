@@ -174,6 +174,19 @@ def test_the_sdk_raises_its_own_error_types_and_the_worker_keeps_serving(client,
     assert ok.usage.completion_tokens > 0
 
 
+def test_a_retired_variant_is_refused_naming_its_replacement_and_the_worker_keeps_serving(client, api):
+    """int4w8a+head was retired (engine/quant/quantize.py RETIRED): a client that still names it gets a
+    400 on `quantization` that says what to use instead, not a traceback."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=api.model, messages=HI, max_tokens=2,
+                                       extra_body={"quantization": "int4w8a+head"})
+    assert exc.value.status_code == 400 and exc.value.body["param"] == "quantization"
+    message = exc.value.body["message"]
+    assert "retired" in message and "'int4w8a+head8'" in message and "Traceback" not in message
+    ok = client.chat.completions.create(model=api.model, messages=HI, max_tokens=2, temperature=0)
+    assert ok.usage.completion_tokens > 0
+
+
 def test_unknown_paths_and_methods_are_openai_shaped(api):
     resp = httpx.get(api.url + "/v1/chat/completions")
     assert resp.status_code == 405 and resp.json()["error"]["code"] == "method_not_allowed"

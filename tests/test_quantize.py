@@ -173,6 +173,22 @@ def test_unknown_variant_is_refused_with_the_available_ones(worker):
     assert "int3" in str(err.value) and "nf4" in str(err.value) and "int8" in str(err.value)
 
 
+def test_a_retired_variant_is_refused_with_its_replacement_everywhere_a_name_arrives(worker, variants, bf16):
+    """int4w8a+head is no longer offered (not in METHODS, so not on the page, in the bench's defaults or
+    the report); a request, a saved config or a --variants flag that still names it gets one clear
+    InvalidRequest naming int4w8a+head8."""
+    from engine.quant.quantize import METHODS, RETIRED
+
+    assert "int4w8a+head" in RETIRED and "int4w8a+head" not in METHODS and RETIRED["int4w8a+head"][0] in METHODS
+    with pytest.raises(InvalidRequest) as err:
+        worker.submit(Request(messages=ask("hi"), config=GREEDY.replace(quantization="int4w8a+head")))
+    assert err.value.param == "quantization" and "retired" in str(err.value) and "'int4w8a+head8'" in str(err.value)
+    for make in (lambda: build(bf16, "int4w8a+head"), lambda: variants.preload(["int4w8a+head"])):
+        with pytest.raises(InvalidRequest, match=r"use 'int4w8a\+head8' instead"):
+            make()
+    assert worker.submit(Request(messages=ask("hi"), config=GREEDY)).result(timeout=60).output_tokens > 0
+
+
 def test_upcasting_is_refused_with_advice(worker):
     h = worker.submit(Request(messages=ask("hi"), config=GREEDY.replace(quantization="fp32")))
     with pytest.raises(LoadError, match="--dtype fp32"):

@@ -54,7 +54,7 @@ def widen(model: nn.Module) -> None:
     was built from are replaced in this model's modules, never changed. Why: the w8a products compute in
     fp32 whatever comes in, and the C++ layer loop (engine/kernels/cpu_layers.cpp) runs fp32 activations
     only, so a w8a variant of a bf16 model ran the Python loop, ~3x slower a step
-    (`python -m engine.bench bandwidth --dtype bf16 --variants int4w8a+head`)."""
+    (`python -m engine.bench bandwidth --dtype bf16 --variants int4w8a+head8`)."""
     wide: dict[int, torch.Tensor] = {}
     for m in model.modules():
         for store in (m._parameters, m._buffers):

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 import psutil
 from torch import nn
 
-from engine.core.errors import InvalidRequest, LoadError
+from engine.core.errors import LoadError
 from engine.core.info import VariantInfo
 from engine.model.loaded import LoadedModel, weight_bytes
 from engine.platform.device_memory import device_memory
 from engine.quant import quantize
 from engine.quant.quality import compare, next_token_logits, quality_inputs
-from engine.quant.quantize import METHODS, describe
+from engine.quant.quantize import METHODS, check_name, describe
 from engine.runtime.activations import weight_only_activations
 from engine.runtime.runner import Runner, open_runner
 
@@ -114,10 +114,7 @@ class VariantSet:
         """The variant a request's `quantization` names (None: the default); InvalidRequest if unknown."""
         if name is None or name == "" or name == self.default_name:
             return self.default_name
-        if name not in METHODS:
-            raise InvalidRequest(f"unknown quantization {name!r}; available: {', '.join(self.names())}",
-                                 "quantization")
-        return name
+        return check_name(name, self.names())
 
     def is_resident(self, name: str | None) -> bool:
         return self.check(name) in self._built
@@ -271,8 +268,7 @@ def build(base: LoadedModel, name: str, quantize_lm_head: bool = False) -> tuple
     """Variant `name` of `base`, and its runner: the layers built in the activation dtype the plan decided,
     the variant's plan made (its measured choices cached per machine), a short forward run through it.
     Raises InvalidRequest for an unknown name and LoadError for one this device or model cannot run."""
-    if name not in METHODS:
-        raise InvalidRequest(f"unknown quantization {name!r}; available: {', '.join(METHODS)}", "quantization")
+    check_name(name)
     loaded = quantize.build_variant(base, name, activations(base, name), quantize_lm_head=quantize_lm_head)
     runner = open_runner(loaded, weights=name, what=f"quantization {name!r}")
     loaded.notes = [*loaded.notes, *(f"variant {name}: {n}" for n in runner.plan.notes())]
