@@ -18,7 +18,7 @@ from ui.shell import controls
 from ui.shell import engine_info, glossary
 from ui.chat import records, settings
 from ui.compare.tab import preset_missing, preset_settings
-from ui.shell.presets import load_prompt_sets, teaching_presets
+from ui.shell.presets import QUANT_VARIANT, load_prompt_sets, teaching_presets
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -176,12 +176,12 @@ def test_an_unavailable_choice_is_shown_with_its_reason_not_offered(bundled_engi
     from dataclasses import replace
 
     info = bundled_engine.info()
-    nf4 = replace(info.variant("nf4"), available=False, reason="needs a kernel this CPU lacks")
-    info = replace(info, variants=tuple(nf4 if v.name == "nf4" else v for v in info.variants))
-    assert "nf4" not in [value for _, value in engine_info.variant_choices(info)]
-    assert "nf4 — needs a kernel this CPU lacks" in engine_info.unavailable_note(info.variants)
+    four = replace(info.variant(QUANT_VARIANT), available=False, reason="needs a kernel this CPU lacks")
+    info = replace(info, variants=tuple(four if v.name == QUANT_VARIANT else v for v in info.variants))
+    assert QUANT_VARIANT not in [value for _, value in engine_info.variant_choices(info)]
+    assert f"{QUANT_VARIANT} — needs a kernel this CPU lacks" in engine_info.unavailable_note(info.variants)
     presets = teaching_presets(load_prompt_sets())
-    assert "cannot run here: needs a kernel" in preset_missing(presets["nf4"], info)
+    assert "cannot run here: needs a kernel" in preset_missing(presets["quantization"], info)
 
 
 def test_every_preset_sets_only_declared_fields_with_values_the_page_offers(bundled_engine):
@@ -195,8 +195,61 @@ def test_every_preset_sets_only_declared_fields_with_values_the_page_offers(bund
             settings.PaneSettings.read(chosen)  # valid as the page will send it
         if name == "compiled_step" and "compiled_decode" in info.unavailable_toggles:
             assert "cannot run here" in preset_missing(preset, info)  # e.g. no C++ compiler: said, not offered
+        elif name == "quantization" and info.variant(QUANT_VARIANT).kernel_fallback:
+            assert "cannot run here" in preset_missing(preset, info)  # no integer kernels: said, not taught slow
         else:
             assert preset_missing(preset, info) is None, name
+
+
+def test_the_quantization_preset_runs_the_default_weights_against_the_integer_kernel_variant(bundled_engine):
+    """A: the weights as loaded; B: QUANT_VARIANT, the one name the preset reads (B's weights, what it
+    needs, its text); its text says what to see: decode rate, quality measured, the first token's cost.
+    Here, where the plan's rule gives our integer kernels a form, it runs."""
+    from engine.kernels import cpu_qdot
+    from engine.platform import capabilities
+    from engine.quant.quantize import METHODS, RETIRED
+
+    info = bundled_engine.info()
+    preset = teaching_presets(load_prompt_sets())["quantization"]
+    assert QUANT_VARIANT in METHODS and QUANT_VARIANT not in RETIRED
+    assert preset_settings(preset, "a", info)["quantization"] == info.default_variant.name
+    assert preset_settings(preset, "b", info)["quantization"] == preset["needs_variant"] == QUANT_VARIANT
+    assert set(preset["a"]) == set(preset["b"]) == {"quantization"}  # one thing changes
+    text = preset["explain"]
+    assert QUANT_VARIANT in preset["title"] and QUANT_VARIANT in text
+    for said in ("decode rate", "measured, not assumed", "first turn", "TTFT"):
+        assert said in text, said
+    runs_here = cpu_qdot.best_form(capabilities.detect()) is not None
+    assert (info.variant(QUANT_VARIANT).kernel_fallback is None) == runs_here
+    assert (preset_missing(preset, info) is None) == runs_here
+
+
+def test_where_the_integer_kernels_cannot_run_the_quantization_preset_says_why(tiny, monkeypatch):
+    """Our kernels switched off (as where the extension cannot build): engine info says why a w8a variant
+    would run the torch reference, before it is built and after, the page's JSON keeps it, and the
+    preset says why it cannot teach here instead of running 4-bit at the reference's pace."""
+    from dataclasses import replace
+
+    from engine.serving.variants import VariantSet
+
+    monkeypatch.setenv("LATENCY_LAB_GEMM", "off")
+    variants = VariantSet(tiny, budget_bytes=10**10, defer_quality=True)
+    preset = teaching_presets(load_prompt_sets())["quantization"]
+    for built in (False, True):
+        if built:
+            variants.get(QUANT_VARIANT)
+        infos = {v.name: v for v in variants.infos()}
+        why = infos[QUANT_VARIANT].kernel_fallback
+        assert infos[QUANT_VARIANT].available and why and "LATENCY_LAB_GEMM=off" in why, (built, why)
+        assert infos["int4wo+head"].kernel_fallback is None and infos["int8w8a"].kernel_fallback == why
+        info = EngineInfo(name="tiny", source="folder", variants=tuple(infos.values()))
+        assert EngineInfo.from_dict(info.to_dict()).variant(QUANT_VARIANT).kernel_fallback == why
+        missing = preset_missing(preset, info)
+        assert missing and "cannot run here" in missing and why in missing and "Weights" in missing
+    monkeypatch.delenv("LATENCY_LAB_GEMM")
+    off_cpu = replace(info.variant(QUANT_VARIANT), available=False, reason="run on CPU only, not cuda")
+    info = replace(info, variants=(off_cpu,))
+    assert "cannot run here: run on CPU only" in preset_missing(preset, info)
 
 
 def test_a_toggle_the_machine_cannot_run_is_shown_disabled_with_its_reason(tiny_model_dir):

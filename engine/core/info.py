@@ -28,6 +28,7 @@ class VariantInfo:
     mean_kl: float | None = None
     build_s: float | None = None
     decode_kernels: str | None = None  # weight-only variants: which kernels their decode steps run (the plan's weight_only_text)
+    kernel_fallback: str | None = None  # w8a variants: why the plan runs the torch reference here, not our integer kernels
     compiled_step: dict | None = None  # its compiled decode step, once built: agreement and times (engine/runtime/compiled.py)
     compiled_refused: str | None = None  # why these weights cannot take the compiled step (known once built)
 

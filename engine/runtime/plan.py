@@ -124,11 +124,20 @@ def _w8a_form(model, dev, caps) -> tuple[str | None, Decision | None]:
     reference) where none does, or off the CPU. (None, None) where the model has no w8a layer."""
     if not any(getattr(m, "int8_activations", False) for m in model.modules()):
         return None, None
-    form = cpu_qdot.best_form(caps) if dev == "cpu" else None
-    why = (f"rule (the capabilities list {', '.join(cpu_qdot.ISAS[form][1])})" if form
-           else f"rule ({cpu_qdot.unavailable_reason() or 'the capabilities allow none of ' + ', '.join(cpu_qdot.ISAS)})"
-           if dev == "cpu" else f"rule (our integer kernels run on CPU; this plan is for {dev})")
-    return form, Decision("w8a kernel form", form or "torch reference", why)
+    form, why = w8a_form(dev, caps)
+    return form, Decision("w8a kernel form", form or "torch reference", f"rule ({why})")
+
+
+def w8a_form(dev: str, caps) -> tuple[str | None, str]:
+    """The rule the plan applies to a w8a model on device type `dev` with capabilities `caps`: (the form
+    of our integer kernels, why), or (None, why the torch reference serves instead). Engine info reads it
+    for a w8a variant not built yet (engine/serving/variants.py), so the page knows before the first request."""
+    if dev != "cpu":
+        return None, f"our integer kernels run on CPU; this plan is for {dev}"
+    form = cpu_qdot.best_form(caps)
+    if form:
+        return form, f"the capabilities list {', '.join(cpu_qdot.ISAS[form][1])}"
+    return None, cpu_qdot.unavailable_reason() or "the capabilities allow none of " + ", ".join(cpu_qdot.ISAS)
 
 
 def _layer_loop_reason(model, dev, linears, form) -> str | None:

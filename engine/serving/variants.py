@@ -29,11 +29,13 @@ from torch import nn
 from engine.core.errors import LoadError
 from engine.core.info import VariantInfo
 from engine.model.loaded import LoadedModel, weight_bytes
+from engine.platform import capabilities
 from engine.platform.device_memory import device_memory
 from engine.quant import quantize
 from engine.quant.quality import compare, next_token_logits, quality_inputs
 from engine.quant.quantize import METHODS, check_name, describe
 from engine.runtime.activations import weight_only_activations
+from engine.runtime.plan import w8a_form
 from engine.runtime.runner import Runner, open_runner
 
 log = logging.getLogger(__name__)
@@ -190,9 +192,20 @@ class VariantSet:
                 decode_tps=r.get("decode_tps"), prefill_tps=r.get("prefill_tps"),
                 top1_agreement=r.get("top1_agreement"), mean_kl=r.get("mean_kl"), build_s=r.get("build_s"),
                 decode_kernels=plan.weight_only_text if plan else None,
+                kernel_fallback=None if reason else self._kernel_fallback(name, plan),
                 compiled_step=v.runner.compiled_info() if v else None,
                 compiled_refused=(None if plan.compiled_machine_reason else plan.compiled_reason) if plan else None))
         return tuple(out)
+
+    def _kernel_fallback(self, name: str, plan) -> str | None:
+        """Why w8a variant `name` runs the torch reference here rather than our integer kernels (None: it
+        runs them, or it is no w8a variant): the plan's rule, and once built its plan's own form."""
+        if quantize.split_name(name)[0] not in quantize.INT8_ACTIVATIONS:
+            return None
+        if plan is not None and plan.w8a_form:
+            return None
+        form, why = w8a_form(self.default.loaded.device.type, capabilities.detect())
+        return why if form is None else ("its plan chose the torch reference" if plan is not None else None)
 
     # --- building (worker thread) -----------------------------------------------------------
     def _build(self, name: str) -> Variant:

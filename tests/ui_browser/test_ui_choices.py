@@ -7,9 +7,10 @@ import time
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from engine.kernels import cpu_qdot
 from engine.platform import capabilities
 from ui.compare.tab import preset_missing
-from ui.shell.presets import load_prompt_sets, teaching_presets
+from ui.shell.presets import QUANT_VARIANT, load_prompt_sets, teaching_presets
 
 from .test_ui_page import last_run, open_ab, open_page, run_ab, set_number
 
@@ -95,9 +96,11 @@ def test_every_preset_runs_both_panes_and_fills_the_delta_table(page_server, bro
     presets = page.evaluate("() => window.LAB_CONFIG.presets")
     missing = {name: preset_missing(p, bundled_engine.info()) for name, p in teaching_presets(load_prompt_sets()).items()}
     assert {name: p["available"] for name, p in presets.items()} == {n: why is None for n, why in missing.items()}
-    if not capabilities.detect().cpp_compiler:  # the one preset a machine may lack (it says why)
+    if not capabilities.detect().cpp_compiler:  # the presets a machine may lack (each says why)
         assert "C++ compiler" in missing["compiled_step"]
-    assert sum(p["available"] for p in presets.values()) >= len(presets) - 1, missing
+    if cpu_qdot.best_form(capabilities.detect()) is None:
+        assert "integer kernels" in missing["quantization"]
+    assert all(p["available"] for n, p in presets.items() if n not in ("compiled_step", "quantization")), missing
     for name in (n for n, p in presets.items() if p["available"]):
         page.evaluate("() => { const d = document.querySelector('#lab-delta'); d.dataset.seen = d.innerHTML; }")
         page.click(f"#lab-preset-{name}")
@@ -128,3 +131,33 @@ def test_the_compiled_step_checkbox_runs_pane_b_through_the_graph(page_server, b
     assert last_run(page, "A")["reply"] == last_run(page, "B")["reply"], [
         {k: r.get(k) for k in ("output_tokens", "finish_reason", "cached_tokens", "config", "dtype")} for r in rows]
     assert "The two replies are identical." in page.inner_text("#lab-delta")
+
+
+def test_the_quantization_preset_runs_pane_b_on_the_integer_kernel_variant(page_server, browser_page, bundled_engine):
+    """Click the quantization preset as a user would: the note says what to see, B's Weights control shows
+    QUANT_VARIANT, and B's reply was served by it (the engine's own word in its timeline, and the reply's
+    config label) while A's ran the weights as loaded. Where our integer kernels cannot run, the button
+    says why and neither pane runs."""
+    page = browser_page
+    open_page(page, page_server)
+    page.click("button[role=tab]:has-text('A/B')")
+    info = bundled_engine.info()
+    missing = preset_missing(teaching_presets(load_prompt_sets())["quantization"], info)
+    page.click("#lab-preset-quantization")
+    if missing:
+        page.wait_for_function("() => document.body.innerText.includes('integer kernels')", timeout=60_000)
+        assert page.evaluate("() => ['A', 'B'].map(s => window.lab.panes[s].runs.length)") == [0, 0]
+        return
+    page.wait_for_selector("#lab-delta table", timeout=600_000)  # B's first turn builds the variant
+    note = page.locator("text=measured, not assumed").first
+    assert note.is_visible() and QUANT_VARIANT in note.inner_text()
+    page.click("text=B settings")  # the pane's controls, as the preset set them
+    assert page.locator("#lab-B-quantization input").input_value() == QUANT_VARIANT
+    served = page.evaluate("() => ['A', 'B'].map(s => { const r = window.lab.panes[s].runs.at(-1); "
+                           "return [r.error, r.record.timeline.quantization, r.row.config, r.row.output_tokens]; })")
+    (a_err, a_weights, a_label, a_tokens), (b_err, b_weights, b_label, b_tokens) = served
+    assert a_err is None and b_err is None, served
+    assert a_weights == info.default_variant.name and b_weights == QUANT_VARIANT, served
+    assert QUANT_VARIANT in b_label and QUANT_VARIANT not in a_label, served
+    assert a_tokens >= 1 and b_tokens >= 1, served
+    assert "winner" in page.inner_text("#lab-delta")

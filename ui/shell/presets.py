@@ -38,6 +38,12 @@ def custom_prompt_set(text: str) -> dict:
     return {"title": "Your prompts", "description": "", "items": [{"turns": [line]} for line in lines]}
 
 
+# The weights the quantization preset gives B, named once: the 4-bit variant on our integer kernels that
+# keeps quality (engine/quant/quantize.py; docs/quantization.md: measured with `python -m engine.bench quant`
+# and `python -m engine.bench peer`). Where its kernels cannot run, the preset says why instead of running
+# (the torch reference would teach that 4-bit weights are slow).
+QUANT_VARIANT = "int4w8a+head8"
+
 # Each teaching preset changes one thing between A and B, so the delta table shows one effect.
 TEACHING = {
     "kv_reuse": {
@@ -100,13 +106,20 @@ TEACHING = {
         "a": {"quantization": "int4wo+head"}, "b": {"quantization": "int4wo+head", "compiled_decode": True},
         "needs_variant": "int4wo+head",
     },
-    "nf4": {
-        "title": "Unquantized vs nf4 weights",
-        "explain": "Same prompt, the weights as loaded against 4-bit nf4 (bitsandbytes): fewer bytes per token, "
-                   "the measured speed, and the weights' memory in the delta table.",
+    "quantization": {
+        "title": f"Weights as loaded vs 4-bit ({QUANT_VARIANT})",
+        "explain": f"Same prompt, A with the weights as loaded, B with {QUANT_VARIANT}: 4-bit blocks and an int8 "
+                   "lm_head, the activations quantized to int8 per block of 32, so each product is an integer dot "
+                   "product on our kernels. What to see: B's decode rate (tok/s, TPOT) several times A's, as a step "
+                   "reads a fraction of the bytes (weights memory in the delta table). Quality is measured, not "
+                   "assumed: the line under the delta table says whether the greedy replies match and where they "
+                   "part (4-bit weights and int8 activations change the bits); the Sweep's token agreement measures "
+                   "it over a prompt set. The first token: B's first turn also quantizes the weights (its setup, "
+                   "inside TTFT), so run the pair again for the TTFT that follows; a prompt past 256 tokens prefills "
+                   "B through the fp32 GEMM over dequantized weights, where its first token can cost more than A's.",
         "set": "open_questions", "item": 2,
-        "a": {"quantization": None}, "b": {"quantization": "nf4"},
-        "needs_variant": "nf4",
+        "a": {"quantization": None}, "b": {"quantization": QUANT_VARIANT},
+        "needs_variant": QUANT_VARIANT,  # and its integer kernels (ui/compare/tab.py preset_missing)
     },
 }
 
