@@ -108,15 +108,16 @@ TEACHING = {
     },
     "quantization": {
         "title": f"Weights as loaded vs 4-bit ({QUANT_VARIANT})",
-        "explain": f"Same prompt, A with the weights as loaded, B with {QUANT_VARIANT}: 4-bit blocks and an int8 "
-                   "lm_head, the activations quantized to int8 per block of 32, so each product is an integer dot "
-                   "product on our kernels. What to see: B's decode rate (tok/s, TPOT) several times A's, as a step "
-                   "reads a fraction of the bytes (weights memory in the delta table). Quality is measured, not "
-                   "assumed: the line under the delta table says whether the greedy replies match and where they "
-                   "part (4-bit weights and int8 activations change the bits); the Sweep's token agreement measures "
-                   "it over a prompt set. The first token: B's first turn also quantizes the weights (its setup, "
-                   "inside TTFT), so run the pair again for the TTFT that follows; a prompt past 256 tokens prefills "
-                   "B through the fp32 GEMM over dequantized weights, where its first token can cost more than A's.",
+        "explain": f"Same prompt: A with the weights as loaded, B with {QUANT_VARIANT} (4-bit blocks, an int8 lm_head, "
+                   "the activations quantized to int8 per block of 32: integer dot products on our kernels). What to "
+                   "see: B's decode rate (tok/s, TPOT) several times A's, as a step reads a fraction of the bytes "
+                   "(bytes per token). Quality is measured, not assumed: the line under the delta table says whether "
+                   "the greedy replies match and where they part; the Sweep's token agreement measures it over a "
+                   "prompt set, and after B's first reply the engine measures its top-1 agreement with the loaded "
+                   "weights once (engine info; the next request waits for it in its queue). The first token: B's "
+                   "first turn also quantizes the weights (setup, inside TTFT): run the pair again for the TTFT that "
+                   "follows. Past 256 prompt tokens B prefills through the fp32 GEMM over dequantized weights, where "
+                   "its first token can cost more than A's.",
         "set": "open_questions", "item": 2,
         "a": {"quantization": None}, "b": {"quantization": QUANT_VARIANT},
         "needs_variant": QUANT_VARIANT,  # and its integer kernels (ui/compare/tab.py preset_missing)
