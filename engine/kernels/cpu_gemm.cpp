@@ -21,32 +21,22 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <torch/library.h>
+
+#include "cpu_tiles.h"
 
 namespace {
 
 constexpr int kBlockRows = 4;    // rows per kernel call: their accumulators fit the 16 ymm registers
-constexpr int64_t kTile = 64;    // output channels per tile: their weights stay in L2 across row blocks
+constexpr int64_t kTile = 64;    // many rows: output channels per tile, their weights kept in L2 across row blocks
 
-// Threads take tiles from a shared counter rather than a fixed half each: on a shared machine (a
-// server's own event loop, a neighbour's job) a thread that loses its core for a while no longer
-// holds the whole call back; the others take its tiles. Which thread computes a tile never changes
-// its bits.
-template <typename Tile>
-void over_tiles(int64_t tiles, Tile&& tile) {
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min<int64_t>(tiles, at::get_num_threads()), 1, [&](int64_t, int64_t) {
-    for (int64_t t = next.fetch_add(1); t < tiles; t = next.fetch_add(1)) tile(t);
-  });
-}
-
-// The weight-only kernels: every row block of x over every tile of kTile output channels.
+// The weight-only kernels: every row block of x over every tile of output channels (cpu_tiles.h).
 template <typename Rows>
 void over_tiles(int64_t M, int64_t N, Rows&& rows) {
-  over_tiles((N + kTile - 1) / kTile, [&](int64_t t) {
-    const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile);
+  const int64_t tile = tiles::size(N, M <= kBlockRows, kTile, 16);
+  tiles::run((N + tile - 1) / tile, [&](int64_t t) {
+    const int64_t n0 = t * tile, n1 = std::min(N, n0 + tile);
     for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) rows(m0, std::min<int64_t>(kBlockRows, M - m0), n0, n1);
   });
 }
@@ -95,7 +85,7 @@ void int8_rows(const float* x, int64_t K, const int8_t* w, const float* scale, f
 constexpr int kPanel = 16;
 constexpr int kPanelRows = 3;      // AVX2: rows per micro-kernel call (3 rows x 2 panels x 2 vectors)
 constexpr int kPanelRowsWide = 8;  // AVX-512: 8 rows x 2 panels = 16 of its 32 registers
-constexpr int kTilePanels = 2;     // the unit a thread takes: its weights stay in L2 across the row blocks
+constexpr int kTilePanels = 2;     // many rows: panels a tile, their weights kept in L2 across the row blocks
 
 template <int M, int P>
 inline void fp32_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
@@ -281,10 +271,10 @@ at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& panels, int64_t N, boo
   const float* xp = x.data_ptr<float>();
   const float* wp = panels.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t P = panels.size(0), tiles = (P + kTilePanels - 1) / kTilePanels;
   const int64_t R = wide ? kPanelRowsWide : kPanelRows;
-  over_tiles(tiles, [&](int64_t t) {
-    const int64_t p0 = t * kTilePanels, p1 = std::min(P, p0 + kTilePanels);
+  const int64_t P = panels.size(0), tile = tiles::size(P, M <= R, kTilePanels, 1);
+  tiles::run((P + tile - 1) / tile, [&](int64_t t) {
+    const int64_t p0 = t * tile, p1 = std::min(P, p0 + tile);
     for (int64_t m0 = 0; m0 < M; m0 += R) {
       const int64_t rows = std::min(R, M - m0);
       if (wide) fp32_rows_upto<kPanelRowsWide, true>(rows, xp + m0 * K, K, wp, yp + m0 * N, N, p0, p1);

@@ -14,7 +14,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -22,6 +21,7 @@
 #include <torch/library.h>
 
 #include "cpu_qdot_ops.h"
+#include "cpu_tiles.h"
 
 namespace {
 
@@ -55,31 +55,15 @@ std::pair<qdot::RowsFn, qdot::RowsFn> kernels(int64_t isa) {
   return {&qdot::avx2::int8_rows, &qdot::avx2::int4_rows};
 }
 
-constexpr int64_t kTile = 64;  // many rows: output channels a thread takes at a time, their weights kept in L2 across row blocks
-constexpr int64_t kShares = 2;  // one row block: tiles a thread, each one long run of rows
-constexpr int64_t kMinTile = 16;
+constexpr int64_t kTile = 64;  // many rows: output channels a tile, their weights kept in L2 across row blocks
 
-// Every row block over every tile of output channels; threads take tiles from a shared counter (a
-// thread that loses its core on a shared machine holds nothing back). Which thread computes a tile
-// never changes its bits. Tiles: with one row block (a decode step) nothing is reused across blocks,
-// so a thread's weights are best read as few long runs: kShares tiles a thread. 64-row tiles made
-// each thread's stream restart ~3,200 times a step (int4w8a+head8); two tiles a thread ran the
-// step in 0.79x the time (2 threads, Zen 4, context 256; 0.85x at 1,400; one tile a thread 0.77x,
-// but then a thread that loses its core holds the step back), measured alternating in one process
-// (`python -m engine.bench bandwidth --variants int4w8a+head8` gives the figure: docs/quantization.md).
+// Every row block over every tile of output channels (cpu_tiles.h: who takes which, and how big).
 void run(const qdot::Args& a, int64_t M, qdot::RowsFn rows) {
-  const int64_t threads = at::get_num_threads();
-  const int64_t tile = M <= qdot::kMaxRows
-                           ? std::max(kMinTile, (a.N + kShares * threads - 1) / (kShares * threads))
-                           : kTile;
-  const int64_t tiles = (a.N + tile - 1) / tile;
-  alignas(64) std::atomic<int64_t> next{0};  // its own cache line: the caller's stack beside it is written
-  at::parallel_for(0, std::min<int64_t>(tiles, threads), 1, [&](int64_t, int64_t) {
-    for (int64_t t = next.fetch_add(1); t < tiles; t = next.fetch_add(1)) {
-      const int64_t n0 = t * tile, n1 = std::min(a.N, n0 + tile);
-      for (int64_t m0 = 0; m0 < M; m0 += qdot::kMaxRows)
-        rows(a, m0, static_cast<int>(std::min<int64_t>(qdot::kMaxRows, M - m0)), n0, n1);
-    }
+  const int64_t tile = tiles::size(a.N, M <= qdot::kMaxRows, kTile, 16);
+  tiles::run((a.N + tile - 1) / tile, [&](int64_t t) {
+    const int64_t n0 = t * tile, n1 = std::min(a.N, n0 + tile);
+    for (int64_t m0 = 0; m0 < M; m0 += qdot::kMaxRows)
+      rows(a, m0, static_cast<int>(std::min<int64_t>(qdot::kMaxRows, M - m0)), n0, n1);
   });
 }
 
