@@ -300,3 +300,29 @@ def test_a_w8a_variant_of_a_bf16_model_computes_in_fp32_through_the_cpp_loop(tin
     cache = runner.new_cache(8)
     logits = runner.forward(torch.tensor([1, 2, 3]), cache)
     assert cache.length == 3 and torch.isfinite(logits).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", ["int4w8a+head8", "int8w8a+head"])
+def test_a_decode_steps_final_norm_folds_into_the_heads_product_with_the_same_bits(bundled, variant):
+    """The plan folds a decode step's final norm into the w8a head's activation quantizer (`head_norm`);
+    its logits, one sequence and a batch of two, are torch.equal to the norm's then the head's product
+    (the same runner with head_norm off). A head that is not a w8a layer keeps the norm as an op."""
+    v, runner = build(bundled, variant)
+    assert runner.plan.head_norm and runner.plan.describe()["head_norm"] is True
+    plain = Runner(v.model, replace(runner.plan, head_norm=False))
+    prompts = [[1, 504, 3458, 30, 17], [1, 2683, 314]]
+
+    def steps(r):
+        caches = [v.model.new_cache(16) for _ in prompts]
+        out = []
+        with torch.inference_mode():
+            for p, c in zip(prompts, caches):
+                r.run(Batch([p], [c]))
+            out.append(r.run(Batch([[7]], caches[:1])))
+            out.append(r.run(Batch([[11], [13]], caches)))
+        return out
+
+    for folded, unfolded in zip(steps(runner), steps(plain)):
+        assert folded.dtype == torch.float32 and torch.equal(folded, unfolded)
+    assert not build(bundled, "int4w8a")[1].plan.head_norm  # an fp32 head: the norm, then its own kernel

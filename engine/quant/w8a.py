@@ -88,6 +88,14 @@ class _W8ALinear(WeightOnlyLinear):
         """x @ W.T + b through our integer kernels (x quantized to int8 per block of 32)."""
         return self._finish(self._gemv(x.reshape(-1, self.in_features).float().contiguous()).to(x.dtype), x)
 
+    def normed_product(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """norm(x) @ W.T + b, `norm` an fp32 RMSNorm folded into the activations' quantizer (the plan's
+        `head_norm`: the final norm and lm_head of a decode step, engine/runtime/eager.py): the same bits as
+        ours_product(norm(x)), without the normed rows in memory nor a call per op. [rows, out] fp32."""
+        x = x.reshape(-1, self.in_features).contiguous()
+        return cpu_qdot.normed_w8a(x, norm.weight, norm.eps, [self._buffers[n] for n in self.WEIGHTS], self.bias,
+                                   self.isa)
+
     forward = ours_product  # its only layout is the integer kernels' (the transformers forward calls this)
 
     def _matmul(self, x):  # torch_product: the same integer kernels (there is no torch layout to run)

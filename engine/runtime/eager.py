@@ -75,6 +75,8 @@ def forward(model, plan, rows, caches, all_logits: bool = False, layers=None) ->
     else:
         head_lengths = [1] * B
         x = x[:, -1:] if B == 1 else x[:, torch.tensor([o + n - 1 for o, n in zip(offsets, lengths)], device=device)]
+        if plan.head_norm:  # the final norm folded into the head's integer product: the same bits, one call
+            return model.lm_head.normed_product(x, model.norm)
     return Projections(head_lengths, plan.linears).linear("lm_head", model.lm_head, model.norm(x))[0].float()
 
 

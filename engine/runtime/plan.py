@@ -114,8 +114,11 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
     reasons["weight_only"] = _weight_only_text(wo_layers, linears, wo, dev, form)
     modes, reasons["compiled_machine"] = _step_modes(model, dev, caps, mods)
     reasons = {k: v for k, v in reasons.items() if v}
+    head_norm = (form is not None and linears["lm_head"].kernel(1) is Kernel.WO_INT8ACT
+                 and model.norm.weight.dtype == torch.float32)
     return Plan(dev, weights, "fast", linears, attention, "cpp" if cpp_rows else "python", cpp_rows, modes,
-                tuple(made), reasons, kv_attention, w8a_form=form, loop_kv=cpu_layers.KV_KINDS if cpp_rows else ())
+                tuple(made), reasons, kv_attention, w8a_form=form, loop_kv=cpu_layers.KV_KINDS if cpp_rows else (),
+                head_norm=head_norm)
 
 
 def _w8a_form(model, dev, caps) -> tuple[str | None, Decision | None]:

@@ -67,6 +67,9 @@ class Plan:
     kv_attention: Mapping[str, str] = field(default_factory=dict)  # KV precision (not 'model') -> 'ours-cpu-kv' | 'sdpa'
     w8a_form: str | None = None  # the w8a layers' form of our integer kernels (cpu_qdot.ISAS; None: the torch reference)
     loop_kv: tuple[str, ...] = ("model",)  # the KV cache precisions the C++ layer loop reads (KVCache.kind)
+    # a decode step's final norm folded into the lm_head's integer product (engine/quant/w8a.py normed_product):
+    # where one-row head rows take WO_INT8ACT in a form of our kernels and the norm is fp32
+    head_norm: bool = False
 
     def attention_for(self, kv: str) -> str:
         """Decode rows' attention over a cache of precision `kv` (KVCache.kind)."""
@@ -171,6 +174,6 @@ class Plan:
                 "device": self.device, "weights": self.weights, "attention": self.attention,
                 "layer_loop": self.layer_loop, "cpp_rows": self.cpp_rows, "loop_kv": list(self.loop_kv),
                 "kv_attention": dict(self.kv_attention),
-                "w8a_form": self.w8a_form,
+                "w8a_form": self.w8a_form, "head_norm": self.head_norm,
                 "linears": {role: lp.describe() for role, lp in self.linears.items()},
                 "step_modes": dict(self.step_modes), "decisions": [d.to_dict() for d in self.decisions]}
