@@ -68,9 +68,9 @@ def loop_kind(model, form: str | None) -> tuple[int, int] | None:
 _TENSORS = {1: ("weight_int8", "scale"), 2: ("weight_q4",)}  # a w8a layer's (its WEIGHTS), by kind
 
 
-def layer_weights(model, form: str | None) -> tuple[list, list] | None:
-    """What run_layers reads, per layer (the norms' weights, the projections' panels and biases), or
-    None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
+def layer_weights(model, form: str | None) -> tuple | None:
+    """What run_layers reads, per layer (the norms' weights, the projections' panels and biases; then the
+    kind, the form and the model's sizes), or None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
     w8a layer of the first one's class, or the kernels are off; the plan checks the rest, e.g. fp32
     activations). `form`: the plan's for the w8a layers (Plan.w8a_form). Makes the panels: call it only where our kernel runs the rows (the runner keeps
     the lists: walking them each forward cost a measurable share of a one-row step, docs/history.md).
@@ -100,21 +100,23 @@ def layer_weights(model, form: str | None) -> tuple[list, list] | None:
         weights += [mods["attn_norm"]._parameters["weight"], *tensors[0], *tensors[1],
                     mods["mlp_norm"]._parameters["weight"], *tensors[2], *tensors[3]]
         biases += bias
-    return weights, biases, kind, kind_isa[1]
+    blk = model.blocks[0]
+    shape = ([blk.qkv.out_features, blk.o.out_features, blk.gate_up.out_features, blk.down.out_features],
+             blk.attn_norm.eps, model.n_heads, model.n_kv_heads, model.head_dim, blk.q_size, blk.kv_size, blk.scaling)
+    return weights, biases, kind, kind_isa[1], shape
 
 
-def run_layers(model, layers: tuple[list, list], x, cos, sin, caches, starts, lengths, offsets, decode, others,
+def run_layers(model, layers: tuple, x, cos, sin, caches, starts, lengths, offsets, decode, others,
                masks):
     """engine/runtime/eager.py's layer loop (`blocks`) over x [1, R, hidden] in one call. `layers`:
     layer_weights(model, plan.w8a_form); the rest are eager.forward's (`decode` the sequences whose row takes our
     attention kernel, `others` the ones through SDPA with masks[b]); a cache at another precision than the
     model's (KVCache.kind) brings its int8 scales, and its rows are read and stored as the Python loop does
     (engine/runtime/eager.py). Returns x after the last layer."""
-    weights, biases, kind, isa = layers
-    blk = model.blocks[0]
-    outs = [blk.qkv.out_features, blk.o.out_features, blk.gate_up.out_features, blk.down.out_features]
+    weights, biases, kind, isa, shape = layers  # shape: the sizes below, read once (module lookups cost ~1 us each)
+    outs, eps, H, KV, D, q_size, kv_size, scale = shape
     return torch.ops.latency_lab_gemv.batch_layers(
-        x, cos, sin, weights, biases, outs, blk.attn_norm.eps, model.n_heads, model.n_kv_heads, model.head_dim,
-        blk.q_size, blk.kv_size, blk.scaling, [c.k for c in caches], [c.v for c in caches],
-        [getattr(c, "k_scale", None) for c in caches], [getattr(c, "v_scale", None) for c in caches], starts, lengths,
-        offsets, decode, others, masks, cpu_gemm.wide(), kind, isa)
+        x, cos, sin, weights, biases, outs, eps, H, KV, D, q_size, kv_size, scale, [c.k for c in caches],
+        [c.v for c in caches], [getattr(c, "k_scale", None) for c in caches],
+        [getattr(c, "v_scale", None) for c in caches], starts, lengths, offsets, decode, others, masks, cpu_gemm.wide(),
+        kind, isa)
