@@ -71,11 +71,13 @@ def test_every_weights_variant_has_a_plan_on_this_cpu(built, name):
         assert plan.compiled_reason and "bf16" in plan.compiled_reason and plan.layer_loop == "python"
     elif method == "fp16":  # no fast fp16 kernel of ours or oneDNN's on CPU: ATen's matmul
         assert all(plan.linears[r].kernel(n) is Kernel.ATEN for r in ROLES for n in (1, 300))
-    elif method in INT8_ACTIVATIONS:  # our integer kernels; a long prompt's rows: the fp32 GEMM, dequantized
+    elif method in INT8_ACTIVATIONS:  # our integer kernels for every row count where they run in a form; under
+        # the torch reference a long prompt's rows take the fp32 GEMM over the dequantized weights
         assert all(plan.linears[r].kernel(1) is Kernel.WO_INT8ACT for r in ROLES[:4])
         assert (plan.layer_loop == "cpp") == (loaded.dtype == torch.float32 and cpu_gemm.available())
-        assert all(plan.linears[r].kernel(plan.cpp_rows + 1 if plan.cpp_rows else 300) is Kernel.WO_DEQUANT_FP32
-                   for r in ROLES[:4])
+        long = Kernel.WO_INT8ACT if plan.w8a_form else Kernel.WO_DEQUANT_FP32
+        assert all(plan.linears[r].kernel(n) is long for r in ROLES[:4] for n in (300, 5000))
+        assert plan.describe()["cpp_rows"] == (None if plan.layer_loop == "cpp" and plan.w8a_form else plan.cpp_rows)
         assert plan.decision("w8a kernel form") is not None and plan.weight_only_text.startswith("int8 activations")
     elif method in WEIGHT_ONLY:
         chosen = plan.decision("weight-only kernels")

@@ -18,7 +18,7 @@ from engine.core import clock
 
 
 def add_args(p):
-    p.add_argument("--rows", default="1,4,8,32,256", help="rows per product (1: a decode step)")
+    p.add_argument("--rows", default="1,4,8,32,256,1400", help="rows per product (1: a decode step)")
     p.add_argument("--rounds", type=int, default=5)
 
 
@@ -48,11 +48,15 @@ def run(args, out):
         layers[f"{name} ours"] = [functools.partial(catalogue.run, Kernel.WO_OURS, layer) for layer in both]
         layers[f"{name} torch"] = [functools.partial(catalogue.run, Kernel.WO_TORCH, layer) for layer in both]
         w8a = {"int8": Int8W8ALinear, "int4": Int4W8ALinear}[name]
+        built = []
         for isa in [i for i in cpu_qdot.ISAS if i in cpu_qdot.cpu_isas()]:
             built = [w8a.from_linear(lin) for lin in linears]
             for layer in built:
                 layer.isa = isa  # each form this CPU runs, not only the chosen one
             layers[f"{name} w8a {isa}"] = [functools.partial(catalogue.run, Kernel.WO_INT8ACT, layer) for layer in built]
+        if built:  # what a long prompt ran before the integer kernels took every row count (engine/runtime/plan.py)
+            layers[f"{name} w8a dequant-fp32"] = [functools.partial(catalogue.run, Kernel.WO_DEQUANT_FP32, layer)
+                                                  for layer in built]
         nbytes[name] = weight_bytes(nn.ModuleList(both))
     fp32 = [nn.Linear(k, n, bias=False) for k, n in shapes]
     for lin in fp32:

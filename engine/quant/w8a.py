@@ -2,8 +2,9 @@
 and `int4w8a` variants, engine/quant/quantize.py): integer dot products, engine/kernels/cpu_qdot.py.
 
 The execution plan (engine/runtime/plan.py) chooses everything about their products: the kernel, from
-the layer's `int8_activations` mark (`WO_INT8ACT` for a sequence's rows up to OURS_ROWS,
-`WO_DEQUANT_FP32`, the fp32 GEMM over dequantized weights, past them), and the form of our integer
+the layer's `int8_activations` mark (`WO_INT8ACT` for every row count where our kernels run in a form;
+under the torch reference, for a sequence's rows up to OURS_ROWS, `WO_DEQUANT_FP32`, the fp32 GEMM over
+dequantized weights, past them), and the form of our integer
 kernels from the detected capabilities (`Plan.w8a_form`: 'avx512-vnni', 'avx-vnni', 'avx2', ..., or
 None for the torch reference). The runner tells each layer that form (`tell`) before its first
 forward; a layer never told runs the torch reference.
@@ -103,8 +104,9 @@ class _W8ALinear(WeightOnlyLinear):
 
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
         """x (many rows of one sequence: a long prompt) times the weights dequantized to fp32, in the fp32
-        GEMM (F.linear: MKL): at that many rows it outruns the integer kernels, and the dequantization
-        is paid once per call (the plan's `WO_DEQUANT_FP32`; `python -m engine.bench gemv`)."""
+        GEMM (F.linear: MKL), the dequantization paid once per call: the plan's `WO_DEQUANT_FP32`, where
+        our integer kernels do not run (the torch reference would be far slower at that many rows); where
+        they run they are faster at every row count (`python -m engine.bench gemv`: `dequant-fp32`)."""
         y = F.linear(x.float(), self.dequantized(), self.bias)
         return y.to(x.dtype)
 

@@ -12,11 +12,14 @@ below and the detected capabilities (engine/platform/capabilities.py):
   model-dtype caches only).
 
 The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
-- w8a (int8 activations, engine/quant/w8a.py): our integer kernels (`WO_INT8ACT`) for up to OURS_ROWS
-  rows, past them (a long prompt) the fp32 GEMM over the weights dequantized (`WO_DEQUANT_FP32`); the
-  integer kernels' form (`w8a_form`) by rule, the best of cpu_qdot.ISAS the capabilities allow
-  (AVX-512 VNNI 512-bit, its 256-bit form, AVX-VNNI, AVX2), else the torch reference (no AVX2, no
-  compiler, a switch off); the runner tells the layers the form;
+- w8a (int8 activations, engine/quant/w8a.py): our integer kernels (`WO_INT8ACT`) for every row count
+  where they run in a form: a long prompt too, faster than the fp32 GEMM over the dequantized weights
+  at every row count measured, in every form (`python -m engine.bench gemv`, figures in
+  docs/quantization.md); under the torch reference, for up to OURS_ROWS rows, past them that fp32 GEMM
+  (`WO_DEQUANT_FP32`). The integer kernels' form
+  (`w8a_form`) by rule, the best of cpu_qdot.ISAS the capabilities allow (AVX-512 VNNI 512-bit, its
+  256-bit form, AVX-VNNI, AVX2), else the torch reference (no AVX2, no compiler, a switch off); the
+  runner tells the layers the form;
 - weight-only int8/4-bit: ours (`WO_OURS`) on CPU where the layer holds our layout and the race below
   picked ours, else torch's (`WO_TORCH`); bitsandbytes: `BNB`; any other module, or off the CPU: `ATEN`;
 - fp32 CPU Linear: `OURS_FP32` for up to OURS_ROWS rows where the fp32 one-row decision is 'ours' (by
@@ -86,7 +89,7 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
     def table(one: str | None, wo: str | None) -> dict[str, LinearPlan]:
         plans = {}
         for role, ms in roles.items():
-            kinds = {_linear_plan(m, dev, caps, one, wo, ours_builds) for m in ms}
+            kinds = {_linear_plan(m, dev, caps, one, wo, ours_builds, form) for m in ms}
             if len(kinds) != 1:
                 raise ValueError(f"the {role} projections are not all of one kind; the plan names one kernel a role")
             plans[role] = kinds.pop()
@@ -167,10 +170,10 @@ def _is_bnb(m) -> bool:
     return type(m).__module__.startswith(("bitsandbytes", "engine.quant.bnb"))
 
 
-def _linear_plan(m, dev, caps, one_row, wo, ours_builds) -> LinearPlan:
-    """The table (module docstring) for one projection."""
+def _linear_plan(m, dev, caps, one_row, wo, ours_builds, form: str | None = None) -> LinearPlan:
+    """The table (module docstring) for one projection; `form`: the w8a layers' (Plan.w8a_form)."""
     if getattr(m, "int8_activations", False):  # engine/quant/w8a.py: CPU only; its rows get their alone bits
-        if dev != "cpu":
+        if dev != "cpu" or form is not None:
             return LinearPlan(((ALL, Kernel.WO_INT8ACT),), exact=True)
         return LinearPlan(((OURS_ROWS, Kernel.WO_INT8ACT), (ALL, Kernel.WO_DEQUANT_FP32)), exact=True)
     if isinstance(m, WeightOnlyLinear):

@@ -60,7 +60,7 @@ class Plan:
     linears: Mapping[str, LinearPlan]
     attention: str  # decode rows' attention: 'ours-cpu' | 'sdpa' | 'transformers'
     layer_loop: str  # 'cpp' | 'python' | 'transformers'
-    cpp_rows: int  # a forward whose sequences have at most this many rows runs the C++ loop (0: never)
+    cpp_rows: int  # a forward whose sequences have at most this many rows runs the C++ loop (0: never; ALL: any)
     step_modes: Mapping[str, str | None]  # 'eager', 'static', 'inductor', 'cuda_graph' -> None (can serve) or why not
     decisions: tuple[Decision, ...] = ()
     reasons: Mapping[str, str] = field(default_factory=dict)  # why not, for engine info: attention, layer_loop, ...
@@ -172,7 +172,7 @@ class Plan:
         return {"prefill": self.used(64), "decode": self.used(1), "one_row": one_row,
                 "names": {k.short: k.what for k in Kernel}, "switches": switches.describe(),
                 "device": self.device, "weights": self.weights, "attention": self.attention,
-                "layer_loop": self.layer_loop, "cpp_rows": self.cpp_rows, "loop_kv": list(self.loop_kv),
+                "layer_loop": self.layer_loop, "cpp_rows": None if self.cpp_rows >= ALL else self.cpp_rows, "loop_kv": list(self.loop_kv),
                 "kv_attention": dict(self.kv_attention),
                 "w8a_form": self.w8a_form, "head_norm": self.head_norm,
                 "linears": {role: lp.describe() for role, lp in self.linears.items()},
