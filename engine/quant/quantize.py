@@ -75,7 +75,8 @@ QUANTIZED = {
     "int8w8a": "int8wo's weights, activations quantized to int8 per block of 32: integer dot products (CPU)",
     "int8w8a+head": "int8w8a with lm_head quantized too (its own int8 copy; the embedding stays)",
     "int4w8a": "int4wo's weights, activations quantized to int8 per block of 32: integer dot products (CPU)",
-    "int4w8a+head8": "int4w8a with lm_head in int8w8a: most of +head's speed, less of its error",
+    "int4w8a+head8": "int4w8a with lm_head in int8w8a (its own int8 copy; the embedding stays): the fastest decode "
+                     "on our integer kernels, measured quality (docs/quantization.md)",
 }
 # What `+suffix` does to lm_head: quantize it with the variant's own method, or with int8wo.
 HEAD_SUFFIXES = {"head": None, "head8": "int8wo"}
