@@ -235,4 +235,9 @@ def test_bench_kv_prints_agreement_and_decode_per_precision(tmp_path, tokenizer)
         assert row["decode_tps_short"] > 0 and row["decode_tps_long"] > 0
         assert any(line.lstrip().startswith(f"{kv_dtype}: greedy agreement") for line in lines)
     assert rows["int8"]["kv_mb_long"] < rows["fp16"]["kv_mb_long"] < rows["model"]["kv_mb_long"]
+    # the bytes bound beside each ratio: fewer KV bytes a position, a bound nearer 1
+    assert 0 < rows["model"]["bytes_bound"] < rows["fp16"]["bytes_bound"] < rows["int8"]["bytes_bound"] < 1
+    assert result["bytes_bound"] == rows["int8"]["bytes_bound"]
+    assert any(line.lstrip().startswith("int8:") and f"bytes bound {rows['int8']['bytes_bound']:.2f}x" in line
+               for line in lines)
     assert min(result["long_prompt_tokens"]) > 1300

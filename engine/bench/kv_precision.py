@@ -20,7 +20,9 @@ and goes between rounds cancels out of it). The same from the process's CPU time
 (`*_cpu`: with `--threads 1` the step's own work, which a neighbour on the cores delays far less than the
 wall clock; prefill_chunks reads it the same way). `mb_per_step`:
 what a step reads at the long prompt's context (weights + KV at that precision: bandwidth.bytes_read_per_step,
-the roofline's count). `ratio`: int8's long_vs_short (or the last precision's).
+the roofline's count). `bytes_bound`: the long_vs_short a step would reach streaming the KV as fast as its
+weights (bytes at the short context over bytes at the long one; `bytes_bound` below says why it is no hard
+limit). `ratio`: int8's long_vs_short (or the last precision's).
 `--python-loop`: each precision timed too through a runner whose plan was made with the layers switch off
 (`PRECISION python loop` rows, in the same rounds), and the plan's loop over the Python one, paired: what the
 C++ layer loop (engine/kernels/cpu_layers.py) buys at each precision, short and long.
@@ -119,7 +121,8 @@ def run(args, out):
                        "cpu_ms_long": round(1e3 * median(c["long"]), 2),
                        "mb_per_step_long": round(bytes_read_per_step(runner.model, context, kv) / 1e6, 1),
                        "kv_mb_long": round((bytes_read_per_step(runner.model, context, kv)
-                                            - bytes_read_per_step(runner.model, 0, kv)) / 1e6, 1)}
+                                            - bytes_read_per_step(runner.model, 0, kv)) / 1e6, 1),
+                       "bytes_bound": round(bytes_bound(runner.model, len(short_ids), len(ids[0]), kv), 3)}
     for kv in list(steppers) if speed else kinds:
         q = rows[kv] if kv in rows else rows.setdefault(kv, dict(quality[kv]))
         parts = [f"greedy agreement {q['greedy_agreement']:.1%} ({q['identical']} of {q['replies']} replies "
@@ -127,8 +130,8 @@ def run(args, out):
             if replies and kv in kinds else []
         if speed:
             parts.append(f"decode {q['decode_tps_short']:.1f} tok/s short, {q['decode_tps_long']:.1f} after "
-                         f"{len(ids[0])} tokens = {q['long_vs_short']:.2f}x ({q['long_vs_model_long']:.2f}x model-dtype "
-                         f"KV's long); CPU time a step {q['cpu_ms_short']:.1f} ms short, {q['cpu_ms_long']:.1f} ms long = "
+                         f"{len(ids[0])} tokens = {q['long_vs_short']:.2f}x (bytes bound {q['bytes_bound']:.2f}x; "
+                         f"{q['long_vs_model_long']:.2f}x model-dtype KV's long); CPU time a step {q['cpu_ms_short']:.1f} ms short, {q['cpu_ms_long']:.1f} ms long = "
                          f"{q['long_vs_short_cpu']:.2f}x ({q['long_vs_model_long_cpu']:.2f}x model-dtype KV's long); a long "
                          f"step reads {q['mb_per_step_long']:.1f} MB, {q['kv_mb_long']:.1f} MB of it KV")
         out(f"{kv:>6}: " + "; ".join(parts))
@@ -137,7 +140,8 @@ def run(args, out):
             f"{kv} {paired(speed[f'{kv} {PY}'][n], speed[kv][n], args.steps):.2f}x {n}" for kv in kinds
             for n in ("short", "long")))
     key = "int8" if "int8" in rows else kinds[-1]
-    return {"kv_dtypes": rows, "ratio": rows[key].get("long_vs_short"), "steps": args.steps,
+    return {"kv_dtypes": rows, "ratio": rows[key].get("long_vs_short"), "bytes_bound": rows[key].get("bytes_bound"),
+            "steps": args.steps,
             "weights": variant.name, "dtype": lm.dtype_name,
             "long_prompt_tokens": [len(p) for p in ids], "short_prompt_tokens": len(short_ids),
             "max_new_tokens": args.last_tokens, "rounds": args.rounds, "threads": torch.get_num_threads(),
@@ -176,6 +180,17 @@ def step_speeds(steppers: dict, prompts: dict, rounds: int, steps: int, out) -> 
             f"{kv} {1e3 * median(times[kv]['short'][-steps:]):.1f}/{1e3 * median(times[kv]['long'][-steps:]):.1f}"
             for kv in kinds))
     return times, cpu
+
+
+def bytes_bound(model, short: int, long: int, kv: str) -> float:
+    """The long/short decode ratio a step would reach if it streamed the KV as fast as it streams its weights:
+    the bytes a step reads at `short` tokens of context over those at `long` (bandwidth.bytes_read_per_step,
+    the roofline's count: weights and scales, the KV at precision `kv`). With W the weight bytes, ~W / (W + KV):
+    the smaller the weights, the lower it lies (int4 weights with an int8 KV at ~1,400 tokens: ~0.85). A ratio
+    above it means the attention streams the KV faster than the step streams its weights, not a wrong count."""
+    from engine.bench.bandwidth import bytes_read_per_step
+
+    return bytes_read_per_step(model, short, kv) / bytes_read_per_step(model, long, kv)
 
 
 def paired(a: list[float], b: list[float], steps: int) -> float:
