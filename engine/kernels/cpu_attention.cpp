@@ -227,6 +227,23 @@ at::Tensor attention::decode(const at::Tensor& q, const at::Tensor& k_new, const
   }
 }
 
+void attention::store_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
+  TORCH_CHECK(x.dim() == 4 && x.sizes() == q.sizes() && scales.dim() == 3 && scales.sizes() == x.sizes().slice(0, 3) &&
+                  x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat &&
+                  x.stride(3) == 1 && q.stride(3) == 1,
+              "store_int8: x fp32 and q int8 [A, B, n, D] (D contiguous), scales fp32 [A, B, n]");
+  const int64_t D = x.size(3);
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = scales.data_ptr<float>();
+  for (int64_t a = 0; a < x.size(0); ++a)
+    for (int64_t b = 0; b < x.size(1); ++b)
+      for (int64_t j = 0; j < x.size(2); ++j)
+        store_row<int8_t>(xp + a * x.stride(0) + b * x.stride(1) + j * x.stride(2), D,
+                          qp + a * q.stride(0) + b * q.stride(1) + j * q.stride(2),
+                          sp + a * scales.stride(0) + b * scales.stride(1) + j * scales.stride(2));
+}
+
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("decode_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
         "int[] rows, int[] positions, int layer, float scale) -> Tensor");

@@ -11,4 +11,10 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor
                   at::TensorList v_caches, at::TensorList k_scales, at::TensorList v_scales, at::IntArrayRef rows,
                   at::IntArrayRef positions, int64_t layer, double scale, const at::Tensor& out = at::Tensor());
 
+// Rows of keys or values x (fp32 [A, B, n, D], any strides, D contiguous) into an int8 cache's rows q (int8
+// [A, B, n, D], D contiguous) and their scales (fp32 [A, B, n]), by the rule the decode rows are stored with
+// (engine/model/kv_cache.py quantize_int8: the one int8 rule; the first-use check holds this code to it): the
+// layer loop stores a prompt's rows so.
+void store_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
+
 }  // namespace attention

@@ -65,18 +65,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return attention::decode(q, k, v, g.kc, g.vc, g.ks, g.vs, g.rows, g.positions, layer, scale, out);
 }
 
-// engine/kernels/cpu_attention.py quantize_int8, op for op (the same bits): x [..., D] -> int8 values, fp32
-// scales [...]
-std::pair<at::Tensor, at::Tensor> quantize_int8(const at::Tensor& x) {
-  at::Tensor scale = x.abs().amax(-1) / 127.0;
-  at::Tensor s = scale.unsqueeze(-1);
-  at::Tensor q = at::where(s > 0, at::round(x / s), at::zeros({}, x.options()));
-  return {q.clamp_(-127, 127).to(at::kChar), scale};
-}
-
 // Sequence b's n new keys and values (k, v: [1, KV, n, D]) stored at positions [s, s + n) of `layer`, and its keys
 // and values [0, s + n) read back in fp32: engine/model/kv_cache.py KVCache.store and read, op for op (fp32: the
-// slice assignment and views; fp16/bf16: rounded in, widened out; int8: quantize_int8 in, times the scales out).
+// slice assignment and views; fp16/bf16: rounded in, widened out; int8: quantize_int8's rule in (cpu_attention.h
+// store_int8, the decode rows' quantizer), times the scales out).
 std::pair<at::Tensor, at::Tensor> store_read(const at::Tensor& kc, const at::Tensor& vc,
                                              const std::optional<at::Tensor>& ks, const std::optional<at::Tensor>& vs,
                                              int64_t layer, const at::Tensor& k, const at::Tensor& v, int64_t s,
@@ -91,12 +83,8 @@ std::pair<at::Tensor, at::Tensor> store_read(const at::Tensor& kc, const at::Ten
   }
   TORCH_CHECK(ks.has_value() && vs.has_value(), "batch_layers: an int8 cache needs its scales");
   at::Tensor ksl = ks->select(0, layer), vsl = vs->select(0, layer);
-  auto [qk, sk] = quantize_int8(k);
-  auto [qv, sv] = quantize_int8(v);
-  kl.slice(2, s, s + n).copy_(qk);
-  ksl.slice(2, s, s + n).copy_(sk);
-  vl.slice(2, s, s + n).copy_(qv);
-  vsl.slice(2, s, s + n).copy_(sv);
+  attention::store_int8(k, kl.slice(2, s, s + n), ksl.slice(2, s, s + n));  // the decode rows' own quantizer
+  attention::store_int8(v, vl.slice(2, s, s + n), vsl.slice(2, s, s + n));
   return {kl.slice(2, 0, s + n).to(at::kFloat) * ksl.slice(2, 0, s + n).unsqueeze(-1),
           vl.slice(2, 0, s + n).to(at::kFloat) * vsl.slice(2, 0, s + n).unsqueeze(-1)};
 }
