@@ -224,7 +224,10 @@ def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled)
     v, runner = build(bundled, "int4w8a+head8")
     model, p = v.model, runner.plan
     assert p.used(1) == "wo-int8act" and p.used(plan.OURS_ROWS) == "wo-int8act"
-    assert p.used(5000) == "wo-int8act" and p.cpp_rows == plan.ALL  # a long prompt too, in the C++ loop
+    if p.w8a_form in plan.EVERY_ROW_FORMS:  # a long prompt too, in the C++ loop
+        assert p.used(5000) == "wo-int8act" and p.cpp_rows == plan.ALL
+    else:  # the AVX2 form: past OURS_ROWS rows the fp32 GEMM over the dequantized weights
+        assert p.used(plan.OURS_ROWS + 1) == "wo-dequant-fp32"
     assert p.layer_loop == "cpp" and p.w8a_form == cpu_qdot.best_form(capabilities.detect())
     assert p.decision("w8a kernel form").choice == p.w8a_form
     layers = [m for m in model.modules() if isinstance(m, Int4W8ALinear)]
@@ -260,9 +263,9 @@ def test_a_w8a_variant_decodes_the_same_greedy_tokens_alone_and_batched(bundled)
 
 @needs_kernels
 def test_a_long_prompt_multiplies_fp32_activations_by_the_dequantized_weights():
-    """Under the torch reference (no form of our integer kernels), past OURS_ROWS rows a w8a layer's product
-    is the fp32 GEMM over its weights dequantized once (the plan names it; the prompt's rows keep their fp32
-    activations); with a form, the integer kernels take every row count."""
+    """In the AVX2 form and under the torch reference, past OURS_ROWS rows a w8a layer's product is the fp32
+    GEMM over its weights dequantized once (the plan names it; the prompt's rows keep their fp32
+    activations); in a vpdpbusd form (plan.EVERY_ROW_FORMS) the integer kernels take every row count."""
     torch.manual_seed(0)
     linear = nn.Linear(576, 200, bias=True)
     x = torch.randn(1, plan.OURS_ROWS + 40, 576)
@@ -272,9 +275,11 @@ def test_a_long_prompt_multiplies_fp32_activations_by_the_dequantized_weights():
                       + cpu_qdot.int4_parts(l.weight_q4)[2].float().repeat_interleave(32, 1))):
         layer = cls.from_linear(linear)
         assert torch.allclose(layer.dequantized(), ref(layer), rtol=1e-6, atol=1e-7)
-        assert plan._linear_plan(layer, "cpu", capabilities.detect(), None, None, True, "avx2").kernel(
+        assert plan._linear_plan(layer, "cpu", capabilities.detect(), None, None, True, "avx512-vnni").kernel(
             x.shape[1]) is Kernel.WO_INT8ACT
-        lp = plan._linear_plan(layer, "cpu", capabilities.detect(), None, None, True, None)
+        for form in ("avx2", None):  # the AVX2 form and the reference: past OURS_ROWS, the fp32 GEMM
+            lp = plan._linear_plan(layer, "cpu", capabilities.detect(), None, None, True, form)
+            assert lp.kernel(x.shape[1]) is Kernel.WO_DEQUANT_FP32
         kernel = lp.kernel(x.shape[1])
         assert kernel is Kernel.WO_DEQUANT_FP32 and lp.per_sequence(kernel)
         with torch.inference_mode():

@@ -15,7 +15,7 @@ from engine.kernels import cpu_attention, cpu_gemm
 from engine.kernels.catalogue import Kernel
 from engine.platform import capabilities, decisions
 from engine.quant.quantize import INT8_ACTIVATIONS, METHODS, WEIGHT_ONLY, split_name
-from engine.runtime.plan import ROLES, make_plan
+from engine.runtime.plan import EVERY_ROW_FORMS, ROLES, make_plan
 from engine.serving.variants import build, precheck
 
 CAPS = capabilities.detect()
@@ -75,9 +75,10 @@ def test_every_weights_variant_has_a_plan_on_this_cpu(built, name):
         # the torch reference a long prompt's rows take the fp32 GEMM over the dequantized weights
         assert all(plan.linears[r].kernel(1) is Kernel.WO_INT8ACT for r in ROLES[:4])
         assert (plan.layer_loop == "cpp") == (loaded.dtype == torch.float32 and cpu_gemm.available())
-        long = Kernel.WO_INT8ACT if plan.w8a_form else Kernel.WO_DEQUANT_FP32
+        every = plan.w8a_form in EVERY_ROW_FORMS
+        long = Kernel.WO_INT8ACT if every else Kernel.WO_DEQUANT_FP32
         assert all(plan.linears[r].kernel(n) is long for r in ROLES[:4] for n in (300, 5000))
-        assert plan.describe()["cpp_rows"] == (None if plan.layer_loop == "cpp" and plan.w8a_form else plan.cpp_rows)
+        assert plan.describe()["cpp_rows"] == (None if plan.layer_loop == "cpp" and every else plan.cpp_rows)
         assert plan.decision("w8a kernel form") is not None and plan.weight_only_text.startswith("int8 activations")
     elif method in WEIGHT_ONLY:
         chosen = plan.decision("weight-only kernels")

@@ -13,10 +13,9 @@ below and the detected capabilities (engine/platform/capabilities.py):
 
 The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
 - w8a (int8 activations, engine/quant/w8a.py): our integer kernels (`WO_INT8ACT`) for every row count
-  where they run in a form: a long prompt too, faster than the fp32 GEMM over the dequantized weights
-  at every row count measured, in every form (`python -m engine.bench gemv`, figures in
-  docs/quantization.md); under the torch reference, for up to OURS_ROWS rows, past them that fp32 GEMM
-  (`WO_DEQUANT_FP32`). The integer kernels' form
+  in the forms of EVERY_ROW_FORMS (a long prompt too: faster than the fp32 GEMM over the dequantized
+  weights at every row count measured); in the AVX2 form and under the torch reference, for up to
+  OURS_ROWS rows, past them that fp32 GEMM (`WO_DEQUANT_FP32`). The integer kernels' form
   (`w8a_form`) by rule, the best of cpu_qdot.ISAS the capabilities allow (AVX-512 VNNI 512-bit, its
   256-bit form, AVX-VNNI, AVX2), else the torch reference (no AVX2, no compiler, a switch off); the
   runner tells the layers the form;
@@ -59,6 +58,11 @@ from engine.runtime import eager
 from engine.runtime.plan_types import ALL, ONE_ROW_NAMES, ROLES, Decision, LinearPlan, Plan
 
 OURS_ROWS = 256  # our fp32 kernel serves a sequence of up to this many rows: every prompt chunk the scheduler makes
+# The w8a forms whose integer kernels beat the fp32 GEMM over the dequantized weights at every row count measured,
+# so they take a long prompt's rows too: the vpdpbusd ones. The AVX2 form (vpmaddubsw) lost to it at 1,400 rows
+# with int8 weights, so under it a long prompt keeps that GEMM (`python -m engine.bench gemv`: `dequant-fp32`;
+# docs/quantization.md).
+EVERY_ROW_FORMS = ("avx512-vnni", "avx512-vnni-256", "avx-vnni")
 PACKED_FP32_MAX = 128  # fp32 rows from 2 up to this through the packed copy; longer prefills through MKL
 ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
 KERNELS_MARGIN = 1.1  # torch's weight-only kernels only where a step through them is this much faster
@@ -173,7 +177,7 @@ def _is_bnb(m) -> bool:
 def _linear_plan(m, dev, caps, one_row, wo, ours_builds, form: str | None = None) -> LinearPlan:
     """The table (module docstring) for one projection; `form`: the w8a layers' (Plan.w8a_form)."""
     if getattr(m, "int8_activations", False):  # engine/quant/w8a.py: CPU only; its rows get their alone bits
-        if dev != "cpu" or form is not None:
+        if dev != "cpu" or form in EVERY_ROW_FORMS:
             return LinearPlan(((ALL, Kernel.WO_INT8ACT),), exact=True)
         return LinearPlan(((OURS_ROWS, Kernel.WO_INT8ACT), (ALL, Kernel.WO_DEQUANT_FP32)), exact=True)
     if isinstance(m, WeightOnlyLinear):
