@@ -116,8 +116,9 @@ TEACHING = {
                    "prompt set, and after B's first reply the engine measures its top-1 agreement with the loaded "
                    "weights once (engine info; the next request waits for it in its queue). The first token: B's "
                    "first turn also quantizes the weights (setup, inside TTFT): run the pair again for the TTFT that "
-                   "follows. Past 256 prompt tokens B prefills through the fp32 GEMM over dequantized weights, where "
-                   "its first token can cost more than A's.",
+                   "follows. A long prompt's prefill runs the same integer kernels on CPUs with VNNI; with AVX2 "
+                   "only, past 256 prompt tokens it takes the fp32 GEMM over dequantized weights, where B's first "
+                   "token can cost more than A's (engine info's kernels say which).",
         "set": "open_questions", "item": 2,
         "a": {"quantization": None}, "b": {"quantization": QUANT_VARIANT},
         "needs_variant": QUANT_VARIANT,  # and its integer kernels (ui/compare/tab.py preset_missing)
