@@ -48,13 +48,14 @@ def _projections(blk) -> tuple:
 
 def _kind(lin, form: str | None) -> tuple[int, int] | None:
     """(kind, form code) of a projection the loop runs (cpu_layers.cpp: 0 fp32 panels, 1 int8w8a, 2 int4w8a),
-    None where it cannot. The w8a layers are known by their attributes (engine/quant/w8a.py: quant is above);
+    None where it cannot. The w8a layers are known by their attributes (engine/quant/w8a.py: int8_activations,
+    KIND and WEIGHTS, declared there once; quant is above);
     `form` is the plan's for them (Plan.w8a_form; None: the torch reference, which the loop does not run)."""
     if plain_fp32_cpu(lin):
         return 0, 0
     if not getattr(lin, "int8_activations", False) or form is None:
         return None
-    return (1 if hasattr(lin, "weight_int8") else 2), cpu_qdot.ISAS[form][0]
+    return lin.KIND, cpu_qdot.ISAS[form][0]
 
 
 def loop_kind(model, form: str | None) -> tuple[int, int] | None:
@@ -63,9 +64,6 @@ def loop_kind(model, form: str | None) -> tuple[int, int] | None:
     before it gives a model the C++ loop."""
     kinds = {_kind(lin, form) for blk in model.blocks for lin in _projections(blk)}
     return next(iter(kinds)) if len(kinds) == 1 and None not in kinds else None
-
-
-_TENSORS = {1: ("weight_int8", "scale"), 2: ("weight_q4",)}  # a w8a layer's (its WEIGHTS), by kind
 
 
 def layer_weights(model, form: str | None) -> tuple | None:
@@ -95,7 +93,7 @@ def layer_weights(model, form: str | None) -> tuple | None:
         else:  # every one a w8a layer of the first one's class
             if not all(type(lin) is cls for lin in lins):
                 return None
-            tensors = [[lin._buffers[name] for name in _TENSORS[kind]] for lin in lins]
+            tensors = [[lin._buffers[name] for name in lin.WEIGHTS] for lin in lins]
             bias = [lin._buffers["bias"] for lin in lins]
         weights += [mods["attn_norm"]._parameters["weight"], *tensors[0], *tensors[1],
                     mods["mlp_norm"]._parameters["weight"], *tensors[2], *tensors[3]]

@@ -176,12 +176,12 @@ def int4_w8a(x: torch.Tensor, rows: torch.Tensor, isa: str | None) -> torch.Tens
     return torch.ops.latency_lab_gemv.qdot_int4(x, rows, ISAS[isa][0])
 
 
-def normed_w8a(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weights: list[torch.Tensor],
+def normed_w8a(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weights: list[torch.Tensor], kind: int,
                bias: torch.Tensor | None, isa: str) -> torch.Tensor:
-    """rms_norm(x [M, K] fp32, norm_weight, eps) times a w8a layer's weights ([w, scale]: int8; [rows]: 4-bit),
-    plus bias, in form `isa`: the norm folded into the activations' quantizer (cpu_fused.cpp qdot_project),
-    so the normed rows are never written out; the same bits as torch's rms_norm, then int8_w8a / int4_w8a."""
-    kind = 1 if len(weights) == 2 else 2
+    """rms_norm(x [M, K] fp32, norm_weight, eps) times a w8a layer's weights (its WEIGHTS; `kind` its KIND: 1
+    int8 [w, scale], 2 4-bit [rows]), plus bias, in form `isa`: the norm folded into the activations'
+    quantizer (cpu_fused.cpp qdot_project), so the normed rows are never written out; the same bits as
+    torch's rms_norm, then int8_w8a / int4_w8a."""
     return torch.ops.latency_lab_gemv.qdot_project(x, norm_weight, eps, None, weights, kind, ISAS[isa][0], bias, None)
 
 

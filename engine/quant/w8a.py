@@ -94,8 +94,8 @@ class _W8ALinear(WeightOnlyLinear):
         `head_norm`: the final norm and lm_head of a decode step, engine/runtime/eager.py): the same bits as
         ours_product(norm(x)), without the normed rows in memory nor a call per op. [rows, out] fp32."""
         x = x.reshape(-1, self.in_features).contiguous()
-        return cpu_qdot.normed_w8a(x, norm.weight, norm.eps, [self._buffers[n] for n in self.WEIGHTS], self.bias,
-                                   self.isa)
+        return cpu_qdot.normed_w8a(x, norm.weight, norm.eps, [self._buffers[n] for n in self.WEIGHTS], self.KIND,
+                                   self.bias, self.isa)
 
     forward = ours_product  # its only layout is the integer kernels' (the transformers forward calls this)
 
@@ -118,6 +118,7 @@ class Int8W8ALinear(_W8ALinear):
     """y = x @ (W_int8 * scale).T + b with x quantized to int8 per block of 32."""
 
     WEIGHTS = ("weight_int8", "scale")  # what a product reads (the C++ layer loop too)
+    KIND = 1  # the integer kernels' code for these weights (cpu_qdot_ops.h product, cpu_layers.cpp)
 
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(weight_int8.shape[1], weight_int8.shape[0], bias)
@@ -140,6 +141,7 @@ class Int4W8ALinear(_W8ALinear):
     """4-bit weights (int4wo's asymmetric groups of 32) times x quantized to int8 per block of 32."""
 
     WEIGHTS = ("weight_q4",)
+    KIND = 2
 
     def __init__(self, rows: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(rows.shape[1] * 8 // 5, rows.shape[0], bias)
