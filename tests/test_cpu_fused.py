@@ -41,6 +41,21 @@ def test_a_normed_projection_is_rms_norm_then_the_product_bit_for_bit(kind, rows
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("hidden", [960, 2080, 4128])
+def test_a_normed_projection_sums_its_squares_in_torchs_order_at_every_width(hidden):
+    # The norm sums x * x in at::sum's own order (cpu_qdot_quant.cpp torch_row_sum), which here must be
+    # the fast way, not at::sum itself; widths that reach its cascade and its scalar tail.
+    assert torch.ops.latency_lab_gemv.qdot_sum_lanes() in (8, 16)
+    isa = cpu_qdot.best_form(capabilities.detect())
+    gen = torch.Generator().manual_seed(hidden)
+    x = torch.randn(3, hidden, generator=gen) * torch.logspace(-3, 2, hidden)
+    norm = torch.randn(hidden, generator=gen)
+    w = _weights(2, 64, hidden)
+    want = _plain(F.rms_norm(x, (hidden,), norm, 1e-6), w, 2, isa)
+    got = torch.ops.latency_lab_gemv.qdot_project(x, norm, 1e-6, None, w, 2, cpu_qdot.ISAS[isa][0], None, None)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("kind", [1, 2])
 @pytest.mark.parametrize("rows", [1, 3, 40])
 def test_a_gated_projection_is_silu_times_up_then_the_product_bit_for_bit(kind, rows):

@@ -33,7 +33,6 @@ struct Quantized {  // one allocation: xq [rows, kp], then xs, xsum [rows, gp] f
 struct Scratch {
   at::Tensor bytes;    // the quantized activations: uint8, at least M * Quantized::bytes(Layout(K, true))
   at::Tensor squares;  // the norm's x * x: fp32 [M, K] (the norm's K)
-  at::Tensor sums;     // their row sums: fp32 [M]
   at::Tensor gated;    // silu(gate): fp32 [M, K] (the gated projection's K)
 };
 

@@ -9,15 +9,17 @@
 // engine/kernels/cpu_qdot.py `quantize_reference` is the same arithmetic in torch (tested bit for bit:
 // q and s; the sum up to its order).
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/mul.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#include <torch/library.h>
 
 #include "cpu_qdot_ops.h"
 
@@ -72,6 +74,74 @@ struct Product {  // a * b, each with its own row stride
       v[j] = rounded(_mm256_mul_ps(_mm256_loadu_ps(a + m * sa + k + 8 * j), _mm256_loadu_ps(b + m * sb + k + 8 * j)));
   }
 };
+
+// torch's sum of a contiguous fp32 row, in its own order (at::sum's CPU kernel, SumKernel.cpp:
+// vectorized_inner_sum over row_sum over multi_row_sum): `lanes`-wide vectors summed 4 at a time into 4
+// accumulators, cascaded every 16 (or more) rows of 4 vectors, the leftover vectors into the first, the 4
+// summed in order, then the scalars past the last whole vector, then the lanes, in order; the output
+// starts at 0. Why not at::sum itself: for a decode step's one row its reduction set-up costs ~3 us a
+// call, 61 calls a step (the norms before every q/k/v and gate/up product, and the head's), ~5% of an
+// int4w8a+head8 step at context 256 (2 threads, AMD EPYC Zen 4).
+float torch_row_sum(const float* x, int64_t K, int lanes) {
+  constexpr int kLevels = 4, kIlp = 4, kMaxLanes = 16;
+  const int64_t vecs = K / lanes, n = vecs / kIlp;
+  int64_t ceil_log2 = 1;
+  if (n > 2) ceil_log2 = 64 - __builtin_clzll(static_cast<uint64_t>(n - 1));
+  const int64_t power = std::max<int64_t>(4, ceil_log2 / kLevels), step = int64_t{1} << power, mask = step - 1;
+  float acc[kLevels][kIlp][kMaxLanes] = {};
+  auto add = [&](int64_t i) {  // "row" i: vectors 4i .. 4i + 3
+    for (int k = 0; k < kIlp; ++k)
+      for (int l = 0; l < lanes; ++l) acc[0][k][l] += x[(kIlp * i + k) * lanes + l];
+  };
+  int64_t i = 0;
+  while (i + step <= n) {
+    for (int64_t j = 0; j < step; ++j, ++i) add(i);
+    for (int j = 1; j < kLevels; ++j) {
+      for (int k = 0; k < kIlp; ++k)
+        for (int l = 0; l < lanes; ++l) acc[j][k][l] += acc[j - 1][k][l], acc[j - 1][k][l] = 0.f;
+      if ((i & (mask << (j * power))) != 0) break;
+    }
+  }
+  for (; i < n; ++i) add(i);
+  for (int j = 1; j < kLevels; ++j)
+    for (int k = 0; k < kIlp; ++k)
+      for (int l = 0; l < lanes; ++l) acc[0][k][l] += acc[j][k][l];
+  for (int64_t v = kIlp * n; v < vecs; ++v)
+    for (int l = 0; l < lanes; ++l) acc[0][0][l] += x[v * lanes + l];
+  for (int k = 1; k < kIlp; ++k)
+    for (int l = 0; l < lanes; ++l) acc[0][0][l] += acc[0][k][l];
+  float total = 0.f;
+  for (int64_t k = vecs * lanes; k < K; ++k) total += x[k];
+  for (int l = 0; l < lanes; ++l) total += acc[0][0][l];
+  return 0.f + total;
+}
+
+// The vector width at which torch_row_sum gives at::sum's bits in this process (its kernel's width is
+// not the CPU's: torch 2.13 sums with 8 lanes where it dispatches AVX-512), found once by summing
+// probe rows both ways; 0 where neither width matches (another torch): then at::sum itself serves.
+int probe_lanes() {
+  uint32_t seed = 12345;
+  std::vector<float> row(4136);
+  for (int lanes : {8, 16}) {
+    bool same = true;
+    for (int64_t K : {576, 1000, 4136}) {
+      for (int64_t k = 0; k < K; ++k) {  // squares of a wide range, as a norm sums
+        seed = seed * 1664525u + 1013904223u;
+        const float v = (static_cast<float>(seed >> 8) / 16777216.f - 0.5f) * std::exp2(static_cast<float>(k % 23) - 11.f);
+        row[k] = v * v;
+      }
+      const float want = at::sum(at::from_blob(row.data(), {K}), 0).item<float>();
+      same = same && torch_row_sum(row.data(), K, lanes) == want;
+    }
+    if (same) return lanes;
+  }
+  return 0;
+}
+
+int sum_lanes() {
+  static const int lanes = probe_lanes();
+  return lanes;
+}
 
 template <typename Src>
 void quantize_rows(const Src& src, int64_t M, const Layout& L, const Quantized& q) {
@@ -148,21 +218,25 @@ Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double 
   check_rows(x, "x");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == K && weight.scalar_type() == at::kFloat, "norm weight: fp32 [K]");
-  // torch's rms_norm in fp32: mean(x^2) as sum / K (its own sum: the summation order is torch's), then
-  // rsqrt(mean + float(eps)) = 1 / sqrt(...), exactly (tests/test_cpu_fused.py holds it to the bits); the
-  // _out forms where the caller keeps their buffers (the same kernels, the same bits)
-  at::Tensor ss;
-  if (s && s->squares.defined() && s->sums.defined()) {
-    at::Tensor squares = s->squares;
-    const int64_t row = 1;
-    ss = s->sums;
-    at::sum_out(ss, at::mul_out(squares, x, x), at::IntArrayRef(row));
-  } else {
-    ss = at::sum(at::mul(x, x), {1});
-  }
+  // torch's rms_norm in fp32: mean(x^2) as sum / K (the sum in torch's order: torch_row_sum), then
+  // rsqrt(mean + float(eps)) = 1 / sqrt(...), exactly (tests/test_cpu_fused.py holds it to the bits);
+  // x * x into the caller's buffer where it keeps one
+  at::Tensor squares = s && s->squares.defined() ? s->squares : at::empty({M, K}, x.options());
+  TORCH_CHECK(squares.is_contiguous() && squares.numel() >= M * K, "scratch squares: contiguous, at least M x K");
+  float* sq = squares.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  const int lanes = sum_lanes();
   std::vector<float> r(M);
-  const float* sp = ss.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) r[m] = 1.f / std::sqrt(sp[m] / static_cast<float>(K) + static_cast<float>(eps));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = xp + m * x.stride(0);
+    for (int64_t k = 0; k < K; k += 8) {
+      const __m256 v = _mm256_loadu_ps(row + k);
+      _mm256_storeu_ps(sq + m * K + k, rounded(_mm256_mul_ps(v, v)));
+    }
+    const float sum = lanes ? torch_row_sum(sq + m * K, K, lanes)
+                            : at::sum(at::from_blob(sq + m * K, {K}), 0).item<float>();
+    r[m] = 1.f / std::sqrt(sum / static_cast<float>(K) + static_cast<float>(eps));
+  }
   Quantized q = allocate(x, M, K, true, s);
   quantize_rows(Normed{x.data_ptr<float>(), r.data(), weight.data_ptr<float>(), x.stride(0)}, M, q.L, q);
   return q;
@@ -177,4 +251,10 @@ Quantized quantize_product(const at::Tensor& a, const at::Tensor& b, const Scrat
   return q;
 }
 
+int64_t sum_lanes_op() { return sum_lanes(); }
+
 }  // namespace qdot
+
+TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
+  m.def("qdot_sum_lanes() -> int", &qdot::sum_lanes_op);  // the tests: which way the norms sum here
+}
