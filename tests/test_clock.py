@@ -152,6 +152,26 @@ def test_bench_quant_steps_times_each_step_between_done_stamps_on_the_models_dev
     assert set(model.inputs) == {META}  # the ids too are on the model's device
 
 
+def test_bench_quant_steps_counterbalances_the_models_turns():
+    from engine.bench.quant_steps import step_times
+
+    turns = []
+
+    class Fake:  # a model-like that records whose turn each step was
+        def __init__(self, name):
+            self.name = name
+
+        def new_cache(self, capacity):
+            return type("Cache", (), {"crop": lambda self, n: None})()
+
+        def forward(self, ids, cache):
+            if len(ids) == 1:
+                turns.append(self.name)
+
+    step_times({n: Fake(n) for n in "abc"}, context=4, rounds=3, steps=2, device=torch.device("cpu"))
+    assert "".join(turns) == "aabbcc" "ccbbaa" "aabbcc"
+
+
 def test_bench_verify_feeds_the_models_device_and_stamps_it(own_tiny, monkeypatch, waits):
     from engine.bench import verify
 

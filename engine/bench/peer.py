@@ -6,7 +6,8 @@ install llama-cpp-python`, then `--peer-python /tmp/llama-venv/bin/python`. It l
 GGUF (Q4_1) itself; we load the same file dequantized. Both get the prompts as the same token ids
 (our tokenizer, the model's chat template) and decode greedily.
 
-Figures per engine, medians over alternating rounds (ours, then the peer, in each round):
+Figures per engine, medians over alternating rounds (ours, then the peers; every other round in the
+reverse order, so that no engine always runs after the same one):
 - decode tok/s after a short prompt, and after a ~1,500-token prompt; beside each, the CPU time per
   decoded token (the process's, all its threads, spinning included: between the first and the last
   token), which a machine shared with other work disturbs far less than the wall clock;
@@ -65,7 +66,7 @@ print(json.dumps(out))
 def add_args(p):
     p.add_argument("--peer-python", default=os.environ.get("LLAMA_CPP_PYTHON", "/tmp/llama-venv/bin/python"),
                    help="the python of a venv with llama-cpp-python installed")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, then llama.cpp)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, then the peers; every other round reversed)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens decoded per measured reply")
     p.add_argument("--warm-tokens", type=int, default=8, help="tokens generated in the warm-TTFT turn")
     p.add_argument("--compare-variants", default="",
@@ -183,12 +184,12 @@ def run(args, out):
             configs[f"{label} compiled"] = (served, True)
     ort_jobs = peer_ort.jobs(args, job)
     runs = {"llama.cpp": [], **{name: [] for name in ort_jobs}, **{name: [] for name in configs}}
-    for r in range(args.rounds):
-        for name, (loaded, compiled) in configs.items():
-            runs[name].append(ours(loaded, ids, args, compiled))
-        runs["llama.cpp"].append(peer(args, job))
-        for name, ort_job in ort_jobs.items():
-            runs[name].append(peer_ort.run_peer(args, ort_job))
+    turns = [(name, lambda c=c: ours(c[0], ids, args, c[1])) for name, c in configs.items()]
+    turns += [("llama.cpp", lambda: peer(args, job))]
+    turns += [(name, lambda j=j: peer_ort.run_peer(args, j)) for name, j in ort_jobs.items()]
+    for r in range(args.rounds):  # counterbalanced: every other round in the reverse order
+        for name, run in turns if r % 2 == 0 else turns[::-1]:
+            runs[name].append(run())
         out(f"  round {r + 1}: " + "; ".join(
             f"{name} decode {x[-1]['short']['decode_tps']:.1f} tok/s, warm TTFT {x[-1]['warm']['ttft_ms']:.0f} ms"
             for name, x in runs.items()))

@@ -41,7 +41,8 @@ def run(args, out):
 def step_times(models: dict, context: int, rounds: int, steps: int, device) -> dict[str, list[float]]:
     """Seconds of single decode steps at `context` cached tokens, per model-like (`new_cache`,
     `forward(ids, cache)`: a runner, a bench Stepper), the models taking
-    turns round after round so that each sees the same machine state (the cache is cropped back
+    turns round after round, in the reverse order every other round, so that none always follows the
+    same one and each sees the same machine state (the cache is cropped back
     after each step, so every step has the same context). Each step lies between two done-stamps
     on `device` (engine/core/clock.py): the work, not its launch."""
     ids = torch.arange(100, 100 + context, device=device)
@@ -50,8 +51,9 @@ def step_times(models: dict, context: int, rounds: int, steps: int, device) -> d
         caches[name] = m.new_cache(context + 2)
         m.forward(ids, caches[name])
     times = {name: [] for name in models}
-    for _ in range(rounds):
-        for name, m in models.items():
+    turns = list(models.items())
+    for r in range(rounds):  # counterbalanced: each round reverses the last one's order (ABC, CBA, ...)
+        for name, m in turns if r % 2 == 0 else turns[::-1]:
             for _ in range(steps):
                 t0 = clock.done_s(device)
                 m.forward(ids[:1], caches[name])
