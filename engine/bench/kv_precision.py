@@ -110,6 +110,7 @@ def run(args, out):
     for label, stepper in steppers.items() if speed else ():
         kv, t, c = stepper.kv, speed[label], cpu[label]
         model = "model" + label[len(kv):]  # the model-dtype cache through the same loop
+        long_bytes, weight_bytes = (bytes_read_per_step(runner.model, n, kv) for n in (context, 0))
         rows[label] = {**(quality[kv] if label == kv else {}),
                        "decode_tps_short": round(1 / median(t["short"]), 1),
                        "decode_tps_long": round(1 / median(t["long"]), 1),
@@ -119,9 +120,8 @@ def run(args, out):
                        "long_vs_model_long_cpu": round(paired(cpu[model]["long"], c["long"], args.steps), 3),
                        "cpu_ms_short": round(1e3 * median(c["short"]), 2),
                        "cpu_ms_long": round(1e3 * median(c["long"]), 2),
-                       "mb_per_step_long": round(bytes_read_per_step(runner.model, context, kv) / 1e6, 1),
-                       "kv_mb_long": round((bytes_read_per_step(runner.model, context, kv)
-                                            - bytes_read_per_step(runner.model, 0, kv)) / 1e6, 1),
+                       "mb_per_step_long": round(long_bytes / 1e6, 1),
+                       "kv_mb_long": round((long_bytes - weight_bytes) / 1e6, 1),
                        "bytes_bound": round(bytes_bound(runner.model, len(short_ids), len(ids[0]), kv), 3)}
     for kv in list(steppers) if speed else kinds:
         q = rows[kv] if kv in rows else rows.setdefault(kv, dict(quality[kv]))
