@@ -56,6 +56,14 @@ def test_a_normed_projection_sums_its_squares_in_torchs_order_at_every_width(hid
     assert torch.equal(got, want)
 
 
+def test_a_normed_projection_refuses_inputs_not_in_whole_blocks():
+    isa = cpu_qdot.best_form(capabilities.detect())
+    w = _weights(2, 64, 576)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.latency_lab_gemv.qdot_project(torch.randn(2, 100), torch.ones(100), 1e-6, None, w, 2,
+                                                cpu_qdot.ISAS[isa][0], None, None)
+
+
 @pytest.mark.parametrize("kind", [1, 2])
 @pytest.mark.parametrize("rows", [1, 3, 40])
 def test_a_gated_projection_is_silu_times_up_then_the_product_bit_for_bit(kind, rows):

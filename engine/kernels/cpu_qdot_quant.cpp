@@ -221,6 +221,7 @@ Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double 
   // torch's rms_norm in fp32: mean(x^2) as sum / K (the sum in torch's order: torch_row_sum), then
   // rsqrt(mean + float(eps)) = 1 / sqrt(...), exactly (tests/test_cpu_fused.py holds it to the bits);
   // x * x into the caller's buffer where it keeps one
+  Quantized q = allocate(x, M, K, true, s);  // first: it checks K (a multiple of the 32-wide blocks)
   at::Tensor squares = s && s->squares.defined() ? s->squares : at::empty({M, K}, x.options());
   TORCH_CHECK(squares.is_contiguous() && squares.numel() >= M * K, "scratch squares: contiguous, at least M x K");
   float* sq = squares.data_ptr<float>();
@@ -237,7 +238,6 @@ Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double 
                             : at::sum(at::from_blob(sq + m * K, {K}), 0).item<float>();
     r[m] = 1.f / std::sqrt(sum / static_cast<float>(K) + static_cast<float>(eps));
   }
-  Quantized q = allocate(x, M, K, true, s);
   quantize_rows(Normed{x.data_ptr<float>(), r.data(), weight.data_ptr<float>(), x.stride(0)}, M, q.L, q);
   return q;
 }
