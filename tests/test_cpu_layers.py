@@ -210,3 +210,24 @@ def test_caches_at_every_precision_run_in_the_cpp_loop_with_the_python_loops_bit
     assert all(torch.equal(a, b) for a, b in zip(cpp[-1], python[-1]))  # one int8 sequence alone
     int8_kv = cpp[2][1]
     assert int8_kv[0].dtype == torch.int8 and int8_kv[2].dtype == torch.float32  # values and scales compared
+
+
+@needs_kernels
+def test_a_w8a_decode_step_gives_the_same_bits_with_its_held_team_or_one_thread(bundled, monkeypatch):
+    """With more than one thread a w8a decode step holds one OpenMP team for its layers (cpu_tiles.h Team),
+    its tiles and attention tasks shared among the team; with one thread there is no team. Which thread
+    computes a tile never changes its bits."""
+    from engine.serving.variants import build
+
+    model = build(bundled, "int4w8a+head8")[0].model
+    _layers(monkeypatch, True)
+    runner = _runner(model)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        team = _alone_run(runner) + _alone_run(runner, "int8")
+        torch.set_num_threads(1)
+        alone = _alone_run(runner) + _alone_run(runner, "int8")
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(team, alone))

@@ -30,6 +30,7 @@
 #include <torch/library.h>
 
 #include "cpu_attention.h"
+#include "cpu_tiles.h"
 
 namespace {
 
@@ -134,23 +135,21 @@ at::Tensor attend_caches(const at::Tensor& q, const at::Tensor& k_new, const at:
   }
   const int64_t T = static_cast<int64_t>(tasks.size()), stride = G * (D + 2);
   std::vector<float> partials(T * stride);
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(G * kChunk);
-    for (int64_t t = t0; t < t1; ++t) {
-      const Task& tk = tasks[t];
-      const int64_t cap = k_caches[tk.seq].size(3);
-      const float* qs[kMaxGroup];
-      for (int64_t g = 0; g < G; ++g)
-        qs[g] = q.data_ptr<float>() + rows[tk.seq] * q.stride(0) + (tk.head * G + g) * q.stride(1);
-      const E* k = kp[tk.seq] + tk.head * cap * D;
-      const E* v = vp[tk.seq] + tk.head * cap * D;
-      const float* ks = kInt8 ? ksp[tk.seq] + tk.head * cap : nullptr;
-      const float* vs = kInt8 ? vsp[tk.seq] + tk.head * cap : nullptr;
-      by_group(G, [&](auto g) {
-        attend_chunk<decltype(g)::value, E>(qs, k, v, ks, vs, D, tk.begin, tk.end, static_cast<float>(scale),
-                                            scores.data(), partials.data() + t * stride);
-      });
-    }
+  tiles::run(T, [&](int64_t t) {  // the tasks shared out as tiles (cpu_tiles.h: a layer loop's team, if any)
+    alignas(64) float scores[kMaxGroup * kChunk];
+    const Task& tk = tasks[t];
+    const int64_t cap = k_caches[tk.seq].size(3);
+    const float* qs[kMaxGroup];
+    for (int64_t g = 0; g < G; ++g)
+      qs[g] = q.data_ptr<float>() + rows[tk.seq] * q.stride(0) + (tk.head * G + g) * q.stride(1);
+    const E* k = kp[tk.seq] + tk.head * cap * D;
+    const E* v = vp[tk.seq] + tk.head * cap * D;
+    const float* ks = kInt8 ? ksp[tk.seq] + tk.head * cap : nullptr;
+    const float* vs = kInt8 ? vsp[tk.seq] + tk.head * cap : nullptr;
+    by_group(G, [&](auto g) {
+      attend_chunk<decltype(g)::value, E>(qs, k, v, ks, vs, D, tk.begin, tk.end, static_cast<float>(scale),
+                                          scores, partials.data() + t * stride);
+    });
   });
   at::Tensor out = into;
   if (out.defined()) {

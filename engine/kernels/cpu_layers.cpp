@@ -29,6 +29,7 @@
 
 #include "cpu_attention.h"
 #include "cpu_qdot_ops.h"
+#include "cpu_tiles.h"
 
 namespace {
 
@@ -170,7 +171,7 @@ at::Tensor batch_layers(const at::Tensor& x0, const at::Tensor& cos, const at::T
   Workspace ws(x0, outs, H, KV, D, q_size, kv_size, w8a);
   const qdot::Scratch* scratch = &ws.scratch;
   const at::Tensor none;
-  for (int64_t i = 0; i < L; ++i) {
+  auto layer = [&](int64_t i) {
     const at::Tensor* w = weights.data() + per * i;  // [attn norm, qkv (T), o (T), mlp norm, gate/up (T), down (T)]
     const at::Tensor *qkv_w = w + 1, *o_w = w + 1 + T, &mlp_norm = w[1 + 2 * T], *gate_up_w = w + 2 + 2 * T,
                      *down_w = w + 2 + 3 * T;
@@ -201,13 +202,25 @@ at::Tensor batch_layers(const at::Tensor& x0, const at::Tensor& cos, const at::T
       qdot::project_into(ws.attn_rows, nullptr, eps, nullptr, o_w, kind, isa, given(1), ws.x, scratch, ws.x);
       qdot::project_into(ws.x, &mlp_norm, eps, nullptr, gate_up_w, kind, isa, given(2), none, scratch, ws.gate_up);
       qdot::project_into(ws.gate, nullptr, eps, &ws.up, down_w, kind, isa, given(3), ws.x, scratch, ws.x);
-      continue;
+      return;
     }
     ws.x.add_(mm(ws.attn_rows, o_w, outs[1], bias(1), how));
     at::Tensor gate_up = mm(at::rms_norm(ws.x, {hidden}, mlp_norm, eps), gate_up_w, outs[2], bias(2), how);
     auto halves = gate_up.chunk(2, -1);
     ws.x.add_(mm(at::mul(at::silu(halves[0]), halves[1]), down_w, outs[3], bias(3), how));
-  }
+  };
+  auto layers = [&] {
+    for (int64_t i = 0; i < L; ++i) layer(i);
+  };
+  // A w8a decode step (one row block, one attention group) holds one OpenMP team for all its layers
+  // (cpu_tiles.h Team): its ~150 small parallel calls no longer each open a parallel region. The same
+  // calls, the same tiles, the same bits.
+  const bool team = w8a && others.empty() && groups.size() == 1 && ws.x.size(0) <= qdot::kMaxRows &&
+                    at::get_num_threads() > 1 && !at::in_parallel_region();
+  if (team)
+    tiles::Team::lead(at::get_num_threads(), layers);
+  else
+    layers();
   return ws.x.view({1, ws.x.size(0), hidden});
 }
 

@@ -15,9 +15,12 @@
 #pragma once
 #include <ATen/Parallel.h>
 
+#include <c10/util/FunctionRef.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 
 namespace tiles {
 
@@ -31,9 +34,36 @@ inline int64_t size(int64_t units, bool one_block, int64_t many, int64_t least) 
   return std::max(least, (units + parts - 1) / parts);
 }
 
+// One OpenMP team held for a whole call (cpu_layers.cpp: a decode step's layer loop), so that its many
+// small parallel calls do not each open and close a parallel region (0.67 us a region, 2 threads, AMD EPYC
+// Zen 4: ~0.1 ms of an int4w8a+head8 step's 151; docs/quantization.md). The caller's thread leads: it runs
+// `body` alone, and every run() it makes there (tiles::run below) is served by the team's other threads,
+// which wait spinning between calls, as OpenMP's own do between regions. Which thread computes a tile
+// still never changes its bits.
+class Team {
+ public:
+  // body() on the calling thread with `threads` (at most; fewer where OpenMP gives fewer) serving its
+  // run() calls; an exception body throws is rethrown here after the team has stopped.
+  static void lead(int threads, c10::function_ref<void()> body);
+  static Team* current();  // the team the calling thread leads, or null
+  void run(int64_t count, c10::function_ref<void(int64_t)> tile);
+
+ private:
+  static constexpr uint64_t kStop = ~uint64_t{0};
+  void serve();
+  alignas(64) std::atomic<uint64_t> posted_{0};  // the latest call's number; kStop: the body returned
+  alignas(64) std::atomic<int64_t> next_{0};     // the current call's next tile
+  alignas(64) std::atomic<int> done_{0};         // helpers finished with the current call
+  c10::function_ref<void(int64_t)>* tile_ = nullptr;
+  int64_t count_ = 0;
+  uint64_t calls_ = 0;
+  int helpers_ = 0;
+};
+
 // tile(t) for t in [0, count), each exactly once, by whichever thread takes it.
 template <typename Tile>
 void run(int64_t count, Tile&& tile) {
+  if (Team* team = Team::current()) return team->run(count, tile);
   alignas(64) std::atomic<int64_t> next{0};  // its own cache line: the caller's stack beside it is written
   at::parallel_for(0, std::min<int64_t>(count, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     for (int64_t t = next.fetch_add(1); t < count; t = next.fetch_add(1)) tile(t);
