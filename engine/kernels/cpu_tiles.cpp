@@ -45,7 +45,7 @@ void Team::run(int64_t count, c10::function_ref<void(int64_t)> tile) {
   next_.store(0, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   posted_.store(++calls_, std::memory_order_release);  // the helpers start
-  for (int64_t t = next_.fetch_add(1); t < count; t = next_.fetch_add(1)) tile(t);
+  take(next_, count, tile);
   while (done_.load(std::memory_order_acquire) < helpers_) _mm_pause();
 }
 
@@ -59,8 +59,7 @@ void Team::serve() {
     }
     if (posted == kStop) return;
     seen = posted;
-    const int64_t count = count_;
-    for (int64_t t = next_.fetch_add(1); t < count; t = next_.fetch_add(1)) (*tile_)(t);
+    take(next_, count_, *tile_);
     done_.fetch_add(1, std::memory_order_release);
   }
 }

@@ -34,6 +34,13 @@ inline int64_t size(int64_t units, bool one_block, int64_t many, int64_t least) 
   return std::max(least, (units + parts - 1) / parts);
 }
 
+// tile(t) for every t in [0, count) a shared counter `next` hands out: what each thread of a parallel call
+// runs, whichever thread it is (tiles::run below, and Team's leader and helpers in cpu_tiles.cpp).
+template <typename Tile>
+inline void take(std::atomic<int64_t>& next, int64_t count, Tile&& tile) {
+  for (int64_t t = next.fetch_add(1); t < count; t = next.fetch_add(1)) tile(t);
+}
+
 // One OpenMP team held for a whole call (cpu_layers.cpp: a decode step's layer loop), so that its many
 // small parallel calls do not each open and close a parallel region (0.67 us a region, 2 threads, AMD EPYC
 // Zen 4: ~0.1 ms of an int4w8a+head8 step's 151; docs/quantization.md). The caller's thread leads: it runs
@@ -65,9 +72,8 @@ template <typename Tile>
 void run(int64_t count, Tile&& tile) {
   if (Team* team = Team::current()) return team->run(count, tile);
   alignas(64) std::atomic<int64_t> next{0};  // its own cache line: the caller's stack beside it is written
-  at::parallel_for(0, std::min<int64_t>(count, at::get_num_threads()), 1, [&](int64_t, int64_t) {
-    for (int64_t t = next.fetch_add(1); t < count; t = next.fetch_add(1)) tile(t);
-  });
+  at::parallel_for(0, std::min<int64_t>(count, at::get_num_threads()), 1,
+                   [&](int64_t, int64_t) { take(next, count, tile); });
 }
 
 }  // namespace tiles
