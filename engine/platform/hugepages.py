@@ -1,4 +1,5 @@
-"""Memory in transparent huge pages (2 MB) where Linux offers them, for weights a decode step streams.
+"""Memory in transparent huge pages (2 MB) where Linux offers them, for what a decode step streams: the w8a
+variants' weights (engine/quant/w8a.py) and the KV caches (engine/model/kv_cache.py).
 
 Why: a one-row product reads each weight once, so with 4 KB pages every 4 KB of weights is a TLB miss
 and a page walk, and the hardware prefetcher stops at each page's end. The quantized variants' 4-bit
