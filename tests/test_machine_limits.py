@@ -62,10 +62,10 @@ def test_device_dispatch_sizes_and_dtypes(monkeypatch):
     assert machine_limits.buffer_mib("cuda") == 1024
     assert machine_limits._inner(torch.device("cuda")) == 10 and machine_limits._inner(torch.device("cpu")) == 1
     with capabilities.forced(native_bf16=False, cuda_bf16=True):
-        assert machine_limits.probe_dtypes("fp32", "cpu") == ("fp32",)  # emulated bf16 is no roof
-        assert machine_limits.probe_dtypes("fp32", "cuda") == ("fp32", "bf16")
+        assert machine_limits.probe_dtypes("fp32", "cpu") == ("fp32", "int8")  # emulated bf16 is no roof
+        assert machine_limits.probe_dtypes("fp32", "cuda") == ("fp32", "bf16")  # int8: the CPU's w8a roof
     with capabilities.forced(native_bf16=True):
-        assert machine_limits.probe_dtypes("bf16", "cpu") == ("fp32", "bf16")
+        assert machine_limits.probe_dtypes("bf16", "cpu") == ("fp32", "bf16", "int8")
     synced = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(d))
     clock.sync(torch.device("cuda"))
@@ -88,7 +88,7 @@ def test_the_api_the_page_and_bench_bandwidth_divide_by_the_one_cached_limit(tin
 
     monkeypatch.setenv("LATENCY_LAB_CACHE", str(tmp_path))
     limits = MachineLimits(**{**FAKE.__dict__, "key": machine_limits.machine_key("cpu"),
-                              "matmul_tflops": {"fp32": 0.05, "bf16": 0.1}})
+                              "matmul_tflops": {"fp32": 0.05, "bf16": 0.1, "int8": 0.2}})
     machine_limits.save(tmp_path, limits)
     monkeypatch.setattr(machine_limits, "measure", lambda *a, **kw: pytest.fail("the cached probe must serve"))
     from engine.lab import attach
@@ -113,3 +113,15 @@ def test_the_api_the_page_and_bench_bandwidth_divide_by_the_one_cached_limit(tin
     assert result["read_gbps"] == limits.read_gbps and result["limits_date"] == limits.date
     for figures in result["variants"].values():
         assert figures["fraction_of_read"] == pytest.approx(limits.decode_fraction(figures["gbps"]), abs=2e-3)  # both rounded
+
+
+def test_the_int8_peak_is_integer_products_and_says_so():
+    """The w8a variants' roof: torch._int_mm of int8 matrices, counted in operations (TOP/s), beside fp32."""
+    probe = machine_limits.MatmulProbe(torch.device("cpu"), torch.int8, max_n=256)
+    assert probe.a.dtype == torch.int8 and probe.mm(probe.a, probe.b).dtype == torch.int32
+    assert "_int_mm" in probe.info["op"] and probe.round(0.01) > 0
+    limits = MachineLimits(key={"test": True}, measured_at="2026-12-05T09:00:00Z", copy_gbps=7.0,
+                           matmul_tflops={"fp32": 0.2, "int8": 0.8}, read_gbps=10.0)
+    assert "fp32 matmul 0.2 TFLOP/s · int8 matmul 0.8 TOP/s" in limits.summary()
+    assert machine_limits.exceeded(limits, tflops=0.5, dtype="int8") == []  # 0.5 of 0.8: no wrong limit
+    assert machine_limits.exceeded(limits, tflops=0.5, dtype="fp32") == ["matmul_fp32"]

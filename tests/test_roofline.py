@@ -192,3 +192,26 @@ def test_a_variants_memory_on_cuda_is_gpu_memory(monkeypatch):
                    "total_bytes": 141 * 2**30}
     assert gpu_models.device_bytes("cuda")["allocated"] == 16 * 2**30
     assert gpu_models.device_bytes("cpu") == {"allocated": None, "free": None, "total": None}
+
+
+def test_a_w8a_variants_prefill_is_held_to_the_int8_peak(tiny):
+    """A variant whose projections run integer dot products (Kernel.WO_INT8ACT) is measured against the
+    machine's int8 peak, not the fp32 one (against which it once read 113%): the plan says which, per
+    prefill length; where its rows take another kernel, the model's dtype stays the roof."""
+    from engine.kernels.catalogue import Kernel
+
+    limits = MachineLimits(key={"test": True}, measured_at="2026-12-05T09:00:00Z", copy_gbps=7.0,
+                           matmul_tflops={"fp32": 0.1, "int8": 0.4}, read_gbps=10.0)
+    engine = attach(Engine(tiny, max_batch=1), limits)
+    try:
+        done = engine.complete(None, GenerationConfig(temperature=0.0, max_new_tokens=4, quantization="int8w8a"),
+                               prompt_ids=list(range(100, 110)))
+        plan = engine.worker.variants.get("int8w8a").runner.plan
+    finally:
+        engine.close()
+    tl = done.timeline
+    integer = plan.linears["qkv"].kernel(10) is Kernel.WO_INT8ACT
+    assert plan.roof(10) == ("int8" if integer else None) and plan.roof(10) == plan.linears["qkv"].kernel(10).roof
+    want = 0.4 if integer else 0.1
+    assert tl.compute_dtype == ("int8" if integer else "fp32") and tl.peak_tflops == want
+    assert tl.prefill_compute_fraction == pytest.approx(tl.prefill_tflops / want)

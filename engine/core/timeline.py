@@ -62,7 +62,7 @@ class Timeline:
     context_max: int | None = None  # the model's context window (None: the backend did not say)
     # The roofline's inputs (engine/measure/roofline.py), None where unknown: work done and the machine's limits.
     weight_bytes: int | None = None  # weights of the variant that served the request
-    compute_dtype: str | None = None  # the dtype its matmuls ran in
+    compute_dtype: str | None = None  # its prefill's matmul roof: the model's dtype, or int8 (integer kernels)
     prefill_flops: float | None = None
     decode_steps: int | None = None  # target forward passes after prefill
     decode_bytes: float | None = None  # weights + KV read over those steps

@@ -33,7 +33,9 @@ from engine.platform import capabilities
 
 
 class Kernel(enum.Enum):
-    """Every kernel a projection can run on: (short name, what it is, row-invariant in fp32)."""
+    """Every kernel a projection can run on: (short name, what it is, row-invariant in fp32). `roof`: the
+    matmul peak its many-row products are held to (engine/measure/machine_limits.py): "int8" for integer
+    dot products, None for the model's own dtype."""
 
     OURS_FP32 = ("ours-fp32", "our fp32 panel kernel (engine/kernels/cpu_gemm.py)", True)
     ONEDNN_PACKED = ("onednn-packed", "oneDNN over a pre-packed weight copy", True)
@@ -49,6 +51,10 @@ class Kernel(enum.Enum):
 
     def __init__(self, short: str, what: str, row_invariant: bool):
         self.short, self.what, self.row_invariant = short, what, row_invariant
+
+    @property
+    def roof(self) -> str | None:
+        return "int8" if self is Kernel.WO_INT8ACT else None
 
 
 def run(kernel: Kernel, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,10 @@ it (`load_or_measure`). The page can run it again (a button; `Engine.remeasure_l
 - copy bandwidth (`copy_gbps`, for reference): `dst.copy_(src)` on two such buffers, bytes read +
   written per second (the STREAM "copy" convention). Writes cost more than reads, so copy < read.
 - matmul peak (`matmul_tflops[dtype]`, prefill's roof): `torch.mm` of square matrices in each dtype,
-  2·N³ FLOP per product, N grown until one product takes ≥ 20 ms.
+  2·N³ FLOP per product, N grown until one product takes ≥ 20 ms. "int8" on CPU: `torch._int_mm` (int8
+  in, int32 out; 2·N³ operations a product, tera-operations per second), the roof of the w8a variants'
+  integer dot products (Kernel.roof): their prefill against the fp32 peak read 66% at 2 threads and
+  113% at 1 where it was 16% of this one (AMD EPYC Zen 4: `torch._int_mm` 0.82 against fp32 0.19, 2 threads).
 Buffers: `buffer_mib(device)`, one definition for every caller (8× the last-level cache, at least
 256 MiB, on CPU; 1 GiB on CUDA). Every timestamp is the one clock's done-stamp (engine/core/clock.py:
 on CUDA it follows `torch.cuda.synchronize()`).
@@ -50,7 +53,7 @@ from engine.platform import capabilities
 from engine.core import clock
 
 log = logging.getLogger(__name__)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
 FILE_VERSION = 2  # 2: read bandwidth, rounds and their spread
 ROUNDS = 5
 
@@ -96,11 +99,16 @@ class MachineLimits:
         """'read N GB/s · copy N GB/s · fp32 matmul N TFLOP/s · … (measured YYYY-MM-DD; spread over 5 rounds ≤ N%)'."""
         parts = [f"read {self.read_gbps:,.1f} GB/s" if self.read_gbps else "read —",
                  f"copy {self.copy_gbps:,.1f} GB/s" if self.copy_gbps else "copy —"]
-        parts += [f"{k} matmul {v:,.3g} TFLOP/s" for k, v in self.matmul_tflops.items() if v]
+        parts += [f"{k} matmul {v:,.3g} {peak_unit(k)}" for k, v in self.matmul_tflops.items() if v]
         spreads = [d["spread"] for d in self.details.values() if isinstance(d, dict) and d.get("spread") is not None]
         rounds = max((d.get("rounds_n", 0) for d in self.details.values() if isinstance(d, dict)), default=0)
         tail = f"; rounds spread ≤ {max(spreads):.0%} over {rounds}" if spreads else ""
         return " · ".join(parts) + f" (measured {self.date}{tail})"
+
+
+def peak_unit(dtype: str) -> str:
+    """A matmul peak's unit: integer products count operations, not floating-point ones."""
+    return "TOP/s" if dtype == "int8" else "TFLOP/s"
 
 
 STALE_ABOVE = 1.0  # a step's share of a measured limit above this: the limit is stale (probed while busy)
@@ -164,7 +172,7 @@ def _limits_words(limits: MachineLimits, what: list[str]) -> str:
         else:
             dtype = name.removeprefix("matmul_")
             peak = limits.peak_tflops(dtype)
-            words.append(f"{dtype} matmul {peak:,.3g} TFLOP/s" if peak else f"{dtype} matmul —")
+            words.append(f"{dtype} matmul {peak:,.3g} {peak_unit(dtype)}" if peak else f"{dtype} matmul —")
     return ", ".join(words)
 
 
@@ -361,30 +369,34 @@ class MatmulProbe:
     def __init__(self, device: torch.device, dtype: torch.dtype, max_n: int | None = None):
         self.device = device
         max_n = max_n or (8192 if device.type == "cuda" else 2048)
+        self.mm = torch._int_mm if dtype == torch.int8 else torch.mm  # int8: int32 products, CPU and CUDA
         n = 256
         while True:
-            self.a = torch.randn(n, n, device=device).to(dtype)
-            self.b = torch.randn(n, n, device=device).to(dtype)
-            torch.mm(self.a, self.b)  # warm-up: the first product of a size pays for thread start and packing
+            self.a, self.b = (torch.randint(-127, 128, (n, n), device=device, dtype=dtype) if dtype == torch.int8
+                              else torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+            self.mm(self.a, self.b)  # warm-up: the first product of a size pays for thread start and packing
             t = clock.done_ns(device)
-            torch.mm(self.a, self.b)
+            self.mm(self.a, self.b)
             if clock.done_ns(device) - t >= 0.02e9 or n >= max_n:
                 break
             n *= 2
         self.n = n
-        self.info = {"n": n, "op": f"torch.mm {n}x{n} {dtype}"}
+        self.info = {"n": n, "op": f"{'torch._int_mm' if dtype == torch.int8 else 'torch.mm'} {n}x{n} {dtype}"}
 
     def round(self, budget_s: float) -> float:
-        best, _ = _best_of(lambda: torch.mm(self.a, self.b), self.device, budget_s)
+        best, _ = _best_of(lambda: self.mm(self.a, self.b), self.device, budget_s)
         return 2 * self.n**3 / best / 1e12
 
 
 def probe_dtypes(loaded_dtype: str, device: torch.device | str = "cpu") -> tuple[str, ...]:
-    """The dtypes worth a matmul peak: fp32, the loaded one, and bf16 where the device has it in
-    hardware (AVX512-BF16 or AMX on CPU; CUDA's bf16): emulated bf16 is no roof anyone decodes at."""
+    """The dtypes worth a matmul peak: fp32, the loaded one, bf16 where the device has it in hardware
+    (AVX512-BF16 or AMX on CPU; CUDA's bf16): emulated bf16 is no roof anyone decodes at; int8 on CPU."""
     caps = capabilities.detect()
     out = ["fp32"] + ([loaded_dtype] if loaded_dtype in DTYPES and loaded_dtype != "fp32" else [])
-    has_bf16 = caps.cuda_bf16 if torch.device(device).type == "cuda" else caps.native_bf16
+    cpu = torch.device(device).type == "cpu"
+    has_bf16 = caps.native_bf16 if cpu else caps.cuda_bf16
     if "bf16" not in out and has_bf16:
         out.append("bf16")
+    if "int8" not in out and cpu:  # the w8a variants' roof (Kernel.roof), which the page may build at any time
+        out.append("int8")
     return tuple(out)

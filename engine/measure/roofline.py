@@ -76,8 +76,8 @@ class Roofline:
         self.note: str | None = None  # what the last re-probe after such a reply found (on replies under it)
 
     def __call__(self, timeline: Timeline, variant) -> None:
-        loaded = variant.loaded
-        dtype, device = getattr(loaded, "dtype_name", None), model_device(loaded.model)
+        loaded = variant.loaded  # the roof its prefill ran under (engine/serving/work.py record), else its dtype
+        dtype, device = timeline.compute_dtype or getattr(loaded, "dtype_name", None), model_device(loaded.model)
         publish(timeline, self.limits, dtype, device)
         limits = limits_for(self.limits, device)
         step = timeline.decode_bytes / timeline.decode_steps if timeline.decode_bytes and timeline.decode_steps else None

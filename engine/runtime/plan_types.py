@@ -106,6 +106,11 @@ class Plan:
             return "transformers"
         return "+".join(dict.fromkeys(self.linears[r].kernel(rows).short for r in ROLES))
 
+    def roof(self, rows: int) -> str | None:
+        """The matmul peak a forward of `rows` rows is held to (the roofline's prefill fraction): "int8" where
+        the decoder's projections run integer dot products (Kernel.roof), None for the model's dtype."""
+        return self.linears["qkv"].kernel(rows).roof if self.runner != "transformers" else None
+
     def for_reply(self, prefill_rows: int, mode: str = "eager") -> dict:
         """A reply's timeline (`counters.kernels`): what its prefill and its decode steps ran on."""
         decode = self.used(1)

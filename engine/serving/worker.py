@@ -269,10 +269,11 @@ class Worker:
                         tl.batch_size = [1] * tl.output_tokens
                         tl.batch_prompt_tokens = [tl.prefill_tokens or 0] + [0] * (tl.output_tokens - 1) \
                             if tl.output_tokens else []  # its own prompt, in the forward of its first token
-                    work.record(tl, seq.variant.loaded.model, seq.variant.weight_bytes,  # the work it did, counted
-                                getattr(seq.variant.loaded, "dtype_name", None), seq.handle.request.config)
+                    plan = seq.variant.runner.plan  # the work it did, counted, and the matmul roof its prefill ran under
+                    roof = plan.roof(tl.prefill_tokens or 1) or getattr(seq.variant.loaded, "dtype_name", None)
+                    work.record(tl, seq.variant.loaded.model, seq.variant.weight_bytes, roof, seq.handle.request.config)
                     mode = "compiled" if tl.counters.decode_step == "compiled" else "eager"  # what served it
-                    tl.counters.kernels = seq.variant.runner.plan.for_reply(tl.prefill_tokens or 1, mode)
+                    tl.counters.kernels = plan.for_reply(tl.prefill_tokens or 1, mode)
                     self._publish(tl, seq.variant)
                     self.completed += 1
                     self.variants.record(seq.variant.name, tl)

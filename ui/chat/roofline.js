@@ -38,7 +38,7 @@ export function bars(r, G) {
   const perTok = num(r.decode_mb_per_token);
   return `<div class="lab-roof" title="each stage against the machine's measured limit">` +
     row("prefill", "prefill: compute", num(r.prefill_tflops), num(r.peak_tflops),
-      `TFLOP/s${r.compute_dtype ? " " + r.compute_dtype : ""} matmul`, num(r.prefill_compute_fraction), hov("prefill_compute_fraction"), why("prefill"), r.limits_note) +
+      `${r.compute_dtype === "int8" ? "TOP/s" : "TFLOP/s"}${r.compute_dtype ? " " + r.compute_dtype : ""} matmul`, num(r.prefill_compute_fraction), hov("prefill_compute_fraction"), why("prefill"), r.limits_note) +
     row("decode", "decode: memory", num(r.decode_gbps), num(r.read_gbps), "GB/s read",
       num(r.decode_bandwidth_fraction), hov("decode_bandwidth_fraction"), why("decode"), r.limits_note) +
     (perTok != null ? `<div class="lab-muted lab-roof-note" title="${esc(hov("decode_mb_per_token"))}">decode read ${g3(perTok)} MB per token` +

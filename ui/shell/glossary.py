@@ -122,7 +122,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _M("peak_tflops", "matmul peak (limit)", "TFLOP/s", "",
        "the machine's matmul throughput in the reply's compute dtype: torch.mm of N×N matrices, 2·N³ FLOP per "
        "product, N grown until one takes ≥ 20 ms; the best of interleaved rounds; prefill_compute_fraction "
-       "divides by it", better=""),
+       "divides by it. A variant whose prefill runs integer dot products (int8 activations: int8w8a, int4w8a) "
+       "is held to the int8 peak instead: torch._int_mm, 2·N³ operations per product (TOP/s)", better=""),
     _M("decode_mb_per_token", "bytes per token", "MB", "",
        "bytes decode read per output token: (weight bytes + KV bytes) × steps / (output tokens − 1)",
        better="lower"),
