@@ -269,7 +269,7 @@ def test_bench_bandwidth_stamps_each_step_and_names_the_limits_device(tiny_model
 
     monkeypatch.setenv("LATENCY_LAB_CACHE", str(tmp_path))
     machine_limits.save(tmp_path, MachineLimits(key=machine_limits.machine_key("cpu"), measured_at="2026-12-03T00:00:00Z",
-                                                copy_gbps=8.0, read_gbps=10.0, matmul_tflops={"fp32": 0.05, "bf16": 0.1}))
+                                                copy_gbps=8.0, read_gbps=10.0, matmul_tflops={"fp32": 0.05, "bf16": 0.1, "int8": 0.2}))
     monkeypatch.setattr(machine_limits, "measure", lambda *a, **kw: pytest.fail("the cached probe must serve"))
     args, bandwidth = parse("bandwidth", "--rounds", "2", "--steps", "2", "--context", "8", "--variants", "int8wo",
                             model_dir=tiny_model_dir)
@@ -289,7 +289,7 @@ def test_bench_bandwidth_divides_a_cuda_models_steps_by_the_gpus_limits(tiny_mod
     monkeypatch.setenv("LATENCY_LAB_CACHE", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
     machine_limits.save(tmp_path, MachineLimits(key=machine_limits.machine_key("cpu"), measured_at="2026-12-03T00:00:00Z",
-                                                copy_gbps=8.0, read_gbps=10.0, matmul_tflops={"fp32": 0.05, "bf16": 0.1}))
+                                                copy_gbps=8.0, read_gbps=10.0, matmul_tflops={"fp32": 0.05, "bf16": 0.1, "int8": 0.2}))
     probed = []
 
     def measure(device, dtypes, *a, **kw):
