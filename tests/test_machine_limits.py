@@ -125,3 +125,24 @@ def test_the_int8_peak_is_integer_products_and_says_so():
     assert "fp32 matmul 0.2 TFLOP/s · int8 matmul 0.8 TOP/s" in limits.summary()
     assert machine_limits.exceeded(limits, tflops=0.5, dtype="int8") == []  # 0.5 of 0.8: no wrong limit
     assert machine_limits.exceeded(limits, tflops=0.5, dtype="fp32") == ["matmul_fp32"]
+
+
+def test_a_cached_probe_missing_a_peak_gets_that_peak_alone(tmp_path, monkeypatch):
+    """A dtype added since the cache was written (int8): only its peak is probed, the cached bandwidths and
+    peaks are kept (a full re-probe at start, beside the engine warming up, once read half of them)."""
+    old = MachineLimits(**{**FAKE.__dict__, "key": machine_limits.machine_key("cpu")})
+    machine_limits.save(tmp_path, old)
+    asked = []
+
+    def fake_measure(device, dtypes, seconds=3.0, rounds=5, bandwidth=True):
+        asked.append((tuple(dtypes), bandwidth))
+        return MachineLimits(key=old.key, measured_at="2026-12-05T10:00:00Z", copy_gbps=None, read_gbps=None,
+                             matmul_tflops={d: 0.7 for d in dtypes}, details={f"matmul_{d}": {"best": 0.7} for d in dtypes})
+
+    monkeypatch.setattr(machine_limits, "measure", fake_measure)
+    got = machine_limits.load_or_measure(tmp_path, "cpu", ("fp32", "int8"))
+    assert asked == [(("int8",), False)]
+    assert got.read_gbps == old.read_gbps and got.copy_gbps == old.copy_gbps and got.measured_at == old.measured_at
+    assert got.matmul_tflops == {**old.matmul_tflops, "int8": 0.7} and "matmul_int8" in got.details
+    assert machine_limits.load_or_measure(tmp_path, "cpu", ("fp32", "int8")).matmul_tflops["int8"] == 0.7  # saved
+    assert asked == [(("int8",), False)]
