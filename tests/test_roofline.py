@@ -215,3 +215,14 @@ def test_a_w8a_variants_prefill_is_held_to_the_int8_peak(tiny):
     want = 0.4 if integer else 0.1
     assert tl.compute_dtype == ("int8" if integer else "fp32") and tl.peak_tflops == want
     assert tl.prefill_compute_fraction == pytest.approx(tl.prefill_tflops / want)
+
+
+def test_a_re_probe_after_an_int8_reply_keeps_every_peak_it_held(monkeypatch):
+    """The idle re-probe a w8a reply asks for names int8; the peaks held for the loaded dtype stay probed."""
+    held = MachineLimits(key={"test": True}, measured_at="2026-12-05T09:00:00Z", copy_gbps=7.0,
+                         matmul_tflops={"fp32": 0.1, "fp16": 0.3, "int8": 0.4}, read_gbps=10.0)
+    asked = []
+    monkeypatch.setattr(machine_limits, "load_or_measure",
+                        lambda cache_dir, device, dtypes, **kw: asked.append(dtypes) or held)
+    roofline.Roofline(held).remeasure("cpu", "int8")
+    assert set(asked[0]) >= {"fp32", "fp16", "int8"}

@@ -113,7 +113,8 @@ class Roofline:
         when the engine is idle for a clean figure)."""
         from engine.measure.machine_limits import load_or_measure, probe_dtypes
 
-        self.limits = load_or_measure(self.cache_dir, device, probe_dtypes(dtype_name, device), force=True,
-                                      seconds=seconds)
+        held = self.limits.matmul_tflops if self.limits is not None else {}  # every peak held now, probed again
+        dtypes = tuple(dict.fromkeys([*probe_dtypes(dtype_name, device), *held]))
+        self.limits = load_or_measure(self.cache_dir, device, dtypes, force=True, seconds=seconds)
         self.note = None
         return self.limits
