@@ -239,10 +239,11 @@ def load_or_measure(cache_dir: Path | None, device: torch.device | str = "cpu", 
     """The cached limits of this machine, or a fresh probe (written to the cache) when there are
     none, they lack a dtype asked for, or `force`."""
     limits = None if force else cached(cache_dir, device)
-    missing = [d for d in dtypes if limits is None or d not in limits.matmul_tflops]
-    if limits is not None and limits.read_gbps and not missing:
-        return limits
-    if limits is not None and limits.read_gbps:  # a peak it lacks (a dtype added since): that alone, the rest kept
+    if limits is not None and limits.read_gbps:
+        missing = [d for d in dtypes if d not in limits.matmul_tflops]
+        if not missing:
+            return limits
+        # a peak it lacks (a dtype added since): that alone, the rest kept
         extra = measure(device, missing, seconds / 2, rounds, bandwidth=False)
         limits = replace(limits, matmul_tflops={**limits.matmul_tflops, **extra.matmul_tflops},
                            details={**limits.details, **extra.details})
@@ -389,7 +390,7 @@ class MatmulProbe:
                 break
             n *= 2
         self.n = n
-        self.info = {"n": n, "op": f"{'torch._int_mm' if dtype == torch.int8 else 'torch.mm'} {n}x{n} {dtype}"}
+        self.info = {"n": n, "op": f"torch.{self.mm.__name__} {n}x{n} {dtype}"}
 
     def round(self, budget_s: float) -> float:
         best, _ = _best_of(lambda: self.mm(self.a, self.b), self.device, budget_s)
