@@ -65,6 +65,7 @@ def test_a_reply_carries_its_fractions(tiny, max_batch):
                  "prefill_tps", "context_tokens", "context_max"):
         assert d[name] == pytest.approx(getattr(tl, name))
     assert d["roofline"]["peak_tflops"] == 0.1 and d["roofline"]["read_gbps"] == 10.0
+    assert d["roofline"]["peak_unit"] == "TFLOP/s"  # the page shows the engine's unit, not its own guess
     assert d["roofline"]["copy_gbps"] == 7.0  # for reference: no fraction divides by it
 
 
@@ -214,6 +215,7 @@ def test_a_w8a_variants_prefill_is_held_to_the_int8_peak(tiny):
     assert plan.roof(10) == ("int8" if integer else None) and plan.roof(10) == plan.linears["qkv"].kernel(10).roof
     want = 0.4 if integer else 0.1
     assert tl.compute_dtype == ("int8" if integer else "fp32") and tl.peak_tflops == want
+    assert tl.to_dict()["roofline"]["peak_unit"] == ("TOP/s" if integer else "TFLOP/s")  # one declaration
     assert tl.prefill_compute_fraction == pytest.approx(tl.prefill_tflops / want)
 
 

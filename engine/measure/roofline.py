@@ -23,7 +23,8 @@ import logging
 from torch import nn
 
 from engine.core.timeline import Timeline
-from engine.measure.machine_limits import CACHE_NOTE, exceeded, over_limit, remeasured_note, stale_note
+from engine.measure.machine_limits import (CACHE_NOTE, exceeded, over_limit, peak_unit, remeasured_note,
+                                           stale_note)
 from engine.serving.work import record
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ def publish(timeline: Timeline, limits, dtype: str | None, device: str | None) -
     None where they were measured on another device (the roofs stay unknown)."""
     limits = limits_for(limits, device)
     timeline.peak_tflops = limits.peak_tflops(dtype) if limits is not None else None
+    timeline.peak_unit = peak_unit(dtype) if dtype else None  # the page shows it as it comes (ui/chat/roofline.js)
     timeline.read_gbps = limits.read_gbps if limits is not None else None  # decode's roof: the fraction divides by it
     timeline.copy_gbps = limits.copy_gbps if limits is not None else None
     timeline.limits_date = limits.date if limits is not None else None
@@ -76,8 +78,8 @@ class Roofline:
         self.note: str | None = None  # what the last re-probe after such a reply found (on replies under it)
 
     def __call__(self, timeline: Timeline, variant) -> None:
-        loaded = variant.loaded  # the roof its prefill ran under (engine/serving/work.py record), else its dtype
-        dtype, device = timeline.compute_dtype or getattr(loaded, "dtype_name", None), model_device(loaded.model)
+        loaded = variant.loaded
+        dtype, device = timeline.compute_dtype, model_device(loaded.model)  # its prefill's roof (the worker's choice)
         publish(timeline, self.limits, dtype, device)
         limits = limits_for(self.limits, device)
         step = timeline.decode_bytes / timeline.decode_steps if timeline.decode_bytes and timeline.decode_steps else None

@@ -113,13 +113,14 @@ def prefill_passes(timeline: Timeline, chunked: bool, chunk_tokens: int) -> int:
 
 
 def record(timeline: Timeline, model, weight_bytes: int | None, dtype: str | None = None, config=None) -> None:
-    """Fill the Timeline's counts of work once the reply is done (before its done event goes out)."""
+    """Fill the Timeline's counts of work once the reply is done (before its done event goes out); `dtype`:
+    the matmul roof its prefill ran under (the worker's choice: the plan's, else the model's dtype)."""
+    timeline.compute_dtype = dtype  # whatever the model: the publisher stamps that roof's peak
     try:
         shape = ModelShape.of(model)
     except AttributeError:  # a model without a transformers config: no FLOP count, say nothing
         return
     timeline.weight_bytes = weight_bytes
-    timeline.compute_dtype = dtype
     kv = getattr(config, "kv_cache_dtype", "model")
     timeline.kv_cache_dtype = kv
     timeline.kv_bytes_per_position = shape.kv_bytes_per_token(getattr(model, "dtype", torch.float32), kv)

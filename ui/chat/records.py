@@ -190,7 +190,8 @@ def row(record: dict) -> dict:
     roof = tl.get("roofline") or {}
     r["peak_tflops"], r["read_gbps"], r["copy_gbps"] = (roof.get("peak_tflops"), roof.get("read_gbps"),
                                                          roof.get("copy_gbps"))
-    r["compute_dtype"], r["limits_date"] = roof.get("compute_dtype"), roof.get("limits_date")
+    r["compute_dtype"], r["peak_unit"], r["limits_date"] = (roof.get("compute_dtype"), roof.get("peak_unit"),
+                                                            roof.get("limits_date"))
     r["limits_note"] = roof.get("limits_note")  # a fraction above 100%: why (engine/measure/roofline.py)
     per_token = tl.get("decode_bytes_per_token")
     r["decode_mb_per_token"] = per_token / 1e6 if per_token else None

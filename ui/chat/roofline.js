@@ -10,7 +10,8 @@ import { esc, num } from "../shell/format.js";
 const pct = (f) => (f < 0.1 ? (100 * f).toFixed(1) : Math.round(100 * f)) + "%";
 const g3 = (v) => (v >= 100 ? Math.round(v).toLocaleString("en-US") : v.toPrecision(3));
 
-// r: {prefill_tflops, prefill_compute_fraction, peak_tflops, compute_dtype, decode_gbps,
+// r: {prefill_tflops, prefill_compute_fraction, peak_tflops, peak_unit (the engine's: TFLOP/s, or TOP/s for
+//     an int8 roof), compute_dtype, decode_gbps,
 //     decode_bandwidth_fraction, read_gbps, limits_date, limits_note, kv_cache_dtype, kv_bytes_per_position,
 //     decode_mb_per_token, finished, remote}
 // A fraction above 100% is never printed: the limit is stale (the engine re-measures it when idle and says
@@ -38,7 +39,7 @@ export function bars(r, G) {
   const perTok = num(r.decode_mb_per_token);
   return `<div class="lab-roof" title="each stage against the machine's measured limit">` +
     row("prefill", "prefill: compute", num(r.prefill_tflops), num(r.peak_tflops),
-      `${r.compute_dtype === "int8" ? "TOP/s" : "TFLOP/s"}${r.compute_dtype ? " " + r.compute_dtype : ""} matmul`, num(r.prefill_compute_fraction), hov("prefill_compute_fraction"), why("prefill"), r.limits_note) +
+      `${r.peak_unit || ""}${r.compute_dtype ? " " + r.compute_dtype : ""} matmul`, num(r.prefill_compute_fraction), hov("prefill_compute_fraction"), why("prefill"), r.limits_note) +
     row("decode", "decode: memory", num(r.decode_gbps), num(r.read_gbps), "GB/s read",
       num(r.decode_bandwidth_fraction), hov("decode_bandwidth_fraction"), why("decode"), r.limits_note) +
     (perTok != null ? `<div class="lab-muted lab-roof-note" title="${esc(hov("decode_mb_per_token"))}">decode read ${g3(perTok)} MB per token` +
