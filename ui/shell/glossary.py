@@ -97,7 +97,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        better=""),
     _M("prefill_tflops", "prefill compute", "TFLOP/s", "prefill forward begins",
        "first token sampled: (2 × layer matmul parameters × prefill tokens + 2 × lm_head parameters "
-       "+ attention FLOPs 4 × layers × heads × head_dim × keys attended) / prefill_ms", better="higher"),
+       "+ attention FLOPs 4 × layers × heads × head_dim × keys attended) / prefill_ms. A w8a variant's prefill "
+       "runs these multiply-adds as integer dot products: the same count, shown beside its int8 peak in TOP/s",
+       better="higher"),
     _M("prefill_compute_fraction", "prefill % of matmul peak", "%", "",
        "prefill_tflops / peak_tflops, the machine's measured matmul peak for that dtype (1 = compute-bound at "
        "the roof)", better="higher"),
