@@ -11,7 +11,8 @@
 // tiles made each thread's stream restart thousands of times a step (64-channel tiles: ~3,200 an
 // int4w8a+head8 step), each restart with cold misses; two tiles a thread ran that step in 0.79x the
 // time (2 threads, AMD EPYC Zen 4, context 256; one tile a thread 0.77x, but then a thread that loses
-// its core holds the step back): `python -m engine.bench bandwidth` shows it, docs/quantization.md.
+// its core holds the step back): `python -m engine.bench bandwidth` shows it,
+// docs/quantization-w8a-2026-12-05.md.
 #pragma once
 #include <ATen/Parallel.h>
 
@@ -43,10 +44,10 @@ inline void take(std::atomic<int64_t>& next, int64_t count, Tile&& tile) {
 
 // One OpenMP team held for a whole call (cpu_layers.cpp: a decode step's layer loop), so that its many
 // small parallel calls do not each open and close a parallel region (0.67 us a region, 2 threads, AMD EPYC
-// Zen 4: ~0.1 ms of an int4w8a+head8 step's 151; docs/quantization.md). The caller's thread leads: it runs
-// `body` alone, and every run() it makes there (tiles::run below) is served by the team's other threads,
-// which wait spinning between calls, as OpenMP's own do between regions. Which thread computes a tile
-// still never changes its bits.
+// Zen 4: ~0.1 ms of an int4w8a+head8 step's 151; docs/quantization-w8a-2026-12-05.md). The caller's thread
+// leads: it runs `body` alone, and every run() it makes there (tiles::run below) is served by the team's
+// other threads, which wait spinning between calls, as OpenMP's own do between regions. Which thread
+// computes a tile still never changes its bits.
 class Team {
  public:
   // body() on the calling thread with `threads` (at most; fewer where OpenMP gives fewer) serving its

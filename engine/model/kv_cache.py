@@ -19,7 +19,7 @@ Its precision (`kind`, the kv_cache_dtype toggle: engine/core/config.py KV_CACHE
 On the CPU a buffer of 2 MB or more lives in transparent huge pages (engine/platform/hugepages.py): a decode
 step reads the whole cache, and past a long prompt it is as large as the 4-bit weights, which live there too.
 `int4w8a+head8` after 1,400 tokens stepped in 0.94x the time with its cache in 2 MB pages (16 rounds in one
-process, alternating; fp32 weights 0.98x; at 256 tokens no change): docs/quantization.md.
+process, alternating; fp32 weights 0.98x; at 256 tokens no change): docs/quantization-w8a-2026-12-05.md.
 """
 
 from __future__ import annotations

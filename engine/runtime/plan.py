@@ -61,7 +61,7 @@ OURS_ROWS = 256  # our fp32 kernel serves a sequence of up to this many rows: ev
 # The w8a forms whose integer kernels beat the fp32 GEMM over the dequantized weights at every row count measured,
 # so they take a long prompt's rows too: the vpdpbusd ones. The AVX2 form (vpmaddubsw) lost to it at 1,400 rows
 # with int8 weights, so under it a long prompt keeps that GEMM (`python -m engine.bench gemv`: `dequant-fp32`;
-# docs/quantization.md).
+# docs/quantization-w8a-2026-12-05.md).
 EVERY_ROW_FORMS = ("avx512-vnni", "avx512-vnni-256", "avx-vnni")
 PACKED_FP32_MAX = 128  # fp32 rows from 2 up to this through the packed copy; longer prefills through MKL
 ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
