@@ -16,6 +16,12 @@ from engine.core.clock import now_ns  # the one clock (re-exported: the engine's
 from engine.core.counters import Counters
 
 
+def peak_unit(dtype: str) -> str:
+    """A matmul peak's unit (and its prefill_tflops'): integer products count operations, not floating-point
+    ones. The machine's limits print it too (engine/measure/machine_limits.py)."""
+    return "TOP/s" if dtype == "int8" else "TFLOP/s"
+
+
 def _ms(start_ns: int | None, end_ns: int | None) -> float | None:
     if start_ns is None or end_ns is None:
         return None
@@ -69,7 +75,6 @@ class Timeline:
     kv_cache_dtype: str | None = None  # the KV cache's precision (the kv_cache_dtype toggle)
     kv_bytes_per_position: int | None = None  # what a position of context costs a decode step to read at it
     peak_tflops: float | None = None  # the machine's measured matmul peak for compute_dtype
-    peak_unit: str | None = None  # that peak's unit and prefill_tflops': TFLOP/s, or TOP/s for int8 (machine_limits.py)
     read_gbps: float | None = None  # the machine's measured memory read bandwidth: decode's roof
     copy_gbps: float | None = None  # the machine's measured memory copy bandwidth (for reference)
     limits_date: str | None = None
@@ -313,7 +318,7 @@ class Timeline:
             "roofline": {"weight_bytes": self.weight_bytes, "compute_dtype": self.compute_dtype,
                          "prefill_flops": self.prefill_flops, "decode_steps": self.decode_steps,
                          "decode_bytes": self.decode_bytes, "peak_tflops": self.peak_tflops,
-                         "peak_unit": self.peak_unit,
+                         "peak_unit": peak_unit(self.compute_dtype) if self.compute_dtype else None,
                          "kv_cache_dtype": self.kv_cache_dtype, "kv_bytes_per_position": self.kv_bytes_per_position,
                          "read_gbps": self.read_gbps, "copy_gbps": self.copy_gbps,
                          "limits_date": self.limits_date, "limits_note": self.limits_note},

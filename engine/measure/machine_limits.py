@@ -51,6 +51,7 @@ import torch
 
 from engine.platform import capabilities
 from engine.core import clock
+from engine.core.timeline import peak_unit
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
@@ -104,11 +105,6 @@ class MachineLimits:
         rounds = max((d.get("rounds_n", 0) for d in self.details.values() if isinstance(d, dict)), default=0)
         tail = f"; rounds spread ≤ {max(spreads):.0%} over {rounds}" if spreads else ""
         return " · ".join(parts) + f" (measured {self.date}{tail})"
-
-
-def peak_unit(dtype: str) -> str:
-    """A matmul peak's unit: integer products count operations, not floating-point ones."""
-    return "TOP/s" if dtype == "int8" else "TFLOP/s"
 
 
 STALE_ABOVE = 1.0  # a step's share of a measured limit above this: the limit is stale (probed while busy)

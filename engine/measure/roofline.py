@@ -23,8 +23,7 @@ import logging
 from torch import nn
 
 from engine.core.timeline import Timeline
-from engine.measure.machine_limits import (CACHE_NOTE, exceeded, over_limit, peak_unit, remeasured_note,
-                                           stale_note)
+from engine.measure.machine_limits import CACHE_NOTE, exceeded, over_limit, remeasured_note, stale_note
 from engine.serving.work import record
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,6 @@ def publish(timeline: Timeline, limits, dtype: str | None, device: str | None) -
     None where they were measured on another device (the roofs stay unknown)."""
     limits = limits_for(limits, device)
     timeline.peak_tflops = limits.peak_tflops(dtype) if limits is not None else None
-    timeline.peak_unit = peak_unit(dtype) if dtype else None  # the page shows it as it comes (ui/chat/roofline.js)
     timeline.read_gbps = limits.read_gbps if limits is not None else None  # decode's roof: the fraction divides by it
     timeline.copy_gbps = limits.copy_gbps if limits is not None else None
     timeline.limits_date = limits.date if limits is not None else None
