@@ -76,6 +76,25 @@ def test_activations_are_quantized_as_the_reference_does_bit_for_bit():
     assert ((got[2] - want[2]).abs() <= 1e-6 * scale).all()
 
 
+def test_a_4bit_row_holds_each_chunks_scales_and_offsets_right_after_its_weights():
+    # the kernels read a row in address order (cpu_qdot.h): per chunk of 8 blocks its 128 weight bytes,
+    # its 8 fp16 scales, its 8 fp16 offsets; a last chunk of T blocks 16T bytes, T scales, T offsets
+    gen = torch.Generator().manual_seed(3)
+    n, k = 3, 320  # 10 blocks: a chunk of 8, then one of 2
+    q4 = torch.randint(0, 16, (n, k), generator=gen)
+    scale, zero = torch.rand(n, 10, generator=gen) * 0.01 + 1e-3, torch.randn(n, 10, generator=gen) * 0.01
+    rows = cpu_qdot.pack_int4(q4, scale, zero)
+    weights, s16, o16 = cpu_gemm.pack_int4(q4, scale, zero)
+    woven = cpu_qdot.interleave(weights, 4)
+    fp16 = lambda a, b: rows[:, a:b].contiguous().view(torch.float16)
+    assert rows.shape == (n, 200)
+    assert torch.equal(rows[:, :128], woven[:, :128]) and torch.equal(rows[:, 160:192], woven[:, 128:])
+    assert torch.equal(fp16(128, 144), s16[:, :8]) and torch.equal(fp16(144, 160), o16[:, :8])
+    assert torch.equal(fp16(192, 196), s16[:, 8:]) and torch.equal(fp16(196, 200), o16[:, 8:])
+    parts = cpu_qdot.int4_parts(rows)
+    assert torch.equal(parts[0], woven) and torch.equal(parts[1], s16) and torch.equal(parts[2], o16)
+
+
 @needs_kernels
 @pytest.mark.parametrize("form", ["avx2", "avx512-vnni"])
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(form):

@@ -17,9 +17,10 @@
 //   int8 weights:  one byte a weight, steps as above (256 bytes a chunk).
 //   4-bit weights: 128 bytes a chunk in 4 pieces; piece p's low nibbles are step p, its high nibbles
 //                  step p + 4 (in a block's natural order, weights 4p..4p+3 and 16+4p..16+4p+3).
-//                  A channel's row is its K / 2 bytes of weights, then its G fp16 scales, then its G
-//                  fp16 offsets (w = q * scale + offset, q in 0..15): one stream a row, not three
-//                  (the model's 4-bit layers streamed ~8% faster so: engine/kernels/cpu_qdot.py).
+//                  A channel's row is its chunks in order, each its weights' bytes, then its blocks'
+//                  fp16 scales, then their fp16 offsets (w = q * scale + offset, q in 0..15): 160 bytes
+//                  a chunk, 20T the last. So a row is read in address order, one stream (engine/
+//                  kernels/cpu_qdot.py says what that bought).
 #pragma once
 #include <cstdint>
 
@@ -35,7 +36,7 @@ struct Args {
   const float* xsum;    // [M, gp] the fp32 sum of each block of x (4-bit weights' offset term; zero past G)
   const int32_t* xqs;   // [M, gp] 128 x the integer sum of each block of xq (int8 weights' offset-binary term)
   int64_t K, N, kp, gp;  // inputs, outputs, the activations' row strides (bytes, blocks)
-  const void* w;        // int8 [N, K] (signed), or 4-bit rows [N, K / 2 + 4G] (above), interleaved
+  const void* w;        // int8 [N, K] (signed), or 4-bit rows [N, K / 2 + 4G] (above: chunks of weights, scales, offsets)
   const float* scale8;  // int8: [N] fp32, one scale per output channel
   float* y;             // [M, N]
   const float* bias;    // [N] added to the product, or null

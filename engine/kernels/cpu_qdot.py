@@ -16,9 +16,11 @@ side in a vector's 8 int32 lanes: each multiply-accumulate adds to every block's
 lane, so a chunk's 8 integer sums come out in one vector, with no reduction across lanes, and its 8
 scales (and the 4-bit offsets' term) apply in one vector FMA each. `quantize_int8` and `pack_int4`
 make the weights so; int8wo's and int4wo's quantization, in another byte order. A 4-bit channel's row
-holds its fp16 scales and offsets after its weights: one stream of memory a row, not three (the
-model's 120 4-bit layers streamed ~8% faster so, 1 thread, Zen 4, weights in huge pages:
-`python -m engine.bench gemv --rows 1`, the two layouts built in turn).
+holds, chunk by chunk, the chunk's weights, then its fp16 scales, then its fp16 offsets: the kernel reads
+a row in address order, one stream of memory, which the hardware prefetchers follow without help. Rows
+with all their scales and offsets after all their weights (read out of order, with software prefetch)
+streamed slower from memory, most at long rows and on one thread (docs/quantization-w8a-2026-12-05.md,
+21:20 UTC: the two layouts alternating in one process).
 
 Why: widening every weight to fp32 (cpu_gemm.cpp's int8 kernel) or int16 (its 4-bit one) made
 those kernels bound by arithmetic, not by memory; integer dot products do 32 products in one or two
@@ -108,15 +110,32 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch
     if layout is None:
         return None
     packed, s16, o16 = layout
-    return torch.cat([interleave(packed, 4), s16.view(torch.uint8), o16.view(torch.uint8)], dim=1).contiguous()
+    parts = torch.cat([interleave(packed, 4), s16.view(torch.uint8), o16.view(torch.uint8)], dim=1)
+    return parts[:, _row_order(s16.shape[1])].contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _row_order(groups: int) -> torch.Tensor:
+    """For a 4-bit row of `groups` blocks: the index of each of its bytes in the parts' order (all the
+    interleaved weights, then all the fp16 scales, then all the offsets). A chunk's weights, then its
+    scales, then its offsets (cpu_qdot.h)."""
+    half, idx = 16 * groups, []
+    for c0 in range(0, groups, CHUNK):
+        lanes = min(CHUNK, groups - c0)
+        idx.extend(range(16 * c0, 16 * (c0 + lanes)))
+        idx.extend(range(half + 2 * c0, half + 2 * (c0 + lanes)))
+        idx.extend(range(half + 2 * groups + 2 * c0, half + 2 * groups + 2 * (c0 + lanes)))
+    return torch.tensor(idx, dtype=torch.long)
 
 
 def int4_parts(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """pack_int4's rows as (weight bytes [N, K / 2] interleaved, fp16 scale, fp16 offset [N, K / 32]): views."""
+    """pack_int4's rows as (weight bytes [N, K / 2] interleaved, fp16 scale, fp16 offset [N, K / 32]): copies."""
     half = rows.shape[1] * 4 // 5
     groups = half // 16
-    return (rows[:, :half], rows[:, half:half + 2 * groups].view(torch.float16),
-            rows[:, half + 2 * groups:].view(torch.float16))
+    parts = torch.empty_like(rows)
+    parts[:, _row_order(groups)] = rows
+    return (parts[:, :half], parts[:, half:half + 2 * groups].view(torch.float16),
+            parts[:, half + 2 * groups:].view(torch.float16))
 
 
 def cpu_isas() -> frozenset[str]:
