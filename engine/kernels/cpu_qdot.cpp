@@ -79,8 +79,8 @@ at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, int64_t isa) {
 }
 
 // A row of weights from the interleaved layout (cpu_qdot.h) back in block order: `steps` 4-byte steps a
-// block (int8 8, 4-bit 4), G blocks, a chunk of blocks every `stride` bytes a block (int8 32; 4-bit rows
-// 20: a chunk's weights, then its scales and offsets).
+// block (int8 8, 4-bit 4), G blocks, `stride` bytes a block (int8 32; 4-bit rows kBlock4: a chunk's
+// weights, then its scales and offsets).
 void deinterleave(const uint8_t* src, uint8_t* dst, int64_t G, int64_t steps, int64_t stride) {
   for (int64_t c0 = 0; c0 < G; c0 += qdot::kChunk) {
     const int64_t lanes = std::min<int64_t>(qdot::kChunk, G - c0);
@@ -109,7 +109,7 @@ at::Tensor qdot_dequantize(const at::Tensor& w, const std::optional<at::Tensor>&
       float* row = op + n * K;
       const uint8_t* src = static_cast<const uint8_t*>(w.data_ptr()) + n * w.size(1);
       alignas(32) uint8_t natural[qdot::kChunk * kBlock * 64];  // one row in block order (K up to 16,384)
-      deinterleave(src, natural, G, four ? 4 : 8, four ? 20 : 32);
+      deinterleave(src, natural, G, four ? 4 : 8, four ? qdot::kBlock4 : 32);
       if (!four) {
         const __m256 s = _mm256_set1_ps(scale->data_ptr<float>()[n]);
         for (int64_t k = 0; k < K; k += 8)
@@ -119,7 +119,7 @@ at::Tensor qdot_dequantize(const at::Tensor& w, const std::optional<at::Tensor>&
       }
       for (int64_t g = 0; g < G; ++g) {
         const int64_t c0 = g / qdot::kChunk * qdot::kChunk, lanes = std::min<int64_t>(qdot::kChunk, G - c0);
-        const uint16_t* sr = reinterpret_cast<const uint16_t*>(src + 20 * c0 + 16 * lanes);  // the chunk's scales
+        const uint16_t* sr = reinterpret_cast<const uint16_t*>(src + qdot::kBlock4 * c0 + 16 * lanes);  // the chunk's scales
         const int64_t i = g - c0;
         const __m256 s = _mm256_set1_ps(_cvtsh_ss(sr[i])), o = _mm256_set1_ps(_cvtsh_ss(sr[lanes + i]));
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(natural + g * 16));

@@ -18,9 +18,9 @@
 //   4-bit weights: 128 bytes a chunk in 4 pieces; piece p's low nibbles are step p, its high nibbles
 //                  step p + 4 (in a block's natural order, weights 4p..4p+3 and 16+4p..16+4p+3).
 //                  A channel's row is its chunks in order, each its weights' bytes, then its blocks'
-//                  fp16 scales, then their fp16 offsets (w = q * scale + offset, q in 0..15): 160 bytes
-//                  a chunk, 20T the last. So a row is read in address order, one stream (engine/
-//                  kernels/cpu_qdot.py says what that bought).
+//                  fp16 scales, then their fp16 offsets (w = q * scale + offset, q in 0..15): kBlock4
+//                  bytes a block, 160 a chunk. So a row is read in address order, one stream
+//                  (engine/kernels/cpu_qdot.py says what that bought).
 #pragma once
 #include <cstdint>
 
@@ -28,6 +28,7 @@ namespace qdot {
 
 constexpr int64_t kBlock = 32;       // activations and 4-bit weights: one scale per 32 inputs
 constexpr int64_t kChunk = 8;        // blocks per interleaved chunk (the 8 int32 lanes of 256 bits)
+constexpr int64_t kBlock4 = 20;      // a 4-bit row's bytes a block: 16 of weights, an fp16 scale and offset
 constexpr int kMaxRows = 4;          // rows per kernel pass
 
 struct Args {
