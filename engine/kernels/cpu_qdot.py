@@ -212,8 +212,8 @@ def dequantized(w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Ten
         return torch.ops.latency_lab_gemv.qdot_dequantize(w, scale)
     if scale is not None:
         return deinterleave(w, 8).float() * scale.float()[:, None]
-    _, s16, o16 = int4_parts(w)
-    return unpack_int4(w).float() * s16.float().repeat_interleave(BLOCK, 1) + o16.float().repeat_interleave(BLOCK, 1)
+    packed, s16, o16 = int4_parts(w)
+    return _nibbles(packed).float() * s16.float().repeat_interleave(BLOCK, 1) + o16.float().repeat_interleave(BLOCK, 1)
 
 
 # --- the reference: the same arithmetic in torch (the fallback, and what the kernels are checked against)
@@ -252,9 +252,13 @@ def int8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> tor
 
 
 def unpack_int4(rows: torch.Tensor) -> torch.Tensor:
-    """q in 0..15 [N, K] from pack_int4's rows (their weight bytes, in block order: byte j of a block
+    """q in 0..15 [N, K] from pack_int4's rows."""
+    return _nibbles(int4_parts(rows)[0])
+
+
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """q in 0..15 [N, K] from int4_parts' interleaved weight bytes (in block order: byte j of a block
     holds q[j] low, q[j + 16] high)."""
-    packed = int4_parts(rows)[0]
     n, half = packed.shape
     b = deinterleave(packed.contiguous(), 4).reshape(n, half // 16, 16)
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, half * 2)
@@ -262,8 +266,8 @@ def unpack_int4(rows: torch.Tensor) -> torch.Tensor:
 
 def int4_reference(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     xq, xs, xsum = quantize_reference(x)
-    q = unpack_int4(rows)
-    _, scale, offset = int4_parts(rows)
+    packed, scale, offset = int4_parts(rows)  # one pass over the rows a call: the fallback's hot path
+    q = _nibbles(packed)
     starts, step = _chunks(q.shape[0], x.shape[0], xs.shape[1])
     parts = [(_block_dots(xq, q[i:i + step]) * (scale[i:i + step].float()[None] * xs[:, None, :])).sum(dim=2)
              + xsum @ offset[i:i + step].float().T for i in starts]
