@@ -144,7 +144,7 @@ def test_a_bench_can_measure_the_python_loop_side_by_side(bundled):
 
 
 @needs_kernels
-@pytest.mark.parametrize("variant", ["int4w8a", "int8w8a"])
+@pytest.mark.parametrize("variant", ["int4w8a", "int8w8a", "int4w8a+head8"])
 def test_a_w8a_variants_layers_run_in_the_cpp_loop_with_the_python_loops_bits(bundled, variant, monkeypatch):
     """The w8a layers (engine/quant/w8a.py, one kind and form for every projection) take the C++ loop
     too: the same integer-kernel calls on the same rows, so the same bits as the Python loop."""
@@ -231,3 +231,35 @@ def test_a_w8a_decode_step_gives_the_same_bits_with_its_held_team_or_one_thread(
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(team, alone))
+
+
+@needs_kernels
+def test_a_decode_step_through_the_cpp_loop_is_one_call_from_token_ids_to_logits(bundled, monkeypatch):
+    """Where the plan folds the final norm into a w8a head (`head_norm`), the C++ call embeds the token ids
+    and runs the head too: no Python op between, neither nn.Embedding's forward nor the head's
+    normed_product (the same bits: the test above). A forward that wants every row's logits (verification)
+    gets the rows back and its head runs as before."""
+    from engine.serving.variants import build
+
+    model = build(bundled, "int4w8a+head8")[0].model
+    _layers(monkeypatch, True)
+    runner = _runner(model)
+    assert runner.plan.head_norm and runner.plan.layer_loop == "cpp"
+    calls = []
+    head, embed = type(model.lm_head), type(model.embed)
+    normed, forward = head.normed_product, embed.forward
+    monkeypatch.setattr(head, "normed_product", lambda *a: calls.append("head") or normed(*a))
+    monkeypatch.setattr(embed, "forward", lambda *a: calls.append("embed") or forward(*a))
+    cache = runner.new_cache(16)
+    logits = runner.forward(torch.tensor([1, 504, 3458]), cache)
+    assert logits.shape == (1, model.vocab_size) and cache.length == 3 and calls == []
+    step = runner.forward(logits.argmax(-1), cache)
+    assert step.shape == (1, model.vocab_size) and cache.length == 4 and calls == []
+    rows = runner.forward(torch.tensor([5, 6]), cache, all_logits=True)
+    assert rows.shape == (2, model.vocab_size) and calls == []  # every row's logits: the head after the call
+    folded = runner.forward(torch.tensor([7]), cache)
+    cache.crop(6)
+    layers = list(runner._layers)
+    layers[5:7] = None, None  # neither end in the call: the Python embedding, the loop, the Python head
+    runner._layers = tuple(layers)
+    assert torch.equal(runner.forward(torch.tensor([7]), cache), folded) and calls == ["embed", "head"]

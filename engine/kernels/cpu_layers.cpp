@@ -21,6 +21,13 @@
 // precision than the model's (the kv_cache_dtype toggle, engine/model/kv_cache.py: fp16, bf16, or int8 with
 // k_scales[b], v_scales[b]): its decode row goes through decode_attention_kv, its other rows are stored and
 // read back as KVCache.store and read do, op for op.
+//
+// The ends of a step, where the caller gives them: `embed` (the model's embedding table; x then holds the
+// token ids, [R] int64: at::embedding, nn.Embedding's forward) and `head` (a w8a lm_head's weights, with the
+// final norm folded into its quantizer: engine/quant/w8a.py normed_product, the plan's head_norm), so that a
+// decode step is one call: each Python op between the layers and the head cost ~10-50 us a step with the
+// caches cold from the weights' stream (docs/quantization-w8a-2026-12-05.md). With `head` it returns each
+// sequence's last row's logits, [B, vocab] fp32, else x after the last layer.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -95,7 +102,7 @@ std::pair<at::Tensor, at::Tensor> store_read(const at::Tensor& kc, const at::Ten
 // made once too. The residual stream x is updated in place (y = x + (product + bias), element by element:
 // the same bits as the new tensor the Python loop makes).
 struct Workspace {
-  at::Tensor x;        // [R, hidden]: the residual stream (a copy of the caller's: its x is not written)
+  at::Tensor x;        // [R, hidden]: the residual stream (a copy of the caller's x, not written; or the embedding's rows)
   at::Tensor qkv;      // [R, q + 2 kv]: the fused q/k/v projection
   at::Tensor roped;    // [R, H + KV, D]: q and k with rotary positions
   at::Tensor attn;     // [R, H, D]: the attention output
@@ -105,11 +112,11 @@ struct Workspace {
   // D]), the attention's rows [R, H * D], gate/up's halves
   at::Tensor q, k, v, q4, k4, v4, attn_rows, gate, up;
 
-  Workspace(const at::Tensor& x0, at::IntArrayRef outs, int64_t H, int64_t KV, int64_t D, int64_t q_size,
+  Workspace(const at::Tensor& x0, bool fresh, at::IntArrayRef outs, int64_t H, int64_t KV, int64_t D, int64_t q_size,
             int64_t kv_size, bool w8a) {
     const int64_t R = x0.size(1), hidden = x0.size(2), I = outs[2] / 2;
     const at::TensorOptions f = x0.options().dtype(at::kFloat);
-    x = x0.reshape({R, hidden}).clone(at::MemoryFormat::Contiguous);
+    x = fresh ? x0.view({R, hidden}) : x0.reshape({R, hidden}).clone(at::MemoryFormat::Contiguous);
     qkv = at::empty({R, outs[0]}, f);
     roped = at::empty({R, H + KV, D}, f);
     attn = at::empty({R, H, D}, f);
@@ -130,7 +137,7 @@ struct Workspace {
   }
 };
 
-at::Tensor batch_layers(const at::Tensor& x0, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
+at::Tensor batch_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
                         const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef outs, double eps,
                         int64_t H, int64_t KV, int64_t D, int64_t q_size, int64_t kv_size, double scale,
                         at::TensorList k_caches, at::TensorList v_caches,
@@ -138,8 +145,16 @@ at::Tensor batch_layers(const at::Tensor& x0, const at::Tensor& cos, const at::T
                         const c10::List<std::optional<at::Tensor>>& v_scales, at::IntArrayRef starts,
                         at::IntArrayRef lengths, at::IntArrayRef offsets, at::IntArrayRef decode,
                         at::IntArrayRef others, const c10::List<std::optional<at::Tensor>>& masks, bool wide,
-                        int64_t kind, int64_t isa) {
+                        int64_t kind, int64_t isa, const std::optional<at::Tensor>& embed, at::TensorList head,
+                        const std::optional<at::Tensor>& head_norm, double head_eps, int64_t head_kind,
+                        int64_t head_isa, const std::optional<at::Tensor>& head_bias) {
   TORCH_CHECK(kind >= 0 && kind <= 2, "batch_layers: kind 0 (fp32 panels), 1 (int8w8a) or 2 (int4w8a)");
+  TORCH_CHECK(!embed.has_value() || (x.dim() == 1 && x.scalar_type() == at::kLong),
+              "batch_layers: with an embedding table, x holds the token ids [R] (int64)");
+  TORCH_CHECK(head.empty() || (head_norm.has_value() && (head_kind == 1 || head_kind == 2) &&
+                               static_cast<int64_t>(head.size()) == (head_kind == 1 ? 2 : 1)),
+              "batch_layers: a head is a w8a layer's weights (kind 1: int8 and scales; 2: 4-bit rows) and its norm");
+  const at::Tensor x0 = embed.has_value() ? at::embedding(*embed, x).unsqueeze(0) : x;
   const Kind how{kind, isa, wide};
   const int64_t T = how.tensors(), per = 2 + 4 * T;  // two norms and four projections a layer
   const int64_t L = static_cast<int64_t>(weights.size()) / per, hidden = x0.size(2);
@@ -168,7 +183,7 @@ at::Tensor batch_layers(const at::Tensor& x0, const at::Tensor& cos, const at::T
   }
   for (Decode& g : groups) g.index = at::tensor(g.rows, at::TensorOptions().dtype(at::kLong));
   const bool gqa = H != KV, w8a = how.kind != 0;
-  Workspace ws(x0, outs, H, KV, D, q_size, kv_size, w8a);
+  Workspace ws(x0, embed.has_value(), outs, H, KV, D, q_size, kv_size, w8a);
   const qdot::Scratch* scratch = &ws.scratch;
   const at::Tensor none;
   auto layer = [&](int64_t i) {
@@ -209,8 +224,21 @@ at::Tensor batch_layers(const at::Tensor& x0, const at::Tensor& cos, const at::T
     auto halves = gate_up.chunk(2, -1);
     ws.x.add_(mm(at::mul(at::silu(halves[0]), halves[1]), down_w, outs[3], bias(3), how));
   };
+  // Each sequence's last row, normed in the head's quantizer and through its product (w8a.py normed_product's
+  // call, with the workspace's scratch: the same bits).
+  at::Tensor logits;
+  auto last_rows = [&] {
+    const int64_t B = static_cast<int64_t>(starts.size());
+    if (B == ws.x.size(0)) return ws.x;  // one row a sequence, in order
+    std::vector<int64_t> rows(B);
+    for (int64_t b = 0; b < B; ++b) rows[b] = offsets[b] + lengths[b] - 1;
+    return ws.x.index_select(0, at::tensor(rows, at::TensorOptions().dtype(at::kLong)));
+  };
   auto layers = [&] {
     for (int64_t i = 0; i < L; ++i) layer(i);
+    if (!head.empty())
+      logits = qdot::project_into(last_rows(), &*head_norm, head_eps, nullptr, head.data(), head_kind, head_isa,
+                                  head_bias.value_or(none), none, w8a ? scratch : nullptr, none);
   };
   // A w8a decode step (one row block, one attention group) holds one OpenMP team for all its layers
   // (cpu_tiles.h Team): its ~150 small parallel calls no longer each open a parallel region. The same
@@ -221,7 +249,7 @@ at::Tensor batch_layers(const at::Tensor& x0, const at::Tensor& cos, const at::T
     tiles::Team::lead(at::get_num_threads(), layers);
   else
     layers();
-  return ws.x.view({1, ws.x.size(0), hidden});
+  return head.empty() ? ws.x.view({1, ws.x.size(0), hidden}) : logits;
 }
 
 }  // namespace
@@ -231,7 +259,8 @@ TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
         "int H, int KV, int D, int q_size, int kv_size, float scale, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
         "Tensor(c!)?[] k_scales, Tensor(d!)?[] v_scales, "
         "int[] starts, int[] lengths, int[] offsets, int[] decode, int[] others, Tensor?[] masks, bool wide, "
-        "int kind=0, int isa=0) -> Tensor");
+        "int kind, int isa, Tensor? embed, Tensor[] head, Tensor? head_norm, float head_eps, int head_kind, "
+        "int head_isa, Tensor? head_bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) { m.impl("batch_layers", &batch_layers); }

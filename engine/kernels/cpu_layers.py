@@ -66,9 +66,10 @@ def loop_kind(model, form: str | None) -> tuple[int, int] | None:
     return next(iter(kinds)) if len(kinds) == 1 and None not in kinds else None
 
 
-def layer_weights(model, form: str | None) -> tuple | None:
+def layer_weights(model, form: str | None, head_norm: bool = False) -> tuple | None:
     """What run_layers reads, per layer (the norms' weights, the projections' panels and biases; then the
-    kind, the form and the model's sizes), or None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
+    kind, the form and the model's sizes; then the step's ends: the embedding table where the model's is a plain
+    nn.Embedding, and with `head_norm` (the plan's) the final norm and the w8a head's product arguments), or None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
     w8a layer of the first one's class, or the kernels are off; the plan checks the rest, e.g. fp32
     activations). `form`: the plan's for the w8a layers (Plan.w8a_form). Makes the panels: call it only where our kernel runs the rows (the runner keeps
     the lists: walking them each forward cost a measurable share of a one-row step, docs/history.md).
@@ -101,20 +102,29 @@ def layer_weights(model, form: str | None) -> tuple | None:
     blk = model.blocks[0]
     shape = ([blk.qkv.out_features, blk.o.out_features, blk.gate_up.out_features, blk.down.out_features],
              blk.attn_norm.eps, model.n_heads, model.n_kv_heads, model.head_dim, blk.q_size, blk.kv_size, blk.scaling)
-    return weights, biases, kind, kind_isa[1], shape
+    embed = model.embed._parameters["weight"] if type(model.embed) is torch.nn.Embedding else None
+    head = None
+    if head_norm:  # the plan folds the final norm into a w8a head's quantizer (Plan.head_norm)
+        head_w, head_kind, head_bias, head_form = model.lm_head.product_args()
+        head = (model.norm.weight, model.norm.eps, head_w, head_kind, cpu_qdot.ISAS[head_form][0], head_bias)
+    return weights, biases, kind, kind_isa[1], shape, embed, head
 
 
-def run_layers(model, layers: tuple, x, cos, sin, caches, starts, lengths, offsets, decode, others,
-               masks):
-    """engine/runtime/eager.py's layer loop (`blocks`) over x [1, R, hidden] in one call. `layers`:
-    layer_weights(model, plan.w8a_form); the rest are eager.forward's (`decode` the sequences whose row takes our
-    attention kernel, `others` the ones through SDPA with masks[b]); a cache at another precision than the
-    model's (KVCache.kind) brings its int8 scales, and its rows are read and stored as the Python loop does
-    (engine/runtime/eager.py). Returns x after the last layer."""
-    weights, biases, kind, isa, shape = layers  # shape: the sizes below, read once (module lookups cost ~1 us each)
+def run_layers(model, layers: tuple, ids, cos, sin, caches, starts, lengths, offsets, decode, others,
+               masks, logits: bool = False):
+    """engine/runtime/eager.py's layer loop (`blocks`) over the rows of token ids `ids` [R] in one call, the
+    embedding in it where `layers` has the table. `layers`: layer_weights(model, plan.w8a_form, plan.head_norm);
+    the rest are eager.forward's (`decode` the sequences whose row takes our attention kernel, `others` the ones
+    through SDPA with masks[b]); a cache at another precision than the model's (KVCache.kind) brings its int8
+    scales, and its rows are read and stored as the Python loop does (engine/runtime/eager.py). Returns x after
+    the last layer [1, R, hidden]; with `logits` (and the head in `layers`) each sequence's last row's logits
+    [B, vocab], the final norm folded into the head's product as w8a.py normed_product does."""
+    weights, biases, kind, isa, shape, embed, head = layers  # shape: the sizes below, read once (module lookups cost ~1 us each)
     outs, eps, H, KV, D, q_size, kv_size, scale = shape
+    x = ids if embed is not None else model.embed(ids[None])
+    norm, norm_eps, head_w, head_kind, head_isa, head_bias = head if logits and head else (None, 0.0, [], 0, 0, None)
     return torch.ops.latency_lab_gemv.batch_layers(
         x, cos, sin, weights, biases, outs, eps, H, KV, D, q_size, kv_size, scale, [c.k for c in caches],
         [c.v for c in caches], [getattr(c, "k_scale", None) for c in caches],
         [getattr(c, "v_scale", None) for c in caches], starts, lengths, offsets, decode, others, masks, cpu_gemm.wide(),
-        kind, isa)
+        kind, isa, embed, head_w, norm, norm_eps, head_kind, head_isa, head_bias)

@@ -94,8 +94,13 @@ class _W8ALinear(WeightOnlyLinear):
         `head_norm`: the final norm and lm_head of a decode step, engine/runtime/eager.py): the same bits as
         ours_product(norm(x)), without the normed rows in memory nor a call per op. [rows, out] fp32."""
         x = x.reshape(-1, self.in_features).contiguous()
-        return cpu_qdot.normed_w8a(x, norm.weight, norm.eps, [self._buffers[n] for n in self.WEIGHTS], self.KIND,
-                                   self.bias, self.isa)
+        return cpu_qdot.normed_w8a(x, norm.weight, norm.eps, *self.product_args())
+
+    def product_args(self) -> tuple:
+        """What our integer kernels' product reads of this layer: (weights, kind, bias, form), as
+        cpu_qdot.normed_w8a takes them; the C++ layer loop
+        takes them too, for a decode step's head (engine/kernels/cpu_layers.py)."""
+        return [self._buffers[n] for n in self.WEIGHTS], self.KIND, self.bias, self.isa
 
     forward = ours_product  # its only layout is the integer kernels' (the transformers forward calls this)
 

@@ -54,7 +54,6 @@ def forward(model, plan, rows, caches, all_logits: bool = False, layers=None) ->
     else:
         pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(device)
         cos, sin = model.cos[pos], model.sin[pos]  # [R, D]: each row at its own sequence's position
-    x = model.embed(ids[None])  # [1, R, hidden]
     masks = [None if n == 1 or s == 0 else _prefix_causal(s, n, device)
              for s, n in zip(starts, lengths)]  # new tokens see the cached prefix, and causally each other
     offsets = [sum(lengths[:b]) for b in range(B)]  # sequence b's first row
@@ -63,13 +62,16 @@ def forward(model, plan, rows, caches, all_logits: bool = False, layers=None) ->
     decode = [b for b, n in enumerate(lengths) if n == 1 and paths[b] != "sdpa"]  # rows through our attention kernel
     others = [b for b, n in enumerate(lengths) if not (n == 1 and paths[b] != "sdpa")]  # through SDPA
     if max(lengths) <= plan.loop_rows(kinds):  # the same loop in one C++ call: the same bits, far fewer hand-offs
-        x = cpu_layers.run_layers(model, layers or cpu_layers.layer_weights(model, plan.w8a_form), x, cos, sin, caches, starts,
-                                  lengths, offsets, decode, others, masks)
+        layers = layers or cpu_layers.layer_weights(model, plan.w8a_form, plan.head_norm)
+        x = cpu_layers.run_layers(model, layers, ids, cos, sin, caches, starts, lengths, offsets, decode, others,
+                                  masks, not all_logits)  # with the head where layers has it
     else:
         attend = _attention(model, caches, starts, lengths, offsets, decode, others, masks)
-        x = blocks(model, x, cos, sin, Projections(lengths, plan.linears).linear, attend)
+        x = blocks(model, model.embed(ids[None]), cos, sin, Projections(lengths, plan.linears).linear, attend)
     for c, s, n in zip(caches, starts, lengths):
         c.length = s + n
+    if x.dim() == 2:  # the logits: the C++ call ran the head too (layer_weights keeps it where plan.head_norm)
+        return x
     if all_logits:
         head_lengths = lengths
     else:

@@ -54,7 +54,7 @@ class Runner:
         self._graphs_ready = False
         self._lock = threading.Lock()
         w8a.tell(model, plan.w8a_form)  # the w8a layers' kernel form: the plan's (before any forward)
-        self._layers = cpu_layers.layer_weights(model, plan.w8a_form) if plan.cpp_rows else None  # the C++ loop's lists
+        self._layers = cpu_layers.layer_weights(model, plan.w8a_form, plan.head_norm) if plan.cpp_rows else None  # the C++ loop's
         self._prepare_weights()
 
     # --- what the decode loop asks of a model ---------------------------------------------------
