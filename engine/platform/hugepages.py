@@ -10,29 +10,93 @@ nor advised), so this module maps the region itself and hands out a tensor over 
 
 Where the kernel has THP off ("never" in /sys/kernel/mm/transparent_hugepage/enabled) or the platform
 has no madvise, the region is ordinary memory: the same tensor, the same bits, no gain.
+
+Regions are reused: a region no tensor holds any more serves the next one of about its size, zeroed
+again. A region's first touch costs the kernel's zeroing of each 2 MB page and, in a VM, the host's
+own faults: a 47 MB region took 43-61 ms to touch first and 1.5 ms to zero again (AMD EPYC Zen 4 VM,
+2026-12-06; 12 ms in 4 KB pages), and every request's KV cache is such a region, grown into a new one
+when a chat's next turn extends it (docs/kv-reuse.md).
 """
 
 from __future__ import annotations
 
 import mmap
+import sys
+import threading
 
 import torch
 
 HUGE = 2 << 20
+IDLE_BYTES = 256 << 20  # idle regions kept for reuse, at most (checked at each call); past it the least recently used are unmapped
+REUSE_SLACK = 1.5  # a region serves a tensor of at least 1 / REUSE_SLACK of its size (no more room idles)
+
+_regions: list[mmap.mmap] = []  # every region mapped and not yet unmapped, least recently handed out first
+_lock = threading.Lock()
+
+
+def _refs(regions: list, i: int) -> int:
+    return sys.getrefcount(regions[i])
+
+
+# A region's references when only _regions holds it: a tensor over it (and every view of that tensor)
+# holds one more, through its storage, until the last of them is freed.
+_IDLE_REFS = _refs([object()], 0)
 
 
 def region(nbytes: int) -> torch.Tensor:
     """A zeroed uint8 tensor of `nbytes` on the CPU, starting on a 2 MB boundary and advised for huge
-    pages. The mapping lives as long as a tensor (or a view) over it."""
-    buf = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    start = torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()
-    offset = (-start) % HUGE
-    if hasattr(buf, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            buf.madvise(mmap.MADV_HUGEPAGE, offset, nbytes + HUGE - offset)
-        except OSError:  # THP not built in: ordinary pages
-            pass
-    return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
+    pages: an idle region of about its size zeroed again, else a new one. The mapping lives as long as
+    a tensor (or a view) over it, and after that while it is kept for reuse."""
+    with _lock:
+        _trim()  # regions freed since the last call count now
+        buf = _reuse(nbytes)
+    if buf is None:
+        buf = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(buf, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                buf.madvise(mmap.MADV_HUGEPAGE, _offset(buf), nbytes + HUGE - _offset(buf))
+            except OSError:  # THP not built in: ordinary pages
+                pass
+        t = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=_offset(buf))
+        with _lock:
+            _regions.append(buf)
+        return t
+    return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=_offset(buf)).zero_()
+
+
+def _offset(buf: mmap.mmap) -> int:
+    return (-torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()) % HUGE
+
+
+def _reuse(nbytes: int) -> mmap.mmap | None:
+    """The smallest idle region that fits `nbytes` within REUSE_SLACK, moved to the back (under _lock)."""
+    need = nbytes + HUGE
+    fits = [i for i in range(len(_regions)) if need <= len(_regions[i]) <= REUSE_SLACK * need
+            and _refs(_regions, i) == _IDLE_REFS]
+    if not fits:
+        return None
+    buf = _regions.pop(min(fits, key=lambda i: len(_regions[i])))
+    _regions.append(buf)
+    return buf
+
+
+def _trim() -> None:
+    """Unmap the least recently handed out idle regions past IDLE_BYTES (under _lock)."""
+    idle = [i for i in range(len(_regions)) if _refs(_regions, i) == _IDLE_REFS]
+    total, drop = sum(len(_regions[i]) for i in idle), []
+    for i in idle:
+        if total <= IDLE_BYTES:
+            break
+        total -= len(_regions[i])
+        drop.append(i)
+    for i in reversed(drop):
+        _regions.pop(i).close()
+
+
+def idle_bytes() -> int:
+    """Bytes of regions no tensor holds, kept for reuse."""
+    with _lock:
+        return sum(len(_regions[i]) for i in range(len(_regions)) if _refs(_regions, i) == _IDLE_REFS)
 
 
 def gather(tensors: list[torch.Tensor], align: int = 16) -> list[torch.Tensor]:
