@@ -26,7 +26,7 @@
 // token ids, [R] int64: at::embedding, nn.Embedding's forward) and `head` (a w8a lm_head's weights, with the
 // final norm folded into its quantizer: engine/quant/w8a.py normed_product, the plan's head_norm), so that a
 // decode step is one call: each Python op between the layers and the head cost ~10-50 us a step with the
-// caches cold from the weights' stream (docs/quantization-w8a-2026-12-05.md). With `head` it returns each
+// caches cold from the weights' stream (docs/quantization-w8a-2026-12-06.md). With `head` it returns each
 // sequence's last row's logits, [B, vocab] fp32, else x after the last layer.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
