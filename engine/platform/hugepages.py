@@ -50,29 +50,35 @@ def region(nbytes: int) -> torch.Tensor:
     with _lock:
         _trim()  # regions freed since the last call count now
         buf = _reuse(nbytes)
-    if buf is None:
-        buf = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(buf, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                buf.madvise(mmap.MADV_HUGEPAGE, _offset(buf), nbytes + HUGE - _offset(buf))
-            except OSError:  # THP not built in: ordinary pages
-                pass
-        t = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=_offset(buf))
-        with _lock:
-            _regions.append(buf)
-        return t
-    return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=_offset(buf)).zero_()
+    if buf is not None:
+        return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=_offset(buf)).zero_()
+    buf = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    offset = _offset(buf)
+    if hasattr(buf, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE, offset, nbytes + HUGE - offset)
+        except OSError:  # THP not built in: ordinary pages
+            pass
+    t = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
+    with _lock:
+        _regions.append(buf)
+    return t
 
 
 def _offset(buf: mmap.mmap) -> int:
+    """Bytes from the mapping's start to its first 2 MB boundary."""
     return (-torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()) % HUGE
+
+
+def _idle() -> list[int]:
+    """Indices in _regions of the regions no tensor holds, least recently handed out first (under _lock)."""
+    return [i for i in range(len(_regions)) if _refs(_regions, i) == _IDLE_REFS]
 
 
 def _reuse(nbytes: int) -> mmap.mmap | None:
     """The smallest idle region that fits `nbytes` within REUSE_SLACK, moved to the back (under _lock)."""
     need = nbytes + HUGE
-    fits = [i for i in range(len(_regions)) if need <= len(_regions[i]) <= REUSE_SLACK * need
-            and _refs(_regions, i) == _IDLE_REFS]
+    fits = [i for i in _idle() if need <= len(_regions[i]) <= REUSE_SLACK * need]
     if not fits:
         return None
     buf = _regions.pop(min(fits, key=lambda i: len(_regions[i])))
@@ -82,7 +88,7 @@ def _reuse(nbytes: int) -> mmap.mmap | None:
 
 def _trim() -> None:
     """Unmap the least recently handed out idle regions past IDLE_BYTES (under _lock)."""
-    idle = [i for i in range(len(_regions)) if _refs(_regions, i) == _IDLE_REFS]
+    idle = _idle()
     total, drop = sum(len(_regions[i]) for i in idle), []
     for i in idle:
         if total <= IDLE_BYTES:
@@ -96,7 +102,7 @@ def _trim() -> None:
 def idle_bytes() -> int:
     """Bytes of regions no tensor holds, kept for reuse."""
     with _lock:
-        return sum(len(_regions[i]) for i in range(len(_regions)) if _refs(_regions, i) == _IDLE_REFS)
+        return sum(len(_regions[i]) for i in _idle())
 
 
 def gather(tensors: list[torch.Tensor], align: int = 16) -> list[torch.Tensor]:
