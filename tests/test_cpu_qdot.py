@@ -55,7 +55,7 @@ def test_every_form_this_cpu_runs_passed_its_check_and_the_best_is_chosen():
 @pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 192, 224, 256, 288, 480, 576, 1536])
 def test_each_form_equals_the_reference_and_the_others_bit_for_bit(k):
     (q8, s8), p4 = _weights(136, k)
-    x = torch.randn(6, k) * 2
+    x = torch.randn(35, k) * 2  # AMX: two 16-row tiles, then 3 rows through the row kernels
     x[1, :32] = 0  # an all-zero block
     for what, run, ref in (("int8", lambda f: cpu_qdot.int8_w8a(x, q8, s8, f), cpu_qdot.int8_reference(x, q8, s8)),
                            ("int4", lambda f: cpu_qdot.int4_w8a(x, p4, f),
@@ -96,17 +96,18 @@ def test_a_4bit_row_holds_each_chunks_scales_and_offsets_right_after_its_weights
 
 
 @needs_kernels
-@pytest.mark.parametrize("form", ["avx2", "avx512-vnni"])
+@pytest.mark.parametrize("form", ["avx2", "avx512-vnni", "amx-int8"])
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(form):
     if form not in _forms():
         pytest.skip(f"this CPU does not run {form} (test_forced_* covers the choice)")
     (q8, s8), p4 = _weights(200, 576, seed=1)
-    x = torch.randn(11, 576)
+    x = torch.randn(40, 576)
     for run in (lambda a: cpu_qdot.int8_w8a(a, q8, s8, form), lambda a: cpu_qdot.int4_w8a(a, p4, form)):
         full = run(x)
-        for m in (1, 2, 3, 4, 5, 9):
+        for m in (1, 2, 3, 4, 5, 9, 16, 17, 33):  # AMX: rows in a 16-row tile, past it, in a second one
             assert torch.equal(run(x[:m].contiguous()), full[:m])
         assert torch.equal(run(x[7:8].contiguous()), full[7:8])  # a decode row == the same row in a prefill
+        assert torch.equal(run(x[20:36].contiguous()), full[20:36])  # a tile of rows that sat across two
 
 
 def _caps(**changes):
@@ -128,13 +129,26 @@ def test_forced_avx_vnni_is_taken_only_where_cpuid_confirms_it():
 
 @needs_kernels
 def test_a_form_that_fails_its_check_gives_way_to_the_next(monkeypatch):
-    """The 512-bit form failing its check (a wrong result, a missing instruction) leaves its 256-bit form
-    where the CPU runs it, else AVX2: each fallback of the AVX-512 class is reachable."""
-    checked = dict(cpu_qdot._checked())
-    monkeypatch.setattr(cpu_qdot, "_checked", lambda: {**checked, "avx512-vnni": "forced to fail"})
-    want = "avx512-vnni-256" if "avx512-vnni-256" in _forms() and set(cpu_qdot.ISAS["avx512-vnni-256"][1]) <= \
-        set(capabilities.detect().isa) else "avx2"
-    assert cpu_qdot.best_form(capabilities.detect()) == want
+    """Each form failing its check (a wrong result, a missing instruction) in turn, best first, leaves the
+    next one this CPU runs and its capabilities list, down to AVX2: every fallback of this CPU's class is
+    reachable (AMX -> 512-bit VNNI -> its 256-bit form -> ... on an AMX Xeon)."""
+    checked, have = dict(cpu_qdot._checked()), set(capabilities.detect().isa)
+    usable = [f for f in cpu_qdot.ISAS if f in _forms() and set(cpu_qdot.ISAS[f][1]) <= have]
+    failed = {}
+    for form, after in zip(usable, usable[1:]):
+        failed[form] = "forced to fail"
+        monkeypatch.setattr(cpu_qdot, "_checked", lambda: {**checked, **failed})
+        assert cpu_qdot.best_form(capabilities.detect()) == after
+
+
+@needs_kernels
+def test_forced_cpu_without_amx_takes_the_512_bit_vnni_form():
+    """An AVX-512 VNNI CPU without AMX (Ice Lake, Zen 4/5) takes the 512-bit VNNI form; AMX is taken only
+    where the capabilities list it and cpuid and Linux confirm it."""
+    vnni = (*AVX2_ONLY, "avx512_vnni", "avx512vl", "avx512bw")
+    assert cpu_qdot.best_form(_caps(isa=vnni)) == "avx512-vnni"
+    got = cpu_qdot.best_form(_caps(isa=(*vnni, "amx_tile", "amx_int8")))
+    assert got == ("amx-int8" if "amx-int8" in _forms() else "avx512-vnni")
 
 
 def test_forced_cpu_without_avx2_serves_the_reference_and_says_so(monkeypatch):
@@ -151,7 +165,7 @@ def test_forced_cpu_without_avx2_serves_the_reference_and_says_so(monkeypatch):
 def _decode(runner, prompts, steps=8, forced=None):
     """Each prompt's greedy tokens and every step's logits, decoded together (a batch); with `forced`
     (tokens per prompt), those tokens are fed instead of the greedy ones (teacher forcing)."""
-    caches = [runner.new_cache(40) for _ in prompts]
+    caches = [runner.new_cache(64) for _ in prompts]
     with torch.inference_mode():
         logits = [torch.stack([runner.run(Batch([p], [c]))[0] for p, c in zip(prompts, caches)])]
         out = [[int(t)] for t in logits[0].argmax(-1)]
@@ -182,7 +196,8 @@ def test_the_plan_chooses_each_form_from_the_capabilities_and_every_form_decodes
 
     model = build(bundled, variant)[0].model
     layers = [m for m in model.modules() if isinstance(m, _W8ALinear)]
-    prompts = [[1, 504, 3458, 30], [1, 2683, 314, 11, 17]]
+    # the third prompt fills two 16-row tiles and leaves 8 rows: AMX's prefill against the others' bits
+    prompts = [[1, 504, 3458, 30], [1, 2683, 314, 11, 17], [1] + [(97 * i) % 4000 + 30 for i in range(39)]]
     classes = {"this cpu": (capabilities.detect().isa, cpu_qdot.best_form(capabilities.detect())),
                "avx2 only": (AVX2_ONLY, "avx2"), "no avx": ((), None)}
     runners = {}

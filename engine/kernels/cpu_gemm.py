@@ -54,7 +54,7 @@ PANEL = 16  # the fp32 kernel's output channels per panel (cpu_gemm.cpp: kPanel)
 _SOURCES = [str(Path(__file__).with_name(name)) for name in (
     "cpu_gemm.cpp", "cpu_attention.cpp", "cpu_layers.cpp",
     "cpu_qdot.cpp", "cpu_qdot_quant.cpp", "cpu_fused.cpp", "cpu_qdot_avx2.cpp", "cpu_qdot_vnni512.cpp",
-    "cpu_qdot_avxvnni.cpp", "cpu_tiles.cpp")]
+    "cpu_qdot_avxvnni.cpp", "cpu_qdot_amx.cpp", "cpu_tiles.cpp")]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
 log = logging.getLogger(__name__)
 _build_lock = threading.Lock()  # the worker may build a variant while the API asks for engine info

@@ -1,8 +1,8 @@
 // Integer dot-product products for int8 and 4-bit weights: activations quantized to int8 per block of
 // 32 on the fly (llama.cpp's Q8_0, ONNX Runtime's MatMulNBits accuracy level 4), weights multiplied as
-// integers (vpmaddubsw/vpmaddwd on AVX2, vpdpbusd with AVX-512 VNNI or AVX-VNNI), one float FMA per 8
-// blocks (the interleaved layout: cpu_qdot.h). engine/kernels/cpu_qdot.py picks the ISA from the
-// detected capabilities and checks it.
+// integers (vpmaddubsw/vpmaddwd on AVX2, vpdpbusd with AVX-512 VNNI or AVX-VNNI, AMX tiles for each 16
+// rows: cpu_qdot_amx.cpp), one float FMA per 8 blocks (the interleaved layout: cpu_qdot.h).
+// engine/kernels/cpu_qdot.py picks the ISA from the detected capabilities and checks it.
 //
 // Why separate files per ISA with runtime dispatch (cpu_qdot.h), not target attributes: a `#pragma GCC
 // target` per file makes every intrinsic of that ISA legal in the shared templated body, and no torch
@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -28,7 +29,7 @@ namespace {
 using qdot::kBlock;
 using qdot::Quantized;
 
-enum Isa : int64_t { kAvx2 = 1, kVnni512 = 2, kAvxVnni = 4, kVnni256 = 8 };  // cpu_qdot.py ISAS
+enum Isa : int64_t { kAvx2 = 1, kVnni512 = 2, kAvxVnni = 4, kVnni256 = 8, kAmx = 16 };  // cpu_qdot.py ISAS
 
 int64_t probe_isas() {  // cpuid, as the CPU that runs the code reports it (an emulator's, not /proc's)
   __builtin_cpu_init();
@@ -38,6 +39,9 @@ int64_t probe_isas() {  // cpuid, as the CPU that runs the code reports it (an e
       __builtin_cpu_supports("avx512bw"))
     mask |= kVnni512 | kVnni256;
   if ((mask & kAvx2) && __builtin_cpu_supports("avxvnni")) mask |= kAvxVnni;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // AMX-TILE and AMX-INT8: cpuid leaf 7, EDX bits 24 and 25
+  const bool amx = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 24 & 1) && (edx >> 25 & 1);
+  if ((mask & kVnni512) && amx && qdot::amx::enable()) mask |= kAmx;  // its rows past the tiles take vnni512
   return mask;
 }
 
@@ -47,9 +51,10 @@ int64_t supported_isas() {  // probed once a process: a product asks every call
 }
 
 std::pair<qdot::RowsFn, qdot::RowsFn> kernels(int64_t isa) {
-  TORCH_CHECK(isa == kAvx2 || isa == kVnni512 || isa == kAvxVnni || isa == kVnni256, "unknown integer-kernel ISA ", isa);
+  TORCH_CHECK(isa == kAvx2 || isa == kVnni512 || isa == kAvxVnni || isa == kVnni256 || isa == kAmx,
+              "unknown integer-kernel ISA ", isa);
   TORCH_CHECK(supported_isas() & isa, "this CPU lacks the instructions of integer-kernel ISA ", isa);
-  if (isa == kVnni512) return {&qdot::vnni512::int8_rows, &qdot::vnni512::int4_rows};
+  if (isa == kVnni512 || isa == kAmx) return {&qdot::vnni512::int8_rows, &qdot::vnni512::int4_rows};
   if (isa == kVnni256) return {&qdot::vnni256::int8_rows, &qdot::vnni256::int4_rows};
   if (isa == kAvxVnni) return {&qdot::avxvnni::int8_rows, &qdot::avxvnni::int4_rows};
   return {&qdot::avx2::int8_rows, &qdot::avx2::int4_rows};
@@ -57,12 +62,33 @@ std::pair<qdot::RowsFn, qdot::RowsFn> kernels(int64_t isa) {
 
 constexpr int64_t kTile = 64;  // many rows: output channels a tile, their weights kept in L2 across row blocks
 
-// Every row block over every tile of output channels (cpu_tiles.h: who takes which, and how big).
-void run(const qdot::Args& a, int64_t M, qdot::RowsFn rows) {
-  const int64_t tile = tiles::size(a.N, M <= qdot::kMaxRows, kTile, 16);
+static_assert(kTile == qdot::amx::kGroups * qdot::amx::kCols, "an AMX panel is a tile of channels");
+
+// Every row block over every tile of output channels (cpu_tiles.h: who takes which, and how big). In the
+// AMX form, the rows that fill 16-row tiles go through them (`tiled`: a panel's weights laid out once,
+// in `scratch`, for all of them), the rest through the row kernels.
+void run(const qdot::Args& a, int64_t M, qdot::RowsFn rows, int64_t isa, int64_t kind) {
+  const int64_t tiled = isa == kAmx ? M / qdot::amx::kRows * qdot::amx::kRows : 0;
+  const int64_t tile = tiled ? kTile : tiles::size(a.N, M <= qdot::kMaxRows, kTile, 16);
+  at::Tensor xb, scratch;
+  const int64_t panel = tiled ? qdot::amx::panel_bytes(a.K) : 0;
+  if (tiled) {
+    const auto bytes = at::TensorOptions().dtype(at::kByte);
+    xb = at::empty({tiled * a.K}, bytes);
+    scratch = at::empty({(a.N + tile - 1) / tile * panel}, bytes);
+    int8_t* to = reinterpret_cast<int8_t*>(xb.data_ptr<uint8_t>());
+    tiles::run(tiled / qdot::amx::kRows, [&](int64_t b) {
+      qdot::amx::blocks(a, b * qdot::amx::kRows, (b + 1) * qdot::amx::kRows, to);
+    });
+  }
   tiles::run((a.N + tile - 1) / tile, [&](int64_t t) {
     const int64_t n0 = t * tile, n1 = std::min(a.N, n0 + tile);
-    for (int64_t m0 = 0; m0 < M; m0 += qdot::kMaxRows)
+    if (tiled) {
+      const int8_t* from = reinterpret_cast<const int8_t*>(xb.data_ptr<uint8_t>());
+      uint8_t* mine = scratch.data_ptr<uint8_t>() + t * panel;
+      (kind == 1 ? qdot::amx::int8_tiles : qdot::amx::int4_tiles)(a, from, tiled, n0, n1, mine);
+    }
+    for (int64_t m0 = tiled; m0 < M; m0 += qdot::kMaxRows)
       rows(a, m0, static_cast<int>(std::min<int64_t>(qdot::kMaxRows, M - m0)), n0, n1);
   });
 }
@@ -180,7 +206,7 @@ at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t 
                 "residual: contiguous fp32 [M, N]");
     a.resid = residual.data_ptr<float>();
   }
-  run(a, M, kind == 1 ? fns.first : fns.second);
+  run(a, M, kind == 1 ? fns.first : fns.second, isa, kind);
   return y;
 }
 

@@ -3,8 +3,9 @@
 // The per-ISA row kernels (cpu_qdot_avx2.cpp, cpu_qdot_vnni512.cpp, cpu_qdot_avxvnni.cpp) share one
 // body (cpu_qdot_body.inc) and differ only in how they multiply 32 unsigned bytes by 32 signed bytes
 // into 8 int32 sums: vpmaddubsw + vpmaddwd (AVX2), vpdpbusd (AVX-512 VNNI on 512 or 256-bit vectors, AVX-VNNI
-// on 256). Every integer sum is exact and every float operation is the same sequence in every form, so
-// the forms give the same bits. This header is plain C++ (no torch): the ISA files include nothing
+// on 256); the AMX form (cpu_qdot_amx.cpp) takes each 16 rows of a product through tiles and the rest
+// through the 512-bit rows. Every integer sum is exact and every float operation is the same sequence
+// in every form, so the forms give the same bits. This header is plain C++ (no torch): the ISA files include nothing
 // compiled with their wider flags that another file could link to.
 //
 // The interleaved layout (engine/kernels/cpu_qdot.py `interleave`), of the weights (their own, per
@@ -51,5 +52,19 @@ namespace avx2 { void int8_rows(const Args&, int64_t, int, int64_t, int64_t); vo
 namespace vnni256 { void int8_rows(const Args&, int64_t, int, int64_t, int64_t); void int4_rows(const Args&, int64_t, int, int64_t, int64_t); }
 namespace vnni512 { void int8_rows(const Args&, int64_t, int, int64_t, int64_t); void int4_rows(const Args&, int64_t, int, int64_t, int64_t); }
 namespace avxvnni { void int8_rows(const Args&, int64_t, int, int64_t, int64_t); void int4_rows(const Args&, int64_t, int, int64_t, int64_t); }
+
+// AMX-INT8 (cpu_qdot_amx.cpp): rows [0, m_end) (a multiple of kRows) of y for output channels [n0, n1)
+// (at most kGroups * kCols of them), from `xb`, the rows' quantized activations in block order
+// (`blocks`), and `scratch`, panel_bytes(K) bytes (64-byte aligned) of the caller's.
+namespace amx {
+constexpr int kRows = 16;    // activation rows a tile
+constexpr int kCols = 16;    // output channels a tile (a 512-bit vector's fp32 lanes)
+constexpr int kGroups = 4;   // tiles of channels a panel: 64 channels, cpu_qdot.cpp's kTile
+bool enable();               // asks Linux for the tile state once a process; false: tiles unusable
+int64_t panel_bytes(int64_t K);
+void blocks(const Args&, int64_t m0, int64_t m1, int8_t* xb);  // rows [m0, m1) of a.xq in block order [M, K]
+void int8_tiles(const Args&, const int8_t* xb, int64_t m_end, int64_t n0, int64_t n1, uint8_t* scratch);
+void int4_tiles(const Args&, const int8_t* xb, int64_t m_end, int64_t n0, int64_t n1, uint8_t* scratch);
+}  // namespace amx
 
 }  // namespace qdot

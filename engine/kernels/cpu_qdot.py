@@ -28,6 +28,10 @@ instructions (`python -m engine.bench gemv` prints both at each row count).
 
 The forms, best first (`ISAS`); the execution plan (engine/runtime/plan.py) picks the best one the
 detected capabilities (engine/platform/capabilities.py) allow (`best_form`), confirmed by cpuid in the kernel itself (an emulator may show the host's flags in /proc/cpuinfo):
+- `amx-int8`: AMX tiles (cpu_qdot_amx.cpp: tdpbssd, 16 rows x 16 channels x one block a multiply) for
+  every 16 rows of a product, the 512-bit VNNI row kernels for the rows left over (a decode step's
+  one): Sapphire Rapids and later Xeons, where Linux grants the tile state. A long prompt's products
+  run ~2x the VNNI form's speed there (`python -m engine.bench gemv`; docs/quantization-amx-2026-12-06.md);
 - `avx512-vnni`: vpdpbusd, EVEX on 512-bit vectors, two steps of a chunk a load (AVX-512 VNNI + VL +
   BW: Ice Lake and later Xeons, Zen 4/5);
 - `avx512-vnni-256`: the same on 256-bit vectors: the fallback within that class. Intel's AVX-512
@@ -36,9 +40,8 @@ detected capabilities (engine/platform/capabilities.py) allow (`best_form`), con
 - `avx-vnni`: the same instruction VEX-encoded (Alder Lake and later client cores, Zen 5);
 - `avx2`: vpmaddubsw + vpmaddwd (every x86-64 CPU torch dispatches AVX2 on).
 The integer sums are exact and the float operations the same sequence in every form, so all forms
-give the same bits (the check below holds them to it). AMX-INT8 (Sapphire Rapids and later) is not written: this machine (Zen 4) has
-no AMX, and neither qemu-user nor any emulator we can install offline executes AMX tiles, so it could
-not be tested honestly. Where none of these runs (no AVX2, no compiler, a switch off, a failed
+give the same bits (the check below holds them to it, at row counts inside and past a 16-row tile).
+Where none of these runs (no AVX2, no compiler, a switch off, a failed
 check), `reference` serves: the same arithmetic in torch ops (the integer sums exact in fp32: every
 partial sum stays below 2^24), only the float sums' order differs.
 """
@@ -56,6 +59,8 @@ from engine.platform import capabilities
 BLOCK = 32  # inputs per activation scale (and per 4-bit weight scale)
 # name -> (the kernel's code for it (cpu_qdot.cpp `Isa`), capabilities flags it needs, its instructions)
 ISAS = {
+    "amx-int8": (16, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw", "amx_tile", "amx_int8"),
+                 "AMX-INT8 tiles (tdpbssd) for each 16 rows, vpdpbusd (AVX-512 VNNI, 512-bit) for the rest"),
     "avx512-vnni": (2, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw"), "vpdpbusd (AVX-512 VNNI, 512-bit)"),
     "avx512-vnni-256": (8, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw"), "vpdpbusd (AVX-512 VNNI, 256-bit)"),
     "avx-vnni": (4, ("avx2", "fma", "avx_vnni"), "vpdpbusd (AVX-VNNI)"),
@@ -286,7 +291,7 @@ def _checked() -> dict[str, str | None]:
     q8, s8 = quantize_int8(w)
     q4 = torch.randint(0, 16, (n, k), generator=gen)
     packed = pack_int4(q4, torch.rand(n, k // BLOCK, generator=gen) * 0.1, torch.randn(n, k // BLOCK, generator=gen) * 0.1)
-    xs = [torch.randn(m, k, generator=gen) * 3 for m in (1, 2, 3, 4, 5, 9)]
+    xs = [torch.randn(m, k, generator=gen) * 3 for m in (1, 2, 3, 4, 5, 9, 16, 35)]  # AMX: 16-row tiles and rows past them
     xs[0][0, :BLOCK] = 0  # an all-zero block: scale 0
     results, out = {}, {}
     for name in ISAS:

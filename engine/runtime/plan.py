@@ -16,8 +16,8 @@ The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
   in the forms of EVERY_ROW_FORMS (a long prompt too: faster than the fp32 GEMM over the dequantized
   weights at every row count measured); in the AVX2 form and under the torch reference, for up to
   OURS_ROWS rows, past them that fp32 GEMM (`WO_DEQUANT_FP32`). The integer kernels' form
-  (`w8a_form`) by rule, the best of cpu_qdot.ISAS the capabilities allow (AVX-512 VNNI 512-bit, its
-  256-bit form, AVX-VNNI, AVX2), else the torch reference (no AVX2, no compiler, a switch off); the
+  (`w8a_form`) by rule, the best of cpu_qdot.ISAS the capabilities allow (AMX-INT8 tiles for each 16
+  rows, AVX-512 VNNI 512-bit, its 256-bit form, AVX-VNNI, AVX2), else the torch reference (no AVX2, no compiler, a switch off); the
   runner tells the layers the form;
 - weight-only int8/4-bit: ours (`WO_OURS`) on CPU where the layer holds our layout and the race below
   picked ours, else torch's (`WO_TORCH`); bitsandbytes: `BNB`; any other module, or off the CPU: `ATEN`;
@@ -62,7 +62,7 @@ OURS_ROWS = 256  # our fp32 kernel serves a sequence of up to this many rows: ev
 # so they take a long prompt's rows too: the vpdpbusd ones. The AVX2 form (vpmaddubsw) lost to it at 1,400 rows
 # with int8 weights, so under it a long prompt keeps that GEMM (`python -m engine.bench gemv`: `dequant-fp32`;
 # docs/quantization-w8a-2026-12-05.md).
-EVERY_ROW_FORMS = ("avx512-vnni", "avx512-vnni-256", "avx-vnni")
+EVERY_ROW_FORMS = ("amx-int8", "avx512-vnni", "avx512-vnni-256", "avx-vnni")
 PACKED_FP32_MAX = 128  # fp32 rows from 2 up to this through the packed copy; longer prefills through MKL
 ONE_ROW_PACKED_IF = 0.95  # packed step / GEMV step at or below this: single rows go packed too
 KERNELS_MARGIN = 1.1  # torch's weight-only kernels only where a step through them is this much faster
