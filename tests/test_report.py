@@ -184,3 +184,26 @@ def test_the_suite_passes_the_model_flags_on_and_adds_the_gpu_and_peer_steps_whe
     assert steps["gpu"].command(False, forward)[-1] == "--json"
     assert "--peer-python" in steps["peer"].command(False, forward)
     assert [s.name for s in report.suite(None, cuda=False)] == ["limits", "bandwidth", "kv", "lookup", "batching"]
+
+
+def test_bench_peer_runs_llama_cpp_again_without_its_extra_buffers_where_its_amx_path_dies(tmp_path):
+    """llama-cpp-python's AMX path died with SIGILL on an AMX Xeon (engine/bench/peer.py `peer`): the bench
+    runs it again without its extra buffer types, remembers that for the later rounds, and says so."""
+    import json
+    from types import SimpleNamespace
+
+    from engine.bench import peer
+
+    fake = tmp_path / "python"  # a stand-in interpreter: dies by SIGILL unless the job turns the extras off
+    log = tmp_path / "jobs"
+    fake.write_text(f"""#!/bin/sh
+job=$(cat)
+echo "$job" >> {log}
+case "$job" in *'"extra_bufts": false'*) echo '{{"version": "fake", "extra_bufts": false}}' ;; *) kill -ILL $$ ;; esac
+""")
+    fake.chmod(0o755)
+    job = {"gguf": "x", "threads": 2}
+    args = SimpleNamespace(peer_python=str(fake))
+    assert peer.peer(args, job) == {"version": "fake", "extra_bufts": False}
+    assert peer.peer(args, job)["extra_bufts"] is False  # the next round goes straight to the fallback
+    assert [json.loads(line).get("extra_bufts", True) for line in log.read_text().splitlines()] == [True, False, False]

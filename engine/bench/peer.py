@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import time
 
@@ -37,8 +38,16 @@ from engine.bench.kv import ARTICLE
 # The peer side, run by the peer venv's python: token ids in, per-token timestamps out.
 PEER_SCRIPT = r"""
 import json, sys, time
+import llama_cpp.llama_cpp as lib
 from llama_cpp import Llama
 job = json.load(sys.stdin)
+if not job.get("extra_bufts", True):  # without its extra buffer types: AMX and repacked weights (peer() says why)
+    defaults = lib.llama_model_default_params
+    def no_extra():
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+    lib.llama_model_default_params = no_extra
 llm = Llama(model_path=job["gguf"], n_ctx=4096, n_threads=job["threads"], n_batch=512, verbose=False)
 
 def run(ids, n, cold=True):
@@ -54,7 +63,7 @@ def run(ids, n, cold=True):
     cpu_ms = (cpu[-1] - cpu[0]) * 1e3 / (len(cpu) - 1) if len(cpu) > 1 else None
     return {"ttft_ms": (times[0] - t0) * 1e3, "decode_tps": decode, "cpu_ms_per_token": cpu_ms, "tokens": len(times)}
 
-out = {"version": __import__("llama_cpp").__version__}
+out = {"version": __import__("llama_cpp").__version__, "extra_bufts": job.get("extra_bufts", True)}
 out["short"] = run(job["short"], job["max_tokens"])
 out["long"] = run(job["long"], job["max_tokens"])
 run(job["history"], 1)  # the conversation so far is now in llama.cpp's KV
@@ -137,8 +146,15 @@ def _ms(v) -> str:
 
 
 def peer(args, job: dict) -> dict:
+    """llama.cpp's figures for `job`. Where its AMX path dies with an illegal instruction (llama-cpp-python
+    0.3.36 on an Intel Xeon family 6 model 207, a KVM guest, 2026-12-06: `tileloadd` in
+    ggml_backend_amx_mul_mat on any prompt of many tokens), it runs again without its extra buffer types
+    (AMX and repacked weights: its AVX-512 VNNI path), and the result says so (`extra_bufts`: false)."""
     r = subprocess.run([args.peer_python, "-c", PEER_SCRIPT], input=json.dumps(job), capture_output=True,
                        text=True, timeout=1200)
+    if r.returncode == -signal.SIGILL and job.get("extra_bufts", True):
+        job["extra_bufts"] = False  # the later rounds too, without dying first
+        return peer(args, job)
     if r.returncode != 0:
         from engine.core.errors import LatencyLabError
 
@@ -203,6 +219,9 @@ def run(args, out):
         "warm_ttft_ms": median([x["warm"]["ttft_ms"] for x in xs]),
     } for name, xs in runs.items()}
     theirs = table["llama.cpp"]
+    if not runs["llama.cpp"][0].get("extra_bufts", True):
+        out("  llama.cpp: its AMX path died with an illegal instruction here; it ran without its extra buffer "
+            "types (AMX, repacked weights)")
     for name, row in table.items():
         out(f"{name:>20}: decode {row['decode_tps_short']:.1f} tok/s short ({_ms(row['cpu_ms_per_token_short'])} "
             f"CPU/token, {row['tokens_short']:.0f} tokens), {row['decode_tps_long']:.1f} after {len(ids['long'])} tokens "
@@ -225,5 +244,6 @@ def run(args, out):
     return {"ratio": round(ratios["decode_short"], 3), "ratios": {k: round(v, 3) for k, v in ratios.items()},
             "table": table, "best": best, "cpu": caps.cpu_model, "isa": caps.isa_level, "threads": threads,
             "machine": platform.machine(), "peer_version": runs["llama.cpp"][0].get("version"),
+            "peer_extra_bufts": runs["llama.cpp"][0].get("extra_bufts", True),
             "ort_genai_version": runs[next(iter(ort_jobs))][0].get("version") if ort_jobs else None,
             "prompt_tokens": {k: len(v) for k, v in ids.items()}}
