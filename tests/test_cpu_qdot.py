@@ -368,3 +368,23 @@ def test_a_decode_steps_final_norm_folds_into_the_heads_product_with_the_same_bi
     for folded, unfolded in zip(steps(runner), steps(plain)):
         assert folded.dtype == torch.float32 and torch.equal(folded, unfolded)
     assert not build(bundled, "int4w8a")[1].plan.head_norm  # an fp32 head: the norm, then its own kernel
+
+
+@needs_kernels
+def test_a_w8a_product_between_onednn_bf16_matmuls_leaves_theirs_the_same():
+    """On an AMX Xeon oneDNN's bf16 matmuls run on AMX tiles too, on the same threads as ours: our tiles'
+    configuration is set for each panel and the thread's own given back (cpu_qdot_amx.cpp `rows`), so
+    neither side dies on the other's tile shapes (an illegal instruction) nor reads its sums wrong."""
+    torch.manual_seed(0)
+    lin = nn.Linear(576, 1536, bias=False).to(torch.bfloat16)
+    if catalogue.packed_weight(lin) is None:
+        pytest.skip("oneDNN does not pack bf16 weights on this CPU (no bf16 matmul of its own to interleave)")
+    (_, _), p4 = _weights(200, 576, seed=4)
+    x, xa = torch.randn(1, 64, 576).to(torch.bfloat16), torch.randn(40, 576)
+    form = cpu_qdot.best_form(capabilities.detect())
+    with torch.inference_mode():
+        first = catalogue.run(Kernel.ONEDNN_PACKED, lin, x)
+        ours = cpu_qdot.int4_w8a(xa, p4, form)
+        for _ in range(5):
+            assert torch.equal(cpu_qdot.int4_w8a(xa, p4, form), ours)
+            assert torch.equal(catalogue.run(Kernel.ONEDNN_PACKED, lin, x), first)

@@ -51,7 +51,7 @@ struct alignas(64) Config {  // ldtilecfg's palette 1
 // bytes), 2 the integer sums (16 rows x 16 int32).
 
 // Set on every panel: another library (oneDNN) may configure the tiles its own way on the same thread
-// between our calls.
+// between our calls (and `rows` gives its configuration back).
 inline void configure() {
   Config c;
   std::memset(&c, 0, sizeof c);
@@ -183,12 +183,19 @@ void row_block(const Args& a, bool four, const int8_t* xb, int64_t m0, int64_t n
   }
 }
 
+// The thread's tile configuration is saved and given back, so that a library that configures its tiles
+// once and keeps them (oneDNN's AMX matmuls run on the same threads) finds them as it left them.
 void rows(const Args& a, bool four, const int8_t* xb, int64_t m_end, int64_t n0, int64_t n1, uint8_t* scratch) {
   const Panel p = carve(scratch, a.K / kBlock);
   lay_out(a, four, n0, n1, p);
+  Config before;
+  _tile_storeconfig(&before);
   configure();
   for (int64_t m0 = 0; m0 < m_end; m0 += kRows) row_block(a, four, xb, m0, n0, n1, p);
-  _tile_release();
+  if (before.palette)
+    _tile_loadconfig(&before);
+  else
+    _tile_release();
 }
 
 }  // namespace
