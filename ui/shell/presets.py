@@ -116,7 +116,8 @@ TEACHING = {
                    "prompt set, and after B's first reply the engine measures its top-1 agreement with the loaded "
                    "weights once (engine info; the next request waits for it in its queue). The first token: B's "
                    "first turn also quantizes the weights (setup, inside TTFT): run the pair again for the TTFT that "
-                   "follows. A long prompt's prefill runs the same integer kernels on CPUs with VNNI; with AVX2 "
+                   "follows. A long prompt's prefill runs the same integer kernels on CPUs with VNNI (in AMX tiles, "
+                   "16 rows at a time, where the CPU has AMX: the same bits, faster); with AVX2 "
                    "only, past 256 prompt tokens it takes the fp32 GEMM over dequantized weights, where B's first "
                    "token can cost more than A's (engine info's kernels say which).",
         "set": "open_questions", "item": 2,
