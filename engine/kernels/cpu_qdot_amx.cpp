@@ -11,7 +11,9 @@
 //   4-bit: acc[l] = fma(float(C), scale[n, g] * xs[m, g], acc[l]);    off[l] = fma(offset[n, g], xsum[m, g], off[l])
 //          y = hsum8(acc + off)
 // with hsum8's order ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the bias and the residual,
-// so that a row gets the same bits here as through any other form, alone or among others. Sixteen
+// so that a row gets the same bits here as through any other form, alone or among others. This restates
+// the row kernels' float sequence; the build's check (cpu_qdot.py `_checked`) holds it to their bits: a
+// difference fails this form, and the next one serves. Sixteen
 // channels sit in a 512-bit vector's lanes; a lane's sum runs over its blocks (g = l, l + 8, ...) with
 // the 16 rows' accumulators in registers.
 //
