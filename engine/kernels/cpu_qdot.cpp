@@ -62,6 +62,18 @@ std::pair<qdot::RowsFn, qdot::RowsFn> kernels(int64_t isa) {
 
 constexpr int64_t kTile = 64;  // many rows: output channels a tile, their weights kept in L2 across row blocks
 
+// A row of weights or quantized activations from the interleaved layout (cpu_qdot.h) back in block order: `steps` 4-byte steps a
+// block (int8 8, 4-bit 4), G blocks, `stride` bytes a block (int8 32; 4-bit rows kBlock4: a chunk's
+// weights, then its scales and offsets).
+void deinterleave(const uint8_t* src, uint8_t* dst, int64_t G, int64_t steps, int64_t stride) {
+  for (int64_t c0 = 0; c0 < G; c0 += qdot::kChunk) {
+    const int64_t lanes = std::min<int64_t>(qdot::kChunk, G - c0);
+    const uint8_t* chunk = src + c0 * stride;
+    for (int64_t s = 0; s < steps; ++s)
+      for (int64_t i = 0; i < lanes; ++i) std::memcpy(dst + ((c0 + i) * steps + s) * 4, chunk + (s * lanes + i) * 4, 4);
+  }
+}
+
 static_assert(kTile == qdot::amx::kGroups * qdot::amx::kCols, "an AMX panel is a tile of channels");
 
 // Every row block over every tile of output channels (cpu_tiles.h: who takes which, and how big). In the
@@ -76,9 +88,11 @@ void run(const qdot::Args& a, int64_t M, qdot::RowsFn rows, int64_t isa, int64_t
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     xb = at::empty({tiled * a.K}, bytes);
     scratch = at::empty({(a.N + tile - 1) / tile * panel}, bytes);
-    int8_t* to = reinterpret_cast<int8_t*>(xb.data_ptr<uint8_t>());
-    tiles::run(tiled / qdot::amx::kRows, [&](int64_t b) {
-      qdot::amx::blocks(a, b * qdot::amx::kRows, (b + 1) * qdot::amx::kRows, to);
+    const uint8_t* from = reinterpret_cast<const uint8_t*>(a.xq);
+    uint8_t* to = xb.data_ptr<uint8_t>();
+    tiles::run(tiled / qdot::amx::kRows, [&](int64_t b) {  // the tiles read the activations in block order
+      for (int64_t m = b * qdot::amx::kRows; m < (b + 1) * qdot::amx::kRows; ++m)
+        deinterleave(from + m * a.kp, to + m * a.K, a.K / kBlock, 8, 32);
     });
   }
   tiles::run((a.N + tile - 1) / tile, [&](int64_t t) {
@@ -102,18 +116,6 @@ at::Tensor qdot_int8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, int64_t isa) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous fp32 CPU tensor [M, K]");
   return qdot::product(qdot::quantize(x, true), &w, 2, isa, at::Tensor(), at::Tensor());
-}
-
-// A row of weights from the interleaved layout (cpu_qdot.h) back in block order: `steps` 4-byte steps a
-// block (int8 8, 4-bit 4), G blocks, `stride` bytes a block (int8 32; 4-bit rows kBlock4: a chunk's
-// weights, then its scales and offsets).
-void deinterleave(const uint8_t* src, uint8_t* dst, int64_t G, int64_t steps, int64_t stride) {
-  for (int64_t c0 = 0; c0 < G; c0 += qdot::kChunk) {
-    const int64_t lanes = std::min<int64_t>(qdot::kChunk, G - c0);
-    const uint8_t* chunk = src + c0 * stride;
-    for (int64_t s = 0; s < steps; ++s)
-      for (int64_t i = 0; i < lanes; ++i) std::memcpy(dst + ((c0 + i) * steps + s) * 4, chunk + (s * lanes + i) * 4, 4);
-  }
 }
 
 // The weights back in fp32 [N, K], for a long prefill's fp32 GEMM (cpu_qdot.py: `dequantized`): int8

@@ -55,14 +55,13 @@ namespace avxvnni { void int8_rows(const Args&, int64_t, int, int64_t, int64_t);
 
 // AMX-INT8 (cpu_qdot_amx.cpp): rows [0, m_end) (a multiple of kRows) of y for output channels [n0, n1)
 // (at most kGroups * kCols of them), from `xb`, the rows' quantized activations in block order
-// (`blocks`), and `scratch`, panel_bytes(K) bytes (64-byte aligned) of the caller's.
+// [m_end, K] (not interleaved), and `scratch`, panel_bytes(K) bytes (64-byte aligned) of the caller's.
 namespace amx {
 constexpr int kRows = 16;    // activation rows a tile
 constexpr int kCols = 16;    // output channels a tile (a 512-bit vector's fp32 lanes)
 constexpr int kGroups = 4;   // tiles of channels a panel: 64 channels, cpu_qdot.cpp's kTile
 bool enable();               // asks Linux for the tile state once a process; false: tiles unusable
 int64_t panel_bytes(int64_t K);
-void blocks(const Args&, int64_t m0, int64_t m1, int8_t* xb);  // rows [m0, m1) of a.xq in block order [M, K]
 void int8_tiles(const Args&, const int8_t* xb, int64_t m_end, int64_t n0, int64_t n1, uint8_t* scratch);
 void int4_tiles(const Args&, const int8_t* xb, int64_t m_end, int64_t n0, int64_t n1, uint8_t* scratch);
 }  // namespace amx

@@ -57,12 +57,14 @@ from engine.kernels import cpu_gemm
 from engine.platform import capabilities
 
 BLOCK = 32  # inputs per activation scale (and per 4-bit weight scale)
+_VNNI512 = ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw")
 # name -> (the kernel's code for it (cpu_qdot.cpp `Isa`), capabilities flags it needs, its instructions)
 ISAS = {
-    "amx-int8": (16, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw", "amx_tile", "amx_int8"),
+    # its rows past the tiles run the 512-bit form: that form's flags and AMX's
+    "amx-int8": (16, (*_VNNI512, "amx_tile", "amx_int8"),
                  "AMX-INT8 tiles (tdpbssd) for each 16 rows, vpdpbusd (AVX-512 VNNI, 512-bit) for the rest"),
-    "avx512-vnni": (2, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw"), "vpdpbusd (AVX-512 VNNI, 512-bit)"),
-    "avx512-vnni-256": (8, ("avx2", "fma", "avx512_vnni", "avx512vl", "avx512bw"), "vpdpbusd (AVX-512 VNNI, 256-bit)"),
+    "avx512-vnni": (2, _VNNI512, "vpdpbusd (AVX-512 VNNI, 512-bit)"),
+    "avx512-vnni-256": (8, _VNNI512, "vpdpbusd (AVX-512 VNNI, 256-bit)"),
     "avx-vnni": (4, ("avx2", "fma", "avx_vnni"), "vpdpbusd (AVX-VNNI)"),
     "avx2": (1, ("avx2", "fma"), "vpmaddubsw + vpmaddwd (AVX2)"),
 }

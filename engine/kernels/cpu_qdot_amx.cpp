@@ -17,8 +17,8 @@
 // channels sit in a 512-bit vector's lanes; a lane's sum runs over its blocks (g = l, l + 8, ...) with
 // the 16 rows' accumulators in registers.
 //
-// The operands: a tile's rows are contiguous bytes, so the activations come in block order (`blocks`
-// below: the interleaved rows' dwords put back) and a panel of up to 64 channels has its weights laid
+// The operands: a tile's rows are contiguous bytes, so the activations come in block order (cpu_qdot.cpp
+// puts the interleaved rows' dwords back) and a panel of up to 64 channels has its weights laid
 // out once a call as the tiles read them (`panel`): per block and 16 channels, 8 rows of 64 bytes (the
 // block's 4-byte quads, 16 channels' side by side), 4-bit weights unpacked to a byte each, their fp16
 // scales and offsets to fp32. The panel then serves every 16-row block of the call from L2.
@@ -208,18 +208,6 @@ bool enable() {  // Linux hands a process the tile state on request (arch_prctl 
 }
 
 int64_t panel_bytes(int64_t K) { return (K / kBlock) * kGroups * (kTileBytes + 2 * kCols * 4); }
-
-void blocks(const Args& a, int64_t m0, int64_t m1, int8_t* out) {
-  const int64_t G = a.K / kBlock;
-  for (int64_t m = m0; m < m1; ++m) {
-    const int8_t* src = a.xq + m * a.kp;
-    int8_t* dst = out + m * a.K;
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t c = g / kChunk, lanes = least(kChunk, G - c * kChunk), i = g % kChunk;
-      for (int s = 0; s < 8; ++s) std::memcpy(dst + g * kBlock + 4 * s, src + c * 256 + (lanes * s + i) * 4, 4);
-    }
-  }
-}
 
 void int8_tiles(const Args& a, const int8_t* xb, int64_t m_end, int64_t n0, int64_t n1, uint8_t* scratch) {
   rows(a, false, xb, m_end, n0, n1, scratch);
