@@ -30,6 +30,7 @@
 #include <torch/library.h>
 
 #include "cpu_attention.h"
+#include "cpu_stream.h"
 #include "cpu_tiles.h"
 
 namespace {

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <torch/library.h>
 
+#include "cpu_stream.h"
 #include "cpu_tiles.h"
 
 namespace {
@@ -55,6 +56,7 @@ void int8_rows(const float* x, int64_t K, const int8_t* w, const float* scale, f
                int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const int8_t* wr = w + n * K;
+    stream::ahead(wr, K);
     __m256 acc[M][2];
     for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
     int64_t k = 0;
@@ -99,6 +101,7 @@ inline void fp32_block(const float* x, int64_t K, const float* w, float* y, int6
     for (int p = 0; p < P; ++p) {
       b[2 * p] = _mm256_loadu_ps(panel[p] + k * kPanel);
       b[2 * p + 1] = _mm256_loadu_ps(panel[p] + k * kPanel + 8);
+      stream::ahead(panel[p] + k * kPanel, sizeof(float) * kPanel);
     }
     for (int m = 0; m < M; ++m) {
       const __m256 a = _mm256_broadcast_ss(x + m * K + k);
@@ -121,6 +124,7 @@ __attribute__((target("avx512f"))) void fp32_block_wide(const float* x, int64_t 
   for (int64_t k = 0; k < K; ++k) {
     __m512 b[P];
     for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(w + (p * K + k) * kPanel);
+    for (int p = 0; p < P; ++p) stream::ahead(w + (p * K + k) * kPanel, sizeof(float) * kPanel);
     for (int m = 0; m < M; ++m) {
       const __m512 a = _mm512_set1_ps(x[m * K + k]);
       for (int p = 0; p < P; ++p) acc[m][p] = _mm512_fmadd_ps(a, b[p], acc[m][p]);
@@ -190,6 +194,7 @@ void int4_rows(const int16_t* xq, const float* xs, const float* xsum, int64_t K,
   const __m128i low = _mm_set1_epi8(0x0F);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* wr = w + n * (K / 2);
+    stream::ahead(wr, K / 2);
     const at::Half* sr = scale + n * groups;
     const at::Half* orow = offset + n * groups;
     __m256 acc[M][2];

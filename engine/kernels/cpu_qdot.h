@@ -25,6 +25,8 @@
 #pragma once
 #include <cstdint>
 
+#include "cpu_stream.h"
+
 namespace qdot {
 
 constexpr int64_t kBlock = 32;       // activations and 4-bit weights: one scale per 32 inputs
