@@ -6,11 +6,10 @@
 // compiled with different ISA flags): included by the row kernels of every ISA, the fp32 panels and
 // the decode attention.
 //
-// Why 4 KB into L2, measured (Intel Xeon, family 6 model 207, 2 threads, a KVM guest on a busy host; both
-// sides alternating in one process): the int4w8a+head8 decode step at context 256 took 0.64-0.69x the
-// time, the fp32 step 0.77-0.94x, and the 4-bit step after 1,400 tokens 0.81x with the attention's rows
-// fetched ahead too; 2 KB ahead gained less, 8 KB the same, into L1 (prefetcht0) less, non-temporal
-// (prefetchnta) nothing. docs/streams-2026-12-06.md has the runs and the commands.
+// Why 4 KB into L2, not less, nearer or non-temporal: the alternatives were timed on an Intel Xeon with the
+// distance read from a variable, each alternating with the others in one process, and lost or gained less
+// (docs/streams-2026-12-06.md). Before and after, two checkouts taking turns:
+// `python -m engine.bench --threads 2 --dtype fp32 bandwidth --context 256 --variants int4w8a+head8` in each.
 #pragma once
 #include <immintrin.h>
 
