@@ -101,6 +101,16 @@ def test_the_interval_is_the_order_adjusted_t_interval_at_every_size():
     assert one.order_effect is None
 
 
+def test_an_interval_bound_near_1_keeps_the_side_of_1_it_is_on():
+    def shown(lo, hi):
+        return stats.interval_text(stats.PairedRatio("e2e_ms", 8, 1.1, lo, hi, None, None))
+
+    assert shown(1.0031, 1.2412) == "1.003–1.24"  # excludes 1: not shown as 1.00
+    assert shown(0.8, 0.99962) == "0.80–0.9996"
+    assert shown(0.95, 1.0) == "0.95–1.00"  # 1 itself stays 1.00
+    assert shown(0.987, 1.123) == "0.99–1.12"  # far from 1: two decimals
+
+
 def test_holm_matches_the_step_down_by_hand():
     assert stats.holm([0.01, 0.04, None, 0.03, 0.005]) == pytest.approx([0.03, 0.06, None, 0.06, 0.02])
     assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])

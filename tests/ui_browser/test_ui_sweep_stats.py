@@ -10,7 +10,7 @@ import re
 
 from .test_ui_page import open_ab, run_ab, set_number
 
-INTERVAL = re.compile(r"\d+\.\d\d–\d+\.\d\d")
+INTERVAL = re.compile(r"\d+\.\d{2,6}–\d+\.\d{2,6}")  # more than 2 decimals only beside 1 (stats.bound_text)
 
 
 def sweep(page, set_label, items, timeout=900_000):

@@ -254,10 +254,20 @@ def fmt_ratio(v: float | None) -> str:
     return "—" if v is None else f"{v:.2f}x" if v >= 0.1 else f"{v:.3f}x"
 
 
+def bound_text(v: float) -> str:
+    """An interval's bound to 2 decimals, more where 2 would round it onto 1.00 from either side: an
+    interval that excludes 1 (a test of that metric alone passed) never reads as one that holds it."""
+    for digits in range(2, 7):
+        s = f"{v:.{digits}f}"
+        if v == 1 or float(s) != 1:
+            return s
+    return s
+
+
 def interval_text(p: PairedRatio) -> str:
     if p.lo is None:
         return "—"
-    return f"{p.lo:.2f}–{p.hi:.2f}"
+    return f"{bound_text(p.lo)}–{bound_text(p.hi)}"
 
 
 def p_text(v: float | None) -> str:
