@@ -81,39 +81,64 @@ struct Product {  // a * b, each with its own row stride
 // summed in order, then the scalars past the last whole vector, then the lanes, in order; the output
 // starts at 0. Why not at::sum itself: for a decode step's one row its reduction set-up costs ~3 us a
 // call, 61 calls a step (the norms before every q/k/v and gate/up product, and the head's), ~5% of an
-// int4w8a+head8 step at context 256 (2 threads, AMD EPYC Zen 4).
-float torch_row_sum(const float* x, int64_t K, int lanes) {
-  constexpr int kLevels = 4, kIlp = 4, kMaxLanes = 16;
+// int4w8a+head8 step at context 256 (2 threads, AMD EPYC Zen 4). Each torch vector is V registers of 8
+// lanes (lanes = 8V), added lane by lane as torch's are: the same additions in the same order, in vector
+// registers rather than scalar loops (a normed quantize of 576 values ~0.3 us faster of ~1.6: the log in
+// docs/streams-2026-12-06.md says how it was timed).
+template <int V>
+float torch_row_sum(const float* x, int64_t K) {
+  constexpr int kLevels = 4, kIlp = 4, lanes = 8 * V;
   const int64_t vecs = K / lanes, n = vecs / kIlp;
   int64_t ceil_log2 = 1;
   if (n > 2) ceil_log2 = 64 - __builtin_clzll(static_cast<uint64_t>(n - 1));
   const int64_t power = std::max<int64_t>(4, ceil_log2 / kLevels), step = int64_t{1} << power, mask = step - 1;
-  float acc[kLevels][kIlp][kMaxLanes] = {};
-  auto add = [&](int64_t i) {  // "row" i: vectors 4i .. 4i + 3
-    for (int k = 0; k < kIlp; ++k)
-      for (int l = 0; l < lanes; ++l) acc[0][k][l] += x[(kIlp * i + k) * lanes + l];
+  __m256 acc[kLevels][kIlp][V];
+  for (auto& level : acc)
+    for (auto& a : level)
+      for (__m256& v : a) v = _mm256_setzero_ps();
+  auto add = [&](__m256* a, const __m256* b) __attribute__((always_inline)) {
+    for (int v = 0; v < V; ++v) a[v] = _mm256_add_ps(a[v], b[v]);
+  };
+  auto load = [&](int64_t vec, __m256* out) __attribute__((always_inline)) {  // torch's vector `vec`
+    for (int v = 0; v < V; ++v) out[v] = _mm256_loadu_ps(x + vec * lanes + 8 * v);
+  };
+  auto row = [&](int64_t i) __attribute__((always_inline)) {  // "row" i: vectors 4i .. 4i + 3
+    for (int k = 0; k < kIlp; ++k) {
+      __m256 b[V];
+      load(kIlp * i + k, b);
+      add(acc[0][k], b);
+    }
   };
   int64_t i = 0;
   while (i + step <= n) {
-    for (int64_t j = 0; j < step; ++j, ++i) add(i);
+    for (int64_t j = 0; j < step; ++j, ++i) row(i);
     for (int j = 1; j < kLevels; ++j) {
-      for (int k = 0; k < kIlp; ++k)
-        for (int l = 0; l < lanes; ++l) acc[j][k][l] += acc[j - 1][k][l], acc[j - 1][k][l] = 0.f;
+      for (int k = 0; k < kIlp; ++k) {
+        add(acc[j][k], acc[j - 1][k]);
+        for (__m256& v : acc[j - 1][k]) v = _mm256_setzero_ps();
+      }
       if ((i & (mask << (j * power))) != 0) break;
     }
   }
-  for (; i < n; ++i) add(i);
+  for (; i < n; ++i) row(i);
   for (int j = 1; j < kLevels; ++j)
-    for (int k = 0; k < kIlp; ++k)
-      for (int l = 0; l < lanes; ++l) acc[0][k][l] += acc[j][k][l];
-  for (int64_t v = kIlp * n; v < vecs; ++v)
-    for (int l = 0; l < lanes; ++l) acc[0][0][l] += x[v * lanes + l];
-  for (int k = 1; k < kIlp; ++k)
-    for (int l = 0; l < lanes; ++l) acc[0][0][l] += acc[0][k][l];
+    for (int k = 0; k < kIlp; ++k) add(acc[0][k], acc[j][k]);
+  for (int64_t v = kIlp * n; v < vecs; ++v) {
+    __m256 b[V];
+    load(v, b);
+    add(acc[0][0], b);
+  }
+  for (int k = 1; k < kIlp; ++k) add(acc[0][0], acc[0][k]);
   float total = 0.f;
   for (int64_t k = vecs * lanes; k < K; ++k) total += x[k];
-  for (int l = 0; l < lanes; ++l) total += acc[0][0][l];
+  alignas(32) float l[lanes];
+  for (int v = 0; v < V; ++v) _mm256_store_ps(l + 8 * v, acc[0][0][v]);
+  for (int k = 0; k < lanes; ++k) total += l[k];
   return 0.f + total;
+}
+
+float torch_row_sum(const float* x, int64_t K, int lanes) {
+  return lanes == 8 ? torch_row_sum<1>(x, K) : torch_row_sum<2>(x, K);
 }
 
 // The vector width at which torch_row_sum gives at::sum's bits in this process (its kernel's width is
