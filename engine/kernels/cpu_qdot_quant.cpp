@@ -83,8 +83,7 @@ struct Product {  // a * b, each with its own row stride
 // call, 61 calls a step (the norms before every q/k/v and gate/up product, and the head's), ~5% of an
 // int4w8a+head8 step at context 256 (2 threads, AMD EPYC Zen 4). Each torch vector is V registers of 8
 // lanes (lanes = 8V), added lane by lane as torch's are: the same additions in the same order, in vector
-// registers rather than scalar loops (a normed quantize of 576 values ~0.3 us faster of ~1.6: the log in
-// docs/streams-2026-12-06.md says how it was timed).
+// registers rather than scalar loops, which took longer (docs/streams-2026-12-06.md: the timings, and how).
 template <int V>
 float torch_row_sum(const float* x, int64_t K) {
   constexpr int kLevels = 4, kIlp = 4, lanes = 8 * V;
