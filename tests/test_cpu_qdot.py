@@ -76,23 +76,28 @@ def test_activations_are_quantized_as_the_reference_does_bit_for_bit():
     assert ((got[2] - want[2]).abs() <= 1e-6 * scale).all()
 
 
-def test_a_4bit_row_holds_each_chunks_scales_and_offsets_right_after_its_weights():
-    # the kernels read a row in address order (cpu_qdot.h): per chunk of 8 blocks its 128 weight bytes,
-    # its 8 fp16 scales, its 8 fp16 offsets; a last chunk of T blocks 16T bytes, T scales, T offsets
+def test_4bit_groups_hold_16_channels_weights_then_their_scales_and_offsets_a_block():
+    # the kernels read a group in address order (cpu_qdot.h): per block 4 pieces of 64 bytes (channel l's
+    # bytes 4j..4j+3 of the block at 64j + 4l), 16 fp16 scales, 16 fp16 offsets; a last group of R < 16
+    # channels the same with R lanes (20R bytes a block)
     gen = torch.Generator().manual_seed(3)
-    n, k = 3, 320  # 10 blocks: a chunk of 8, then one of 2
+    n, k, g = 19, 96, 3  # a whole group of 16 and a last one of 3; 3 blocks
     q4 = torch.randint(0, 16, (n, k), generator=gen)
-    scale, zero = torch.rand(n, 10, generator=gen) * 0.01 + 1e-3, torch.randn(n, 10, generator=gen) * 0.01
+    scale, zero = torch.rand(n, g, generator=gen) * 0.01 + 1e-3, torch.randn(n, g, generator=gen) * 0.01
     rows = cpu_qdot.pack_int4(q4, scale, zero)
     weights, s16, o16 = cpu_gemm.pack_int4(q4, scale, zero)
-    woven = cpu_qdot.interleave(weights, 4)
-    fp16 = lambda a, b: rows[:, a:b].contiguous().view(torch.float16)
-    assert rows.shape == (n, 200)
-    assert torch.equal(rows[:, :128], woven[:, :128]) and torch.equal(rows[:, 160:192], woven[:, 128:])
-    assert torch.equal(fp16(128, 144), s16[:, :8]) and torch.equal(fp16(144, 160), o16[:, :8])
-    assert torch.equal(fp16(192, 196), s16[:, 8:]) and torch.equal(fp16(196, 200), o16[:, 8:])
+    assert rows.shape == (n, k // 2 + k // 8)
+    flat = rows.reshape(-1)
+    for c0, r in ((0, 16), (16, 3)):
+        for b in range(g):
+            rec = flat[c0 * 60 + b * 20 * r:c0 * 60 + (b + 1) * 20 * r]
+            for l in range(r):
+                for j in range(4):
+                    assert torch.equal(rec[4 * r * j + 4 * l:4 * r * j + 4 * l + 4], weights[c0 + l, 16 * b + 4 * j:16 * b + 4 * j + 4])
+            assert torch.equal(rec[16 * r:18 * r].contiguous().view(torch.float16), s16[c0:c0 + r, b])
+            assert torch.equal(rec[18 * r:].contiguous().view(torch.float16), o16[c0:c0 + r, b])
     parts = cpu_qdot.int4_parts(rows)
-    assert torch.equal(parts[0], woven) and torch.equal(parts[1], s16) and torch.equal(parts[2], o16)
+    assert torch.equal(parts[0], weights) and torch.equal(parts[1], s16) and torch.equal(parts[2], o16)
 
 
 @needs_kernels

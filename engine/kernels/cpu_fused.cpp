@@ -50,7 +50,7 @@ at::Tensor project(const at::Tensor& x, const std::optional<at::Tensor>& norm_we
                    const std::optional<at::Tensor>& up, at::TensorList weights, int64_t kind, int64_t isa,
                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual) {
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == (kind == 1 ? 2 : 1), "kind 1: int8 weights and scale; "
-              "kind 2: 4-bit rows (weights, scales and offsets)");
+              "kind 2: 4-bit groups (weights, scales and offsets)");
   return project_into(x, norm_weight ? &*norm_weight : nullptr, eps, up ? &*up : nullptr, weights.data(), kind, isa,
                       bias.value_or(at::Tensor()), residual.value_or(at::Tensor()), nullptr, at::Tensor());
 }

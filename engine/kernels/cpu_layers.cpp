@@ -12,7 +12,7 @@
 //
 // weights: per layer, the attention norm weight, q/k/v's weights, o's, the MLP norm weight, gate/up's,
 // down's; a projection's weights are `kind`'s: 0, fp32 panels (engine/kernels/cpu_gemm.py:
-// fp32_panels); 1, int8 weights and fp32 scales; 2, 4-bit rows with their fp16 scales and offsets (the w8a
+// fp32_panels); 1, int8 weights and fp32 scales; 2, 4-bit groups with their fp16 scales and offsets (the w8a
 // layers of engine/quant/w8a.py, through cpu_fused.cpp's projections in form `isa`). biases: per layer 4 (q/k/v, o,
 // gate/up, down), undefined where none. outs: the 4 projections' output sizes. Sequence b brings
 // lengths[b] rows from row offsets[b], at positions from starts[b]; `decode` lists the sequences
@@ -153,7 +153,7 @@ at::Tensor batch_layers(const at::Tensor& x, const at::Tensor& cos, const at::Te
               "batch_layers: with an embedding table, x holds the token ids [R] (int64)");
   TORCH_CHECK(head.empty() || (head_norm.has_value() && (head_kind == 1 || head_kind == 2) &&
                                static_cast<int64_t>(head.size()) == (head_kind == 1 ? 2 : 1)),
-              "batch_layers: a head is a w8a layer's weights (kind 1: int8 and scales; 2: 4-bit rows) and its norm");
+              "batch_layers: a head is a w8a layer's weights (kind 1: int8 and scales; 2: 4-bit groups) and its norm");
   const at::Tensor x0 = embed.has_value() ? at::embedding(*embed, x).unsqueeze(0) : x;
   const Kind how{kind, isa, wide};
   const int64_t T = how.tensors(), per = 2 + 4 * T;  // two norms and four projections a layer

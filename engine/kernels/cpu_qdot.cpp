@@ -1,7 +1,7 @@
 // Integer dot-product products for int8 and 4-bit weights: activations quantized to int8 per block of
 // 32 on the fly (llama.cpp's Q8_0, ONNX Runtime's MatMulNBits accuracy level 4), weights multiplied as
 // integers (vpmaddubsw/vpmaddwd on AVX2, vpdpbusd with AVX-512 VNNI or AVX-VNNI, AMX tiles for each 16
-// rows: cpu_qdot_amx.cpp), one float FMA per 8 blocks (the interleaved layout: cpu_qdot.h).
+// rows: cpu_qdot_amx.cpp), one float FMA per 8 blocks (int8) or per block of 16 channels (4-bit): cpu_qdot.h.
 // engine/kernels/cpu_qdot.py picks the ISA from the detected capabilities and checks it.
 //
 // Why separate files per ISA with runtime dispatch (cpu_qdot.h), not target attributes: a `#pragma GCC
@@ -62,15 +62,14 @@ std::pair<qdot::RowsFn, qdot::RowsFn> kernels(int64_t isa) {
 
 constexpr int64_t kTile = 64;  // many rows: output channels a tile, their weights kept in L2 across row blocks
 
-// A row of weights or quantized activations from the interleaved layout (cpu_qdot.h) back in block order: `steps` 4-byte steps a
-// block (int8 8, 4-bit 4), G blocks, `stride` bytes a block (int8 32; 4-bit rows kBlock4: a chunk's
-// weights, then its scales and offsets).
-void deinterleave(const uint8_t* src, uint8_t* dst, int64_t G, int64_t steps, int64_t stride) {
+// A row of int8 weights or quantized activations from the interleaved layout (cpu_qdot.h) back in block
+// order: G blocks of 8 4-byte steps.
+void deinterleave(const uint8_t* src, uint8_t* dst, int64_t G) {
   for (int64_t c0 = 0; c0 < G; c0 += qdot::kChunk) {
     const int64_t lanes = std::min<int64_t>(qdot::kChunk, G - c0);
-    const uint8_t* chunk = src + c0 * stride;
-    for (int64_t s = 0; s < steps; ++s)
-      for (int64_t i = 0; i < lanes; ++i) std::memcpy(dst + ((c0 + i) * steps + s) * 4, chunk + (s * lanes + i) * 4, 4);
+    const uint8_t* chunk = src + c0 * kBlock;
+    for (int64_t s = 0; s < 8; ++s)
+      for (int64_t i = 0; i < lanes; ++i) std::memcpy(dst + ((c0 + i) * 8 + s) * 4, chunk + (s * lanes + i) * 4, 4);
   }
 }
 
@@ -81,7 +80,8 @@ static_assert(kTile == qdot::amx::kGroups * qdot::amx::kCols, "an AMX panel is a
 // in `scratch`, for all of them), the rest through the row kernels.
 void run(const qdot::Args& a, int64_t M, qdot::RowsFn rows, int64_t isa, int64_t kind) {
   const int64_t tiled = isa == kAmx ? M / qdot::amx::kRows * qdot::amx::kRows : 0;
-  const int64_t tile = tiled ? kTile : tiles::size(a.N, M <= qdot::kMaxRows, kTile, 16);
+  int64_t tile = tiled ? kTile : tiles::size(a.N, M <= qdot::kMaxRows, kTile, 16);
+  if (kind == 2) tile = (tile + qdot::kLanes4 - 1) / qdot::kLanes4 * qdot::kLanes4;  // whole groups of 4-bit channels
   at::Tensor xb, scratch;
   const int64_t panel = tiled ? qdot::amx::panel_bytes(a.K) : 0;
   if (tiled) {
@@ -92,7 +92,7 @@ void run(const qdot::Args& a, int64_t M, qdot::RowsFn rows, int64_t isa, int64_t
     uint8_t* to = xb.data_ptr<uint8_t>();
     tiles::run(tiled / qdot::amx::kRows, [&](int64_t b) {  // the tiles read the activations in block order
       for (int64_t m = b * qdot::amx::kRows; m < (b + 1) * qdot::amx::kRows; ++m)
-        deinterleave(from + m * a.kp, to + m * a.K, a.K / kBlock, 8, 32);
+        deinterleave(from + m * a.kp, to + m * a.K, a.K / kBlock);
     });
   }
   tiles::run((a.N + tile - 1) / tile, [&](int64_t t) {
@@ -119,38 +119,41 @@ at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, int64_t isa) {
 }
 
 // The weights back in fp32 [N, K], for a long prefill's fp32 GEMM (cpu_qdot.py: `dequantized`): int8
-// (`scale` given), w * scale[n]; 4-bit rows (cpu_qdot.h), fma(q, scale, offset) per block (in block
-// order, byte j of a block: q[j] low, q[j + 16] high).
+// (`scale` given), w * scale[n]; 4-bit groups (cpu_qdot.h), fma(q, scale, offset) per block.
 at::Tensor qdot_dequantize(const at::Tensor& w, const std::optional<at::Tensor>& scale) {
   const bool four = !scale.has_value();
   const int64_t N = w.size(0), K = four ? w.size(1) * 8 / 5 : w.size(1), G = K / kBlock;
   TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && w.scalar_type() == (four ? at::kByte : at::kChar) &&
                   K % kBlock == 0 && (!four || w.size(1) == K / 2 + 4 * G),
-              "w: contiguous int8 [N, K] with fp32 scales [N], or 4-bit rows [N, K / 2 + K / 8], K a multiple of 32");
+              "w: contiguous int8 [N, K] with fp32 scales [N], or 4-bit groups [N, K / 2 + K / 8], K a multiple of 32");
   TORCH_CHECK(four || (scale->is_contiguous() && scale->numel() == N && scale->scalar_type() == at::kFloat),
               "scale: fp32 [N]");
   TORCH_CHECK(K <= qdot::kChunk * kBlock * 64, "K up to ", qdot::kChunk * kBlock * 64, ", got ", K);
   at::Tensor out = at::empty({N, K}, w.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
+  const uint8_t* base = static_cast<const uint8_t*>(w.data_ptr());
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       float* row = op + n * K;
-      const uint8_t* src = static_cast<const uint8_t*>(w.data_ptr()) + n * w.size(1);
-      alignas(32) uint8_t natural[qdot::kChunk * kBlock * 64];  // one row in block order (K up to 16,384)
-      deinterleave(src, natural, G, four ? 4 : 8, four ? qdot::kBlock4 : 32);
       if (!four) {
+        alignas(32) uint8_t natural[qdot::kChunk * kBlock * 64];  // one row in block order (K up to 16,384)
+        deinterleave(base + n * K, natural, G);
         const __m256 s = _mm256_set1_ps(scale->data_ptr<float>()[n]);
         for (int64_t k = 0; k < K; k += 8)
           _mm256_storeu_ps(row + k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(natural + k)))), s));
         continue;
       }
+      // channel n: lane l of the group at c0, whose R channels' blocks are 20R-byte records
+      const int64_t c0 = n / qdot::kLanes4 * qdot::kLanes4, R = std::min<int64_t>(qdot::kLanes4, N - c0), l = n - c0;
+      const uint8_t* group = base + c0 * w.size(1);
       for (int64_t g = 0; g < G; ++g) {
-        const int64_t c0 = g / qdot::kChunk * qdot::kChunk, lanes = std::min<int64_t>(qdot::kChunk, G - c0);
-        const uint16_t* sr = reinterpret_cast<const uint16_t*>(src + qdot::kBlock4 * c0 + 16 * lanes);  // the chunk's scales
-        const int64_t i = g - c0;
-        const __m256 s = _mm256_set1_ps(_cvtsh_ss(sr[i])), o = _mm256_set1_ps(_cvtsh_ss(sr[lanes + i]));
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(natural + g * 16));
+        const uint8_t* rec = group + g * qdot::kBlock4 * R;
+        const uint16_t* sr = reinterpret_cast<const uint16_t*>(rec + 16 * R);  // the scales, then the offsets
+        const __m256 s = _mm256_set1_ps(_cvtsh_ss(sr[l])), o = _mm256_set1_ps(_cvtsh_ss(sr[R + l]));
+        alignas(16) uint8_t bytes[16];  // the block's bytes in order: byte j holds q[j] low, q[j + 16] high
+        for (int j = 0; j < 4; ++j) std::memcpy(bytes + 4 * j, rec + 4 * R * j + 4 * l, 4);
+        const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(bytes));
         const __m128i q[2] = {_mm_and_si128(b, _mm_set1_epi8(0x0F)), _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F))};
         for (int h = 0; h < 2; ++h) {  // q[0..15], then q[16..31]
           float* at = row + g * kBlock + h * 16;
@@ -190,7 +193,7 @@ at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t 
     a.scale8 = scale.data_ptr<float>();
   } else {
     TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 && w.size(1) == K / 2 + 4 * G,
-                "w must be contiguous uint8 rows [N, ", K / 2 + 4 * G, "]: 4-bit weights, fp16 scales and offsets");
+                "w must be contiguous uint8 groups [N, ", K / 2 + 4 * G, "]: 4-bit weights, fp16 scales and offsets");
   }
   at::Tensor y = into;
   if (y.defined()) {

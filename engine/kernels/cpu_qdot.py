@@ -10,17 +10,17 @@ integer dot products, and float multiply-adds apply the scales, 8 blocks at a ti
 (the offset term takes the fp32 sums of x). So they change the bits of the weight-only variants,
 whose activations stay fp32: the variants that use them say so by their name.
 
-The layout (cpu_qdot.h, `interleave` here): the weights' rows and the quantized activations are cut
-into chunks of 8 blocks, and a chunk's bytes are reordered so that 4 bytes of each block sit side by
-side in a vector's 8 int32 lanes: each multiply-accumulate adds to every block's own sum in its own
-lane, so a chunk's 8 integer sums come out in one vector, with no reduction across lanes, and its 8
-scales (and the 4-bit offsets' term) apply in one vector FMA each. `quantize_int8` and `pack_int4`
-make the weights so; int8wo's and int4wo's quantization, in another byte order. A 4-bit channel's row
-holds, chunk by chunk, the chunk's weights, then its fp16 scales, then its fp16 offsets: the kernel reads
-a row in address order, one stream of memory, which the hardware prefetchers follow without help. Rows
-with all their scales and offsets after all their weights (read out of order, with software prefetch)
-streamed slower from memory, most at long rows and on one thread (docs/quantization-w8a-2026-12-05.md,
-21:20 UTC: the two layouts alternating in one process).
+The layouts (cpu_qdot.h). int8 weights and the quantized activations (`interleave` here): rows cut
+into chunks of 8 blocks, a chunk's bytes reordered so that 4 bytes of each block sit side by side in a
+vector's 8 int32 lanes: each multiply-accumulate adds to every block's own sum in its own lane, and a
+chunk's 8 scales apply in one vector FMA. 4-bit weights (`pack_int4`): groups of 16 output channels, a
+channel a lane, as the fp32 panels (cpu_gemm.fp32_panels): per block, 4 pieces of the 16 channels' 4
+weight bytes side by side, then their 16 fp16 scales, then their 16 fp16 offsets, so one broadcast
+activation dword meets 16 channels in one multiply-accumulate, a block's scales apply in one FMA a row,
+and nothing is summed across lanes; a group is read in address order, one stream. A chunk of 8 blocks
+of one channel (the layout before, int8's) spent ~30 cycles of the vector ports a 576-input row here,
+its lanes summed at the end and its short last chunk folded: the kernel ran at about the memory's speed
+and so could not hide it (docs/streams-2026-12-06.md: the measurements, and the groups' figures).
 
 Why: widening every weight to fp32 (cpu_gemm.cpp's int8 kernel) or int16 (its 4-bit one) made
 those kernels bound by arithmetic, not by memory; integer dot products do 32 products in one or two
@@ -90,8 +90,7 @@ def _order(groups: int, steps: int) -> torch.Tensor:
 
 
 def interleave(w: torch.Tensor, steps: int) -> torch.Tensor:
-    """Rows of blocks in order ([N, bytes]: int8 weights, steps=8; pack_int4's 4-bit bytes, steps=4) in
-    the kernels' interleaved layout."""
+    """Rows of blocks in order ([N, bytes]: int8 weights, steps=8) in the kernels' interleaved layout."""
     return w[:, _order(w.shape[1] // (4 * steps), steps)].contiguous()
 
 
@@ -109,40 +108,50 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return interleave(q, 8), scale
 
 
+LANES4 = 16  # 4-bit weights: output channels a group (cpu_qdot.h kLanes4)
+
+
+def _spans(n: int) -> list[tuple[int, int, int]]:
+    """N channels' groups as (first, end, channels a group): the whole groups, then a last one of r < 16."""
+    whole = n // LANES4 * LANES4
+    return [span for span in ((0, whole, LANES4), (whole, n, n - whole)) if span[1] > span[0]]
+
+
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor | None:
     """cpu_gemm.pack_int4's 4-bit blocks (q in 0..15, w = (q - 8) * scale + zero; fp16 scale and offset
-    per block) as the integer kernels' rows [N, K / 2 + K / 8]: the weights' bytes interleaved, then
-    the fp16 scales, then the fp16 offsets. None where fp16 cannot hold the scales."""
+    per block) as the integer kernels' groups of 16 output channels ([N, K / 2 + K / 8] bytes, cpu_qdot.h):
+    per block, 4 pieces of each channel's 4 weight bytes side by side, the 16 fp16 scales, the 16 fp16
+    offsets. None where fp16 cannot hold the scales."""
     layout = cpu_gemm.pack_int4(q, scale, zero)
     if layout is None:
         return None
     packed, s16, o16 = layout
-    parts = torch.cat([interleave(packed, 4), s16.view(torch.uint8), o16.view(torch.uint8)], dim=1)
-    return parts[:, _row_order(s16.shape[1])].contiguous()
-
-
-@functools.lru_cache(maxsize=None)
-def _row_order(groups: int) -> torch.Tensor:
-    """For a 4-bit row of `groups` blocks: the index of each of its bytes in the parts' order (all the
-    interleaved weights, then all the fp16 scales, then all the offsets). A chunk's weights, then its
-    scales, then its offsets (cpu_qdot.h)."""
-    half, idx = 16 * groups, []
-    for c0 in range(0, groups, CHUNK):
-        lanes = min(CHUNK, groups - c0)
-        idx.extend(range(16 * c0, 16 * (c0 + lanes)))
-        idx.extend(range(half + 2 * c0, half + 2 * (c0 + lanes)))
-        idx.extend(range(half + 2 * groups + 2 * c0, half + 2 * groups + 2 * (c0 + lanes)))
-    return torch.tensor(idx, dtype=torch.long)
+    n, half = packed.shape
+    g = half // 16
+    parts = []
+    for c0, c1, r in _spans(n):
+        k = (c1 - c0) // r  # groups
+        w = packed[c0:c1].reshape(k, r, g, 4, 4).permute(0, 2, 3, 1, 4).reshape(k, g, 16 * r)
+        s = s16[c0:c1].reshape(k, r, g).transpose(1, 2).contiguous().view(torch.uint8)
+        o = o16[c0:c1].reshape(k, r, g).transpose(1, 2).contiguous().view(torch.uint8)
+        parts.append(torch.cat([w, s, o], dim=2).reshape(-1))
+    return torch.cat(parts).view(n, half + 4 * g)
 
 
 def int4_parts(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """pack_int4's rows as (weight bytes [N, K / 2] interleaved, fp16 scale, fp16 offset [N, K / 32]): copies."""
-    half = rows.shape[1] * 4 // 5
-    groups = half // 16
-    parts = torch.empty_like(rows)
-    parts[:, _row_order(groups)] = rows
-    return (parts[:, :half], parts[:, half:half + 2 * groups].view(torch.float16),
-            parts[:, half + 2 * groups:].view(torch.float16))
+    """pack_int4's groups as (weight bytes [N, K / 2] in block order, as cpu_gemm.pack_int4 makes them,
+    fp16 scale, fp16 offset [N, K / 32]): copies."""
+    n, row = rows.shape
+    g = row // 20
+    flat = rows.reshape(-1)
+    ws, ss, os_ = [], [], []
+    for c0, c1, r in _spans(n):
+        k = (c1 - c0) // r
+        rec = flat[c0 * row:c1 * row].view(k, g, 20 * r)
+        ws.append(rec[..., :16 * r].reshape(k, g, 4, r, 4).permute(0, 3, 1, 2, 4).reshape(c1 - c0, 16 * g))
+        ss.append(rec[..., 16 * r:18 * r].contiguous().view(torch.float16).transpose(1, 2).reshape(c1 - c0, g))
+        os_.append(rec[..., 18 * r:].contiguous().view(torch.float16).transpose(1, 2).reshape(c1 - c0, g))
+    return torch.cat(ws), torch.cat(ss), torch.cat(os_)
 
 
 def cpu_isas() -> frozenset[str]:
@@ -195,7 +204,7 @@ def int8_w8a(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, isa: str | N
 
 
 def int4_w8a(x: torch.Tensor, rows: torch.Tensor, isa: str | None) -> torch.Tensor:
-    """x [M, K] fp32 @ the 4-bit weights of pack_int4's rows (fp16 scale and offset per block).T, in
+    """x [M, K] fp32 @ the 4-bit weights of pack_int4's groups (fp16 scale and offset per block).T, in
     form `isa` (None: the torch reference)."""
     if isa is None:
         return int4_reference(x, rows)
@@ -212,7 +221,7 @@ def normed_w8a(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weights: 
 
 
 def dequantized(w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """The weights in fp32 [N, K] (int8 with fp32 scales per channel, or pack_int4's 4-bit rows, scale
+    """The weights in fp32 [N, K] (int8 with fp32 scales per channel, or pack_int4's 4-bit groups, scale
     None; as quantize_int8 and pack_int4 make them): a long prefill multiplies them by fp32 activations in the fp32
     GEMM (engine/quant/w8a.py `prefill`), where that beats the integer kernels."""
     if cpu_gemm.built_reason() is None:
@@ -259,15 +268,14 @@ def int8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> tor
 
 
 def unpack_int4(rows: torch.Tensor) -> torch.Tensor:
-    """q in 0..15 [N, K] from pack_int4's rows."""
+    """q in 0..15 [N, K] from pack_int4's groups."""
     return _nibbles(int4_parts(rows)[0])
 
 
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """q in 0..15 [N, K] from int4_parts' interleaved weight bytes (in block order: byte j of a block
-    holds q[j] low, q[j + 16] high)."""
+    """q in 0..15 [N, K] from int4_parts' weight bytes (byte j of a block: q[j] low, q[j + 16] high)."""
     n, half = packed.shape
-    b = deinterleave(packed.contiguous(), 4).reshape(n, half // 16, 16)
+    b = packed.reshape(n, half // 16, 16)
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, half * 2)
 
 

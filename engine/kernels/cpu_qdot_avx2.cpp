@@ -5,6 +5,7 @@
 #include "cpu_qdot.h"
 
 #define QDOT_OWN_CHUNKS
+#define QDOT_OWN_GROUPS
 
 namespace qdot::avx2 {
 namespace {
@@ -18,19 +19,24 @@ inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<
 
 // 4-bit: a block's 8 steps summed in int16 (a vpmaddubsw pair is at most 2 x 15 x 127, 8 of them
 // 30,480: no saturation), widened to int32 once a chunk.
-template <int M>
-inline void int4_chunk(const uint8_t* w, const int8_t* x, int64_t kp, __m256i* d) {
+// A block's 8 pairs of nibble products a lane stay in int16 until the end (8 x 2 x 15 x 127 < 2^15).
+// D: cpu_qdot_body.inc's I16 (two 256-bit halves), declared after this file's own pieces.
+template <int M, typename D>
+inline void int4_dots(const uint8_t* w, const int8_t* const* x, int64_t step, D* d) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  __m256i acc[M];
-  for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_si256();
-  for (int p = 0; p < 4; ++p) {
-    const __m256i b = load(w + 32 * p);
-    const __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-    for (int m = 0; m < M; ++m)
-      acc[m] = _mm256_add_epi16(acc[m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, load(x + m * kp + 32 * p)),
-                                                         _mm256_maddubs_epi16(hi, load(x + m * kp + 32 * (p + 4)))));
-  }
-  for (int m = 0; m < M; ++m) d[m] = widen(acc[m]);
+  __m256i acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const __m256i b = load(w + 64 * j + 32 * h);
+      const __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+      for (int m = 0; m < M; ++m)
+        acc[m][h] = _mm256_add_epi16(acc[m][h], _mm256_add_epi16(
+            _mm256_maddubs_epi16(lo, _mm256_set1_epi32(dword(x[m] + 4 * step * j))),
+            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(dword(x[m] + 4 * step * (j + 4))))));
+    }
+  for (int m = 0; m < M; ++m)
+    for (int h = 0; h < 2; ++h) d[m].h[h] = widen(acc[m][h]);
 }
 
 template <int M>

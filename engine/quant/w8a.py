@@ -11,8 +11,8 @@ forward; a layer never told runs the torch reference.
 
 The weights are stored once, in the integer kernels' own layout (persistent buffers, so
 `weight_bytes` counts them): int8 [N, K] with one fp32 scale per output channel (int8wo's
-quantization); 4-bit, 16 bytes per block of 32 inputs and an fp16 scale and offset per block, a
-channel's in one row (int4wo's quantization, cpu_qdot.pack_int4: no torch-packed copy beside it).
+quantization); 4-bit, 16 bytes per block of 32 inputs and an fp16 scale and offset per block, 16
+channels side by side (int4wo's quantization, cpu_qdot.pack_int4: no torch-packed copy beside it).
 CPU only: on another device the variant is refused before it is built (`check`).
 """
 
@@ -150,7 +150,7 @@ class Int4W8ALinear(_W8ALinear):
 
     def __init__(self, rows: torch.Tensor, bias: torch.Tensor | None):
         super().__init__(rows.shape[1] * 8 // 5, rows.shape[0], bias)
-        self.register_buffer("weight_q4", rows)  # cpu_qdot.pack_int4: weights, fp16 scales and offsets a row
+        self.register_buffer("weight_q4", rows)  # cpu_qdot.pack_int4: 16 channels a group, block by block
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **_) -> Int4W8ALinear:
