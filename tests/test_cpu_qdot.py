@@ -310,7 +310,7 @@ def test_a_long_prompt_multiplies_fp32_activations_by_the_dequantized_weights():
     torch.manual_seed(0)
     linear = nn.Linear(576, 200, bias=True)
     x = torch.randn(1, plan.OURS_ROWS + 40, 576)
-    for cls, ref in ((Int8W8ALinear, lambda l: cpu_qdot.deinterleave(l.weight_int8, 8).float() * l.scale[:, None]),
+    for cls, ref in ((Int8W8ALinear, lambda l: cpu_qdot.unpack_int8(l.weight_int8).float() * l.scale[:, None]),
                      (Int4W8ALinear, lambda l: cpu_qdot.unpack_int4(l.weight_q4).float()
                       * cpu_qdot.int4_parts(l.weight_q4)[1].float().repeat_interleave(32, 1)
                       + cpu_qdot.int4_parts(l.weight_q4)[2].float().repeat_interleave(32, 1))):

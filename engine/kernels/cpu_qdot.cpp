@@ -1,7 +1,7 @@
 // Integer dot-product products for int8 and 4-bit weights: activations quantized to int8 per block of
 // 32 on the fly (llama.cpp's Q8_0, ONNX Runtime's MatMulNBits accuracy level 4), weights multiplied as
 // integers (vpmaddubsw/vpmaddwd on AVX2, vpdpbusd with AVX-512 VNNI or AVX-VNNI, AMX tiles for each 16
-// rows: cpu_qdot_amx.cpp), one float FMA per 8 blocks (int8) or per block of 16 channels (4-bit): cpu_qdot.h.
+// rows: cpu_qdot_amx.cpp), one float FMA a block for 16 output channels side by side (cpu_qdot.h).
 // engine/kernels/cpu_qdot.py picks the ISA from the detected capabilities and checks it.
 //
 // Why separate files per ISA with runtime dispatch (cpu_qdot.h), not target attributes: a `#pragma GCC
@@ -62,8 +62,8 @@ std::pair<qdot::RowsFn, qdot::RowsFn> kernels(int64_t isa) {
 
 constexpr int64_t kTile = 64;  // many rows: output channels a tile, their weights kept in L2 across row blocks
 
-// A row of int8 weights or quantized activations from the interleaved layout (cpu_qdot.h) back in block
-// order: G blocks of 8 4-byte steps.
+// A row of quantized activations from the interleaved layout (cpu_qdot.h) back in block order: G blocks
+// of 8 4-byte steps.
 void deinterleave(const uint8_t* src, uint8_t* dst, int64_t G) {
   for (int64_t c0 = 0; c0 < G; c0 += qdot::kChunk) {
     const int64_t lanes = std::min<int64_t>(qdot::kChunk, G - c0);
@@ -81,7 +81,7 @@ static_assert(kTile == qdot::amx::kGroups * qdot::amx::kCols, "an AMX panel is a
 void run(const qdot::Args& a, int64_t M, qdot::RowsFn rows, int64_t isa, int64_t kind) {
   const int64_t tiled = isa == kAmx ? M / qdot::amx::kRows * qdot::amx::kRows : 0;
   int64_t tile = tiled ? kTile : tiles::size(a.N, M <= qdot::kMaxRows, kTile, 16);
-  if (kind == 2) tile = (tile + qdot::kLanes4 - 1) / qdot::kLanes4 * qdot::kLanes4;  // whole groups of 4-bit channels
+  tile = (tile + qdot::kLanes - 1) / qdot::kLanes * qdot::kLanes;  // whole groups of channels
   at::Tensor xb, scratch;
   const int64_t panel = tiled ? qdot::amx::panel_bytes(a.K) : 0;
   if (tiled) {
@@ -118,8 +118,8 @@ at::Tensor qdot_int4(const at::Tensor& x, const at::Tensor& w, int64_t isa) {
   return qdot::product(qdot::quantize(x, true), &w, 2, isa, at::Tensor(), at::Tensor());
 }
 
-// The weights back in fp32 [N, K], for a long prefill's fp32 GEMM (cpu_qdot.py: `dequantized`): int8
-// (`scale` given), w * scale[n]; 4-bit groups (cpu_qdot.h), fma(q, scale, offset) per block.
+// The weights back in fp32 [N, K], for a long prefill's fp32 GEMM (cpu_qdot.py: `dequantized`), from
+// their groups (cpu_qdot.h): int8 (`scale` given), w * scale[n]; 4-bit, fma(q, scale, offset) per block.
 at::Tensor qdot_dequantize(const at::Tensor& w, const std::optional<at::Tensor>& scale) {
   const bool four = !scale.has_value();
   const int64_t N = w.size(0), K = four ? w.size(1) * 8 / 5 : w.size(1), G = K / kBlock;
@@ -128,25 +128,26 @@ at::Tensor qdot_dequantize(const at::Tensor& w, const std::optional<at::Tensor>&
               "w: contiguous int8 [N, K] with fp32 scales [N], or 4-bit groups [N, K / 2 + K / 8], K a multiple of 32");
   TORCH_CHECK(four || (scale->is_contiguous() && scale->numel() == N && scale->scalar_type() == at::kFloat),
               "scale: fp32 [N]");
-  TORCH_CHECK(K <= qdot::kChunk * kBlock * 64, "K up to ", qdot::kChunk * kBlock * 64, ", got ", K);
   at::Tensor out = at::empty({N, K}, w.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   const uint8_t* base = static_cast<const uint8_t*>(w.data_ptr());
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       float* row = op + n * K;
+      // channel n: lane l of the group at c0, whose R channels' blocks are records of R lanes (cpu_qdot.h)
+      const int64_t c0 = n / qdot::kLanes * qdot::kLanes, R = std::min<int64_t>(qdot::kLanes, N - c0), l = n - c0;
+      const uint8_t* group = base + c0 * w.size(1);
       if (!four) {
-        alignas(32) uint8_t natural[qdot::kChunk * kBlock * 64];  // one row in block order (K up to 16,384)
-        deinterleave(base + n * K, natural, G);
         const __m256 s = _mm256_set1_ps(scale->data_ptr<float>()[n]);
-        for (int64_t k = 0; k < K; k += 8)
-          _mm256_storeu_ps(row + k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(natural + k)))), s));
+        for (int64_t g = 0; g < G; ++g) {
+          alignas(32) int8_t bytes[kBlock];  // the block's weights in order
+          for (int j = 0; j < 8; ++j) std::memcpy(bytes + 4 * j, group + g * kBlock * R + 4 * R * j + 4 * l, 4);
+          for (int64_t k = 0; k < kBlock; k += 8)
+            _mm256_storeu_ps(row + g * kBlock + k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + k)))), s));
+        }
         continue;
       }
-      // channel n: lane l of the group at c0, whose R channels' blocks are 20R-byte records
-      const int64_t c0 = n / qdot::kLanes4 * qdot::kLanes4, R = std::min<int64_t>(qdot::kLanes4, N - c0), l = n - c0;
-      const uint8_t* group = base + c0 * w.size(1);
       for (int64_t g = 0; g < G; ++g) {
         const uint8_t* rec = group + g * qdot::kBlock4 * R;
         const uint16_t* sr = reinterpret_cast<const uint16_t*>(rec + 16 * R);  // the scales, then the offsets

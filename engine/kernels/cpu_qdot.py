@@ -4,23 +4,22 @@ activations quantized to int8 per block of 32, on the fly.
 What they compute (the `w8a` variants, engine/quant/w8a.py): each row of x is cut into blocks of 32
 inputs; a block gets the scale s = max|x| / 127 and the values round(x / s) in -127..127 (llama.cpp's
 Q8_0; ONNX Runtime's MatMulNBits at accuracy level 4). The weights' integers meet them in exact
-integer dot products, and float multiply-adds apply the scales, 8 blocks at a time:
+integer dot products, and float multiply-adds apply the scales, a block at a time for 16 channels:
   int8 weights (one scale per output channel):  y = scale[n] * sum_g s[g] * (w . xq)_g
   4-bit weights (scale and offset per 32 inputs): y = sum_g scale[n,g] s[g] (q . xq)_g + offset[n,g] * sum_g(x)
 (the offset term takes the fp32 sums of x). So they change the bits of the weight-only variants,
 whose activations stay fp32: the variants that use them say so by their name.
 
-The layouts (cpu_qdot.h). int8 weights and the quantized activations (`interleave` here): rows cut
-into chunks of 8 blocks, a chunk's bytes reordered so that 4 bytes of each block sit side by side in a
-vector's 8 int32 lanes: each multiply-accumulate adds to every block's own sum in its own lane, and a
-chunk's 8 scales apply in one vector FMA. 4-bit weights (`pack_int4`): groups of 16 output channels, a
-channel a lane, as the fp32 panels (cpu_gemm.fp32_panels): per block, 4 pieces of the 16 channels' 4
-weight bytes side by side, then their 16 fp16 scales, then their 16 fp16 offsets, so one broadcast
-activation dword meets 16 channels in one multiply-accumulate, a block's scales apply in one FMA a row,
-and nothing is summed across lanes; a group is read in address order, one stream. A chunk of 8 blocks
-of one channel (the layout before, int8's) spent ~30 cycles of the vector ports a 576-input row here,
-its lanes summed at the end and its short last chunk folded: the kernel ran at about the memory's speed
-and so could not hide it (docs/streams-2026-12-06.md: the measurements, and the groups' figures).
+The layout (cpu_qdot.h; `quantize_int8` and `pack_int4` here): the weights in groups of 16 output
+channels, a channel a lane, as the fp32 panels (cpu_gemm.fp32_panels), block after block: per block,
+the pieces of the 16 channels' 4 weight bytes side by side (int8 8 pieces, 4-bit 4), the 4-bit
+weights' 16 fp16 scales and 16 fp16 offsets after them. One broadcast activation dword meets 16
+channels in one multiply-accumulate, a block's scales apply in one FMA a row, nothing is summed across
+lanes, and a group is read in address order, one stream. The layout before (a channel's row, 8 blocks
+of it in a vector's lanes, summed across lanes at the end; the int8 weights' and the quantized
+activations' interleaved layout, which the activations keep) spent ~30 cycles of the vector ports a
+576-input 4-bit row here: the kernel ran at about the memory's speed and so could not hide it
+(docs/streams-2026-12-06.md: the measurements, and the groups' figures).
 
 Why: widening every weight to fp32 (cpu_gemm.cpp's int8 kernel) or int16 (its 4-bit one) made
 those kernels bound by arithmetic, not by memory; integer dot products do 32 products in one or two
@@ -71,50 +70,44 @@ ISAS = {
 REFERENCE = "torch reference (int8 activations, exact integer sums in fp32)"
 
 
-CHUNK = 8  # blocks per interleaved chunk (cpu_qdot.h)
-
-
-# --- the interleaved layout (cpu_qdot.h): in a chunk of 8 blocks, 4-byte step s of block i at lane i
-@functools.lru_cache(maxsize=None)
-def _order(groups: int, steps: int) -> torch.Tensor:
-    """For a row of `groups` blocks of `steps` 4-byte steps: the block-order byte index of each byte of
-    the interleaved row."""
-    idx = []
-    for c0 in range(0, groups, CHUNK):
-        lanes = min(CHUNK, groups - c0)
-        for s in range(steps):
-            for i in range(lanes):
-                at = ((c0 + i) * steps + s) * 4
-                idx.extend(range(at, at + 4))
-    return torch.tensor(idx, dtype=torch.long)
-
-
-def interleave(w: torch.Tensor, steps: int) -> torch.Tensor:
-    """Rows of blocks in order ([N, bytes]: int8 weights, steps=8) in the kernels' interleaved layout."""
-    return w[:, _order(w.shape[1] // (4 * steps), steps)].contiguous()
-
-
-def deinterleave(w: torch.Tensor, steps: int) -> torch.Tensor:
-    """interleave's inverse: the rows back in block order."""
-    out = torch.empty_like(w)
-    out[:, _order(w.shape[1] // (4 * steps), steps)] = w
-    return out
-
-
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8wo's quantization (cpu_gemm.quantize_int8: symmetric, a scale per output channel), the weights
-    interleaved for the integer kernels."""
-    q, scale = cpu_gemm.quantize_int8(w)
-    return interleave(q, 8), scale
-
-
-LANES4 = 16  # 4-bit weights: output channels a group (cpu_qdot.h kLanes4)
+# --- the weights' groups (cpu_qdot.h): 16 output channels side by side, block after block
+LANES = 16  # output channels a group (cpu_qdot.h kLanes)
 
 
 def _spans(n: int) -> list[tuple[int, int, int]]:
     """N channels' groups as (first, end, channels a group): the whole groups, then a last one of r < 16."""
-    whole = n // LANES4 * LANES4
-    return [span for span in ((0, whole, LANES4), (whole, n, n - whole)) if span[1] > span[0]]
+    whole = n // LANES * LANES
+    return [span for span in ((0, whole, LANES), (whole, n, n - whole)) if span[1] > span[0]]
+
+
+def _side_by_side(t: torch.Tensor, c0: int, c1: int, r: int) -> torch.Tensor:
+    """Channels [c0, c1) of t [N, G, P, W] (per block, P pieces of W bytes) in groups of r: [groups, G,
+    P * r * W], each block's piece p of the r channels side by side."""
+    _, g, p, w = t.shape
+    return t[c0:c1].reshape(-1, r, g, p, w).permute(0, 2, 3, 1, 4).reshape(-1, g, p * r * w)
+
+
+def _apart(rec: torch.Tensor, r: int, p: int, w: int) -> torch.Tensor:
+    """_side_by_side's inverse: [groups, G, P * r * W] -> [groups * r, G, P, W]."""
+    k, g, _ = rec.shape
+    return rec.reshape(k, g, p, r, w).permute(0, 3, 1, 2, 4).reshape(k * r, g, p, w)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8wo's quantization (cpu_gemm.quantize_int8: symmetric, a scale per output channel), the weights
+    in the integer kernels' groups ([N, K] int8: per block, 8 pieces of the 16 channels' 4 bytes)."""
+    q, scale = cpu_gemm.quantize_int8(w)
+    n, k = q.shape
+    blocks = q.view(n, k // BLOCK, 8, 4)
+    return torch.cat([_side_by_side(blocks, c0, c1, r).reshape(-1) for c0, c1, r in _spans(n)]).view(n, k), scale
+
+
+def unpack_int8(w: torch.Tensor) -> torch.Tensor:
+    """quantize_int8's groups back as int8 [N, K] in block order."""
+    n, k = w.shape
+    flat, g = w.reshape(-1), k // BLOCK
+    return torch.cat([_apart(flat[c0 * k:c1 * k].view(-1, g, 32 * r), r, 8, 4).reshape(c1 - c0, k)
+                      for c0, c1, r in _spans(n)])
 
 
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor | None:
@@ -128,13 +121,8 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch
     packed, s16, o16 = layout
     n, half = packed.shape
     g = half // 16
-    parts = []
-    for c0, c1, r in _spans(n):
-        k = (c1 - c0) // r  # groups
-        w = packed[c0:c1].reshape(k, r, g, 4, 4).permute(0, 2, 3, 1, 4).reshape(k, g, 16 * r)
-        s = s16[c0:c1].reshape(k, r, g).transpose(1, 2).contiguous().view(torch.uint8)
-        o = o16[c0:c1].reshape(k, r, g).transpose(1, 2).contiguous().view(torch.uint8)
-        parts.append(torch.cat([w, s, o], dim=2).reshape(-1))
+    w, s, o = packed.view(n, g, 4, 4), s16.view(torch.uint8).view(n, g, 1, 2), o16.view(torch.uint8).view(n, g, 1, 2)
+    parts = [torch.cat([_side_by_side(t, c0, c1, r) for t in (w, s, o)], dim=2).reshape(-1) for c0, c1, r in _spans(n)]
     return torch.cat(parts).view(n, half + 4 * g)
 
 
@@ -146,11 +134,10 @@ def int4_parts(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     flat = rows.reshape(-1)
     ws, ss, os_ = [], [], []
     for c0, c1, r in _spans(n):
-        k = (c1 - c0) // r
-        rec = flat[c0 * row:c1 * row].view(k, g, 20 * r)
-        ws.append(rec[..., :16 * r].reshape(k, g, 4, r, 4).permute(0, 3, 1, 2, 4).reshape(c1 - c0, 16 * g))
-        ss.append(rec[..., 16 * r:18 * r].contiguous().view(torch.float16).transpose(1, 2).reshape(c1 - c0, g))
-        os_.append(rec[..., 18 * r:].contiguous().view(torch.float16).transpose(1, 2).reshape(c1 - c0, g))
+        rec = flat[c0 * row:c1 * row].view(-1, g, 20 * r)
+        ws.append(_apart(rec[..., :16 * r], r, 4, 4).reshape(c1 - c0, 16 * g))
+        ss.append(_apart(rec[..., 16 * r:18 * r], r, 1, 2).reshape(c1 - c0, 2 * g).view(torch.float16))
+        os_.append(_apart(rec[..., 18 * r:], r, 1, 2).reshape(c1 - c0, 2 * g).view(torch.float16))
     return torch.cat(ws), torch.cat(ss), torch.cat(os_)
 
 
@@ -227,7 +214,7 @@ def dequantized(w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Ten
     if cpu_gemm.built_reason() is None:
         return torch.ops.latency_lab_gemv.qdot_dequantize(w, scale)
     if scale is not None:
-        return deinterleave(w, 8).float() * scale.float()[:, None]
+        return unpack_int8(w).float() * scale.float()[:, None]
     packed, s16, o16 = int4_parts(w)
     return _nibbles(packed).float() * s16.float().repeat_interleave(BLOCK, 1) + o16.float().repeat_interleave(BLOCK, 1)
 
@@ -258,8 +245,8 @@ def _chunks(n: int, m: int, g: int):
 
 
 def int8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x times quantize_int8's interleaved weights, as the kernels compute it (sums in another order)."""
-    w = deinterleave(w, 8)
+    """x times quantize_int8's groups of weights, as the kernels compute it (sums in another order)."""
+    w = unpack_int8(w)
     xq, xs, _ = quantize_reference(x)
     starts, step = _chunks(w.shape[0], x.shape[0], xs.shape[1])
     parts = [(_block_dots(xq, w[i:i + step]) * xs[:, None, :]).sum(dim=2) * scale[i:i + step].float()

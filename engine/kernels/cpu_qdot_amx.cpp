@@ -5,21 +5,19 @@
 //
 // What a tile computes: C[m][n] = sum over the 32 inputs of block g of xq[m] * w[n] (tdpbssd: signed
 // bytes, exact int32 sums; a 4-bit weight's q in 0..15 is a non-negative signed byte). Then, per row m
-// and channel n, the float operations of the row kernels in their order (cpu_qdot_body.inc):
-//   int8:  block g to lane g % 8 of eight running sums, acc[l] = fma(float(C), xs[m, g], acc[l]);
-//          y = hsum8(acc) * scale[n], hsum8's order ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
-//   4-bit: block after block, acc = fma(float(C), scale[n, g] * xs[m, g], acc);
-//          off = fma(offset[n, g], xsum[m, g], off);  y = acc + off;
-// then the bias and the residual, so that a row gets the same bits here as through any other form, alone
-// or among others. This restates the row kernels' float sequence; the build's check (cpu_qdot.py
-// `_checked`) holds it to their bits: a difference fails this form, and the next one serves. Sixteen
-// channels sit in a 512-bit vector's lanes, with the 16 rows' accumulators in registers.
+// and channel n, the float operations of the row kernels in their order (cpu_qdot_body.inc), block
+// after block: int8, acc = fma(float(C), xs[m, g], acc), y = acc * scale[n]; 4-bit, acc = fma(float(C),
+// scale[n, g] * xs[m, g], acc), off = fma(offset[n, g], xsum[m, g], off), y = acc + off; then the bias
+// and the residual, so that a row gets the same bits here as through any other form, alone or among
+// others. This restates the row kernels' float sequence; the build's check (cpu_qdot.py `_checked`)
+// holds it to their bits: a difference fails this form, and the next one serves. Sixteen channels sit in
+// a 512-bit vector's lanes, with the 16 rows' accumulators in registers.
 //
 // The operands: a tile's rows are contiguous bytes, so the activations come in block order (cpu_qdot.cpp
 // puts the interleaved rows' dwords back) and a panel of up to 64 channels has its weights laid
 // out once a call as the tiles read them (`panel`): per block and 16 channels, 8 rows of 64 bytes (the
-// block's 4-byte quads, 16 channels' side by side), 4-bit weights unpacked to a byte each, their fp16
-// scales and offsets to fp32. The panel then serves every 16-row block of the call from L2.
+// block's 4-byte quads, 16 channels' side by side, as the groups hold them), 4-bit weights unpacked to a
+// byte each, their fp16 scales and offsets to fp32. The panel then serves every 16-row block of the call from L2.
 //
 // Plain C++ compiled for these ISAs (the pragma), reached only through cpu_qdot.cpp's dispatch after
 // cpuid says AMX-INT8 and Linux has granted the tile state (`enable`).
@@ -74,30 +72,24 @@ Panel carve(uint8_t* scratch, int64_t G) {
   return {t, s, s + G * kGroups * kCols};
 }
 
-// int8: channel n's 4-byte quad r of block g, in chunk c = g / 8 of `lanes` blocks, is dword lanes * r + g % 8
-// of its row's 256-byte chunk (cpu_qdot.h): gathered, 16 channels a quad. 4-bit: a group's block is one
-// record, its quad r < 4 (low nibbles: quad r; high: quad r + 4) 16 channels' side by side already.
+// A group's block is one record (cpu_qdot.h): its quads r (int8: 8; 4-bit: 4, the low nibbles quad r and
+// the high ones quad r + 4) hold 16 channels' 4 bytes side by side already; a last group of R < 16
+// channels R of them, loaded under a mask.
 void lay_out(const Args& a, bool four, int64_t n0, int64_t n1, const Panel& p) {
-  const int64_t G = a.K / kBlock, row = four ? G * kBlock4 : a.K;
+  const int64_t G = a.K / kBlock, row = four ? G * kBlock4 : a.K, unit = four ? kBlock4 : kBlock;
   const uint8_t* w = static_cast<const uint8_t*>(a.w) + n0 * row;
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int j = 0; j < kGroups; ++j) {
     const int64_t c0 = n0 + j * kCols, have = (n1 > c0 ? least(kCols, n1 - c0) : 0);
     const __mmask16 live = static_cast<__mmask16>((1u << have) - 1u);
-    const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(static_cast<int>(row)));
     const uint8_t* wj = w + j * kCols * row;
     for (int64_t g = 0; g < G; ++g) {
       int8_t* dst = p.tiles + (g * kGroups + j) * kTileBytes;
+      const uint8_t* rec = wj + g * unit * have;  // the group's R = have channels: unit * R bytes a block
       if (!four) {
-        const int64_t c = g / kChunk, lanes = least(kChunk, G - c * kChunk), i = g % kChunk;
-        for (int r = 0; r < 8; ++r)
-          _mm512_store_si512(dst + r * 64, have ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at,
-                                                                              wj + c * 256 + (lanes * r + i) * 4, 1)
-                                                : _mm512_setzero_si512());
+        for (int r = 0; r < 8; ++r) _mm512_store_si512(dst + r * 64, _mm512_maskz_loadu_epi32(live, rec + 4 * have * r));
         continue;
       }
-      const uint8_t* rec = wj + g * kBlock4 * have;  // the group's R = have channels: 20R bytes a block
       for (int r = 0; r < 4; ++r) {
         const __m512i v = _mm512_maskz_loadu_epi32(live, rec + 4 * have * r);
         _mm512_store_si512(dst + r * 64, _mm512_and_si512(v, low));
@@ -110,46 +102,42 @@ void lay_out(const Args& a, bool four, int64_t n0, int64_t n1, const Panel& p) {
   }
 }
 
-// int8: the 16 rows' eight lane sums of one group of 16 channels (module comment), sums[l][m] a vector
-// of the channels. 4-bit: each row's whole sum acc + off in sums[0][m]. A block's multiply, then its
-// float work, then the next block's: issuing multiplies ahead of the float work, into other tiles and
-// buffers, ran slower (docs/quantization-amx-2026-12-06.md).
-void group(const Args& a, bool four, const int8_t* xb, int64_t m0, int j, const Panel& p, __m512 (*sums)[kRows]) {
-  const int64_t G = a.K / kBlock, gp = a.gp, lanes = four ? 1 : (G < kChunk ? G : kChunk), stride = four ? 1 : kChunk;
+// The 16 rows' sums over every block of one group of 16 channels (module comment), sums[m] a vector of
+// the channels (4-bit: acc + off; int8: acc, its channel scales not yet applied). A block's multiply,
+// then its float work, then the next block's: issuing multiplies ahead of the float work, into other
+// tiles and buffers, ran slower (docs/quantization-amx-2026-12-06.md).
+void group(const Args& a, bool four, const int8_t* xb, int64_t m0, int j, const Panel& p, __m512* sums) {
+  const int64_t G = a.K / kBlock, gp = a.gp;
   const float* xs = a.xs + m0 * gp;
   const float* xsum = a.xsum + m0 * gp;
   alignas(64) int32_t c[kRows * kCols];
-  for (int l = 0; l < lanes; ++l) {
-    __m512 acc[kRows], off[kRows];
-    for (int m = 0; m < kRows; ++m) acc[m] = off[m] = _mm512_setzero_ps();
-    for (int64_t g = l; g < G; g += stride) {
-      _tile_loadd(0, xb + m0 * a.K + g * kBlock, a.K);
-      _tile_loadd(1, p.tiles + (g * kGroups + j) * kTileBytes, 64);
-      _tile_zero(2);
-      _tile_dpbssd(2, 0, 1);
-      _tile_stored(2, c, 64);
-      if (four) {
-        const __m512 s = _mm512_load_ps(p.scale + (g * kGroups + j) * kCols);
-        const __m512 o = _mm512_load_ps(p.offset + (g * kGroups + j) * kCols);
-        for (int m = 0; m < kRows; ++m) {
-          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + m * kCols)),
-                                   _mm512_mul_ps(s, _mm512_set1_ps(xs[m * gp + g])), acc[m]);
-          off[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xsum[m * gp + g]), off[m]);
-        }
-      } else {
-        for (int m = 0; m < kRows; ++m)
-          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + m * kCols)), _mm512_set1_ps(xs[m * gp + g]),
-                                   acc[m]);
+  __m512 acc[kRows], off[kRows];
+  for (int m = 0; m < kRows; ++m) acc[m] = off[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    _tile_loadd(0, xb + m0 * a.K + g * kBlock, a.K);
+    _tile_loadd(1, p.tiles + (g * kGroups + j) * kTileBytes, 64);
+    _tile_zero(2);
+    _tile_dpbssd(2, 0, 1);
+    _tile_stored(2, c, 64);
+    if (four) {
+      const __m512 s = _mm512_load_ps(p.scale + (g * kGroups + j) * kCols);
+      const __m512 o = _mm512_load_ps(p.offset + (g * kGroups + j) * kCols);
+      for (int m = 0; m < kRows; ++m) {
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + m * kCols)),
+                                 _mm512_mul_ps(s, _mm512_set1_ps(xs[m * gp + g])), acc[m]);
+        off[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xsum[m * gp + g]), off[m]);
       }
+    } else {
+      for (int m = 0; m < kRows; ++m)
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + m * kCols)), _mm512_set1_ps(xs[m * gp + g]),
+                                 acc[m]);
     }
-    for (int m = 0; m < kRows; ++m) sums[l][m] = four ? _mm512_add_ps(acc[m], off[m]) : acc[m];
   }
-  for (int64_t l = lanes; l < kChunk; ++l)  // lanes past a short row's blocks stay zero, as in hsum8
-    for (int m = 0; m < kRows; ++m) sums[l][m] = _mm512_setzero_ps();
+  for (int m = 0; m < kRows; ++m) sums[m] = four ? _mm512_add_ps(acc[m], off[m]) : acc[m];
 }
 
 void row_block(const Args& a, bool four, const int8_t* xb, int64_t m0, int64_t n0, int64_t n1, const Panel& p) {
-  __m512 sums[kChunk][kRows];
+  __m512 sums[kRows];
   for (int j = 0; j < kGroups; ++j) {
     const int64_t c0 = n0 + j * kCols, have = least(kCols, n1 - c0);
     if (have <= 0) break;
@@ -158,12 +146,7 @@ void row_block(const Args& a, bool four, const int8_t* xb, int64_t m0, int64_t n
     const __m512 scale = four ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, a.scale8 + c0);
     const __m512 bias = a.bias ? _mm512_maskz_loadu_ps(live, a.bias + c0) : _mm512_setzero_ps();
     for (int m = 0; m < kRows; ++m) {
-      __m512 v = sums[0][m];
-      if (!four) {  // hsum8's order: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
-        const __m512 h0 = _mm512_add_ps(sums[0][m], sums[4][m]), h1 = _mm512_add_ps(sums[1][m], sums[5][m]);
-        const __m512 h2 = _mm512_add_ps(sums[2][m], sums[6][m]), h3 = _mm512_add_ps(sums[3][m], sums[7][m]);
-        v = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(h0, h2), _mm512_add_ps(h1, h3)), scale);
-      }
+      __m512 v = four ? sums[m] : _mm512_mul_ps(sums[m], scale);
       if (a.bias) v = _mm512_add_ps(v, bias);
       if (a.resid) v = _mm512_add_ps(_mm512_maskz_loadu_ps(live, a.resid + (m0 + m) * a.N + c0), v);
       _mm512_mask_storeu_ps(a.y + (m0 + m) * a.N + c0, live, v);

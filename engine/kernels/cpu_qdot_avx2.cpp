@@ -4,8 +4,7 @@
 
 #include "cpu_qdot.h"
 
-#define QDOT_OWN_CHUNKS
-#define QDOT_OWN_GROUPS
+#define QDOT_OWN_DOTS4
 
 namespace qdot::avx2 {
 namespace {
@@ -18,8 +17,7 @@ inline __m256i dot8(__m256i acc, __m256i w, __m256i s) {  // a pair is up to 2 x
 inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // 4-bit: a block's 8 steps summed in int16 (a vpmaddubsw pair is at most 2 x 15 x 127, 8 of them
-// 30,480: no saturation), widened to int32 once a chunk.
-// A block's 8 pairs of nibble products a lane stay in int16 until the end (8 x 2 x 15 x 127 < 2^15).
+// 30,480: no saturation), widened to int32 once a block.
 // D: cpu_qdot_body.inc's I16 (two 256-bit halves), declared after this file's own pieces.
 template <int M, typename D>
 inline void int4_dots(const uint8_t* w, const int8_t* const* x, int64_t step, D* d) {
@@ -39,14 +37,6 @@ inline void int4_dots(const uint8_t* w, const int8_t* const* x, int64_t step, D*
     for (int h = 0; h < 2; ++h) d[m].h[h] = widen(acc[m][h]);
 }
 
-template <int M>
-inline void int8_chunk(const int8_t* w, const int8_t* x, int64_t kp, __m256i* d) {
-  for (int m = 0; m < M; ++m) d[m] = _mm256_setzero_si256();
-  for (int s = 0; s < 8; ++s) {
-    const __m256i wv = load(w + 32 * s);
-    for (int m = 0; m < M; ++m) d[m] = dot8(d[m], wv, load(x + m * kp + 32 * s));
-  }
-}
 }  // namespace
 #include "cpu_qdot_body.inc"
 }  // namespace qdot::avx2
