@@ -283,7 +283,7 @@ def _checked() -> dict[str, str | None]:
     if cpu_gemm.built_reason() is not None:
         return {}
     gen = torch.Generator().manual_seed(0)
-    n, k = 72, 320  # not a multiple of the 64-channel tiles; 10 blocks: a chunk of 8 and a partial one
+    n, k = 72, 320  # past the 64-channel tiles, a last group of 8 channels; 10 blocks: a chunk of 8 and a partial one
     w = torch.randn(n, k, generator=gen)
     q8, s8 = quantize_int8(w)
     q4 = torch.randint(0, 16, (n, k), generator=gen)
