@@ -100,6 +100,25 @@ def test_4bit_groups_hold_16_channels_weights_then_their_scales_and_offsets_a_bl
     assert torch.equal(parts[0], weights) and torch.equal(parts[1], s16) and torch.equal(parts[2], o16)
 
 
+def test_int8_groups_hold_16_channels_4_byte_pieces_a_block():
+    # per block 8 pieces of 64 bytes: channel l's bytes 4s..4s+3 of the block at 64s + 4l; a last group of
+    # R < 16 channels the same with R lanes (32R bytes a block)
+    gen = torch.Generator().manual_seed(4)
+    n, k, g = 19, 96, 3  # a whole group of 16 and a last one of 3; 3 blocks
+    w = torch.randn(n, k, generator=gen)
+    grouped, scale = cpu_qdot.quantize_int8(w)
+    q, want_scale = cpu_gemm.quantize_int8(w)
+    assert grouped.shape == (n, k) and torch.equal(scale, want_scale)
+    flat = grouped.reshape(-1)
+    for c0, r in ((0, 16), (16, 3)):
+        for b in range(g):
+            rec = flat[c0 * k + b * 32 * r:c0 * k + (b + 1) * 32 * r]
+            for l in range(r):
+                for s in range(8):
+                    assert torch.equal(rec[4 * r * s + 4 * l:4 * r * s + 4 * l + 4], q[c0 + l, 32 * b + 4 * s:32 * b + 4 * s + 4])
+    assert torch.equal(cpu_qdot.unpack_int8(grouped), q)
+
+
 @needs_kernels
 @pytest.mark.parametrize("form", ["avx2", "avx512-vnni", "amx-int8"])
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(form):
