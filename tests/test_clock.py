@@ -277,6 +277,26 @@ def test_bench_bandwidth_stamps_each_step_and_names_the_limits_device(tiny_model
     steps = len(result["variants"]) * 2 * 2
     assert len(result["variants"]) == 2 and len(waits) >= 2 * steps and set(waits) == {CPU}
     assert result["limits_device"] == "cpu" and result["read_gbps"] == 10.0
+    paired = result["variants"]["int8wo"]["gbps_vs_default"]  # against the default, round by round
+    assert paired["rounds"] == 2 and len(paired["per_round"]) == 2 and paired["ci95"] is None  # unknown under 3
+
+
+def test_paired_ratio_compares_each_round_with_itself():
+    """A machine that slows down between rounds slows both models of a round: the paired ratio keeps
+    the models' own ratio (here a: 2x b's speed, bytes scaled by 0.5 -> 1.0x b's GB/s), and its
+    interval spans the rounds' disagreement."""
+    from engine.bench.quant_steps import paired_ratio
+
+    slow = [1.0, 3.0, 1.5, 2.5]  # each round's machine
+    a = [s * 0.010 for s in slow for _ in range(3)]
+    b = [s * 0.020 for s in slow for _ in range(3)]
+    r = paired_ratio(a, b, rounds=4, steps=3, scale=0.5)
+    assert r["per_round"] == [1.0] * 4 and r["median"] == 1.0 and r["ci95"] is None  # no spread: no interval
+    b[3] *= 1.2  # round 1's b steps 1.2x slower (its median moves): that round's ratio alone moves
+    b[4] *= 1.2
+    r = paired_ratio(a, b, rounds=4, steps=3, scale=0.5)
+    assert r["per_round"] == [1.0, 1.2, 1.0, 1.0] and r["median"] == 1.0
+    assert r["ci95"][0] <= 1.0 <= r["ci95"][1] <= 1.2
 
 
 def test_bench_bandwidth_divides_a_cuda_models_steps_by_the_gpus_limits(tiny_model_dir, tmp_path, monkeypatch):

@@ -10,7 +10,9 @@ is on (a GPU's HBM for a model on CUDA, never the host's), from the one limits p
 API's `timings` divide by; `--remeasure` probes again first), so `fraction_of_read` here and a
 reply's `decode_bandwidth_fraction` are the same division. Variants take turns
 (quant_steps.step_times), so the ratios between them are measured side by side; one that cannot run
-here is listed with the reason. `--kv-dtypes int8` adds each variant's step over a KV cache of that
+here is listed with the reason. Each variant's GB/s is also set against the loaded model's step round by round
+(quant_steps.paired_ratio: the median of the rounds' ratios and its 95% interval), the figure to read when the
+question is whether a variant streams its bytes as fast as the default does. `--kv-dtypes int8` adds each variant's step over a KV cache of that
 precision (the kv_cache_dtype toggle; its bytes counted at that precision, scales included).
 A step above the read bandwidth means the cached probe is stale (taken while the machine was busy): the
 bench re-probes at once (machine_limits.remeasure_if_exceeded), says so, and prints no fraction above 100%.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from engine.bench import median
-from engine.bench.quant_steps import step_times
+from engine.bench.quant_steps import paired_ratio, step_times
 
 DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,int4wo+head8"
 
@@ -154,6 +156,18 @@ def run(args, out):
             f"{info['top1_agreement']:.0%} over {info['positions']} positions")
     for name, why in refused.items():
         out(f"{name:>13}: not measured: {why}")
+    base = models[lm.dtype_name]
+    for name, m in models.items():  # GB/s against the default's, paired round by round
+        if name == lm.dtype_name:
+            continue
+        ratio = paired_ratio(times[name], times[lm.dtype_name], args.rounds, args.steps,
+                             bytes_read_per_step(m.model, args.context, m.kv) /
+                             bytes_read_per_step(base.model, args.context, base.kv))
+        rows[name]["gbps_vs_default"] = ratio
+        ci = ratio["ci95"]
+        spread = f"95% interval {ci[0]:.2f}-{ci[1]:.2f}" if ci else "interval unknown under 3 rounds"
+        out(f"{name:>13}: streams {ratio['median']:.2f}x the {lm.dtype_name} step's GB/s (median of {args.rounds} "
+            f"paired rounds, {spread})")
     default = rows[lm.dtype_name]
     return {"read_gbps": limits.read_gbps, "copy_gbps": limits.copy_gbps, "limits_date": limits.date,
             "limits_note": note,
