@@ -64,12 +64,20 @@ def test_a_normed_projection_refuses_inputs_not_in_whole_blocks():
                                                 cpu_qdot.ISAS[isa][0], None, None)
 
 
+def test_silu_is_made_on_the_way_here():
+    # The gated projections compute torch's silu in the quantizer (cpu_qdot_quant.cpp silu8) where a probe
+    # finds at::silu's bits; this torch must be such a one, or the down projection pays at::silu's call again.
+    # The bits themselves: the gated tests below, against F.silu.
+    assert torch.ops.latency_lab_gemv.qdot_silu_matches()
+
+
 @pytest.mark.parametrize("kind", [1, 2])
 @pytest.mark.parametrize("rows", [1, 3, 40])
 def test_a_gated_projection_is_silu_times_up_then_the_product_bit_for_bit(kind, rows):
     isa = cpu_qdot.best_form(capabilities.detect())
     gen = torch.Generator().manual_seed(rows)
     gate_up = torch.randn(1, rows, 2 * 1536, generator=gen) * 3
+    gate_up[..., :8] = torch.tensor([0.0, -0.0, 90.0, -90.0, 105.0, -105.0, 1e-39, -1e30])  # silu's tails and cut-offs
     gate, up = gate_up.chunk(2, dim=-1)
     w = _weights(kind, 576, 1536, seed=1)
     resid = torch.randn(rows, 576, generator=gen)

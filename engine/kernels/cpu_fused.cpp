@@ -6,14 +6,13 @@
 // qdot_project(x, norm_weight, eps, up, weights, kind, isa, bias, residual): one w8a projection
 // (engine/quant/w8a.py) from what the layer has in hand:
 //   rms_norm(x, norm_weight, eps) @ W   (q/k/v, gate/up: the norm and the int8 quantization in one pass)
-//   (silu(x) * up) @ W                  (down: x the gate half, silu by torch, the product quantized on the way)
+//   (silu(x) * up) @ W                  (down: x the gate half, silu with torch's bits, quantized on the way)
 //   x @ W                               (o)
 // then + bias, then + residual (each one rounding, as torch's adds).
 // rope_qk(qkv, cos, sin, H, KV, D): rotary positions on the q and k heads of a fused q/k/v output,
 // x * cos + rotate_half(x) * sin with each product rounded (no FMA), as torch computes it.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/silu.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 #include <torch/library.h>
@@ -28,20 +27,12 @@ inline __m256 rounded(__m256 v) {  // the product as torch leaves it in memory: 
 }
 }  // namespace
 
-namespace {
-at::Tensor silu(const at::Tensor& x, const Scratch* s) {  // torch's own (its bits), into s->gated where kept
-  if (!s || !s->gated.defined()) return at::silu(x);
-  at::Tensor out = s->gated;
-  return at::silu_out(out, x);
-}
-}  // namespace
-
 at::Tensor project_into(const at::Tensor& x, const at::Tensor* norm_weight, double eps, const at::Tensor* up,
                         const at::Tensor* weights, int64_t kind, int64_t isa, const at::Tensor& bias,
                         const at::Tensor& residual, const Scratch* s, const at::Tensor& y) {
   TORCH_CHECK(!(norm_weight && up), "a norm or a product, not both");
   Quantized q = norm_weight ? quantize_normed(x, *norm_weight, eps, s)
-                : up        ? quantize_product(silu(x, s), *up, s)
+                : up        ? quantize_gated(x, *up, s)
                             : quantize(x, true, s);
   return product(q, weights, kind, isa, bias, residual, y);
 }

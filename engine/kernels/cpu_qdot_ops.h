@@ -33,7 +33,7 @@ struct Quantized {  // one allocation: xq [rows, kp], then xs, xsum [rows, gp] f
 struct Scratch {
   at::Tensor bytes;    // the quantized activations: uint8, at least M * Quantized::bytes(Layout(K, true))
   at::Tensor squares;  // the norm's x * x: fp32 [M, K] (the norm's K)
-  at::Tensor gated;    // silu(gate): fp32 [M, K] (the gated projection's K)
+  at::Tensor gated;    // silu(gate): fp32 [M, K] (the gated projection's K), where at::silu serves
 };
 
 // Rows of activations quantized per block of 32 (cpu_qdot_quant.cpp), into s->bytes where given, from
@@ -43,6 +43,9 @@ Quantized quantize(const at::Tensor& x, bool interleaved, const Scratch* s = nul
 Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double eps, const Scratch* s = nullptr);
 // a * b elementwise (silu(gate) * up: a, b [M, K], rows may be strided), without the product in memory.
 Quantized quantize_product(const at::Tensor& a, const at::Tensor& b, const Scratch* s = nullptr);
+// silu(gate) * up elementwise (torch's silu: its bits), without either in memory where this process's torch
+// computes silu as cpu_qdot_quant.cpp does (else through at::silu, into s->gated where kept).
+Quantized quantize_gated(const at::Tensor& gate, const at::Tensor& up, const Scratch* s = nullptr);
 
 // y [M, N] = the quantized rows times a projection's weights: kind 1, {int8 [N, K], fp32 scale [N]};
 // kind 2, {4-bit rows [N, K / 2 + K / 8]: weights, fp16 scales, fp16 offsets} (cpu_qdot.h), in form `isa`

@@ -12,11 +12,14 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/silu.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <torch/library.h>
@@ -74,6 +77,73 @@ struct Product {  // a * b, each with its own row stride
       v[j] = rounded(_mm256_mul_ps(_mm256_loadu_ps(a + m * sa + k + 8 * j), _mm256_loadu_ps(b + m * sb + k + 8 * j)));
   }
 };
+
+// torch's silu in fp32, x / (1 + exp(-x)), lane by lane as its vectorized kernel computes it (exp: SLEEF's
+// expf_u10, which torch's Vectorized<float>::exp calls at every width: a rounded power of two times a
+// polynomial, each step one rounding or one FMA), so that the down projection's input is made on the way
+// (silu(gate) * up, quantized) without at::silu's call: ~5-10 us a layer of a one-row step on the leading
+// thread alone, the whole call mostly its set-up (docs/streams-2026-12-06.md). Taken only where a probe
+// against at::silu finds the same bits (silu_matches); else at::silu serves.
+inline __m256 silu8(__m256 x) {
+  const __m256 d = _mm256_xor_ps(x, _mm256_set1_ps(-0.f));  // -x
+  const __m256i q = _mm256_cvtps_epi32(rounded(_mm256_mul_ps(d, _mm256_set1_ps(1.442695040888963407359924681001892137426645954152985934135449406931f))));
+  const __m256 qf = _mm256_cvtepi32_ps(q);
+  __m256 s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-0.693145751953125f), d);
+  s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-1.428606765330187045e-06f), s);
+  __m256 u = _mm256_set1_ps(0.000198527617612853646278381f);
+  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.00139304355252534151077271f));
+  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.00833336077630519866943359f));
+  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.0416664853692054748535156f));
+  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.166666671633720397949219f));
+  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.5f));
+  u = rounded(_mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(rounded(_mm256_mul_ps(s, s)), u, s)));
+  const __m256i h = _mm256_srai_epi32(q, 1);  // u * 2^q as two powers of two (q may exceed one exponent's range)
+  const auto pow2 = [](__m256i e) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(0x7f)), 23)); };
+  u = rounded(_mm256_mul_ps(rounded(_mm256_mul_ps(u, pow2(h))), pow2(_mm256_sub_epi32(q, h))));
+  u = _mm256_andnot_ps(_mm256_cmp_ps(d, _mm256_set1_ps(-104.f), _CMP_LT_OQ), u);
+  u = _mm256_blendv_ps(u, _mm256_set1_ps(std::numeric_limits<float>::infinity()),
+                       _mm256_cmp_ps(_mm256_set1_ps(100.f), d, _CMP_LT_OQ));
+  return _mm256_div_ps(x, rounded(_mm256_add_ps(_mm256_set1_ps(1.0f), u)));
+}
+
+struct Gated {  // silu(a) * b (torch's silu, then the product, each rounded), each with its own row stride
+  const float *a, *b;
+  int64_t sa, sb;
+  void block(int64_t m, int64_t k, __m256* v) const {
+    for (int j = 0; j < 4; ++j)
+      v[j] = rounded(_mm256_mul_ps(rounded(silu8(_mm256_loadu_ps(a + m * sa + k + 8 * j))),
+                                   _mm256_loadu_ps(b + m * sb + k + 8 * j)));
+  }
+};
+
+// Whether silu8 gives at::silu's bits in this process (another torch, or another exp, would not): checked once
+// on values across silu's whole range (both tails, around 0, the exp's cut-offs, subnormals).
+bool probe_silu() {
+  std::vector<float> x;
+  uint32_t seed = 2463534242u;
+  for (int i = 0; i < 1 << 16; ++i) {
+    seed ^= seed << 13, seed ^= seed >> 17, seed ^= seed << 5;
+    const float unit = static_cast<float>(seed >> 8) / 16777216.f;  // [0, 1)
+    x.push_back(i % 2 ? (unit - 0.5f) * 240.f : std::ldexp(unit - 0.5f, (i % 40) - 30));
+  }
+  for (float v : {0.f, -0.f, 1e-38f, -1e-38f, 87.f, -87.f, 88.8f, -88.8f, 103.9f, -103.9f, 104.1f, -104.1f, 100.f,
+                  -100.f, 1e30f, -1e30f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()})
+    x.push_back(v);
+  while (x.size() % 8) x.push_back(0.f);
+  const at::Tensor want = at::silu(at::from_blob(x.data(), {static_cast<int64_t>(x.size())}));
+  const float* w = want.data_ptr<float>();
+  for (size_t i = 0; i < x.size(); i += 8) {
+    alignas(32) float got[8];
+    _mm256_store_ps(got, silu8(_mm256_loadu_ps(x.data() + i)));
+    if (std::memcmp(got, w + i, sizeof(got)) != 0) return false;
+  }
+  return true;
+}
+
+bool silu_matches() {
+  static const bool same = probe_silu();
+  return same;
+}
 
 // torch's sum of a contiguous fp32 row, in its own order (at::sum's CPU kernel, SumKernel.cpp:
 // vectorized_inner_sum over row_sum over multi_row_sum): `lanes`-wide vectors summed 4 at a time into 4
@@ -275,10 +345,25 @@ Quantized quantize_product(const at::Tensor& a, const at::Tensor& b, const Scrat
   return q;
 }
 
+Quantized quantize_gated(const at::Tensor& gate, const at::Tensor& up, const Scratch* s) {
+  check_rows(gate, "gate");
+  check_rows(up, "up");
+  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up: the same shape");
+  if (!silu_matches()) {  // torch's own silu, into the caller's buffer where it keeps one
+    at::Tensor out = s && s->gated.defined() ? s->gated : at::empty_like(gate);
+    return quantize_product(at::silu_out(out, gate), up, s);
+  }
+  Quantized q = allocate(gate, gate.size(0), gate.size(1), true, s);
+  quantize_rows(Gated{gate.data_ptr<float>(), up.data_ptr<float>(), gate.stride(0), up.stride(0)}, gate.size(0), q.L, q);
+  return q;
+}
+
 int64_t sum_lanes_op() { return sum_lanes(); }
+bool silu_matches_op() { return silu_matches(); }
 
 }  // namespace qdot
 
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("qdot_sum_lanes() -> int", &qdot::sum_lanes_op);  // the tests: which way the norms sum here
+  m.def("qdot_silu_matches() -> bool", &qdot::silu_matches_op);  // the tests: whether silu is made on the way
 }
