@@ -81,9 +81,9 @@ struct Product {  // a * b, each with its own row stride
 // torch's silu in fp32, x / (1 + exp(-x)), lane by lane as its vectorized kernel computes it (exp: SLEEF's
 // expf_u10, which torch's Vectorized<float>::exp calls at every width: a rounded power of two times a
 // polynomial, each step one rounding or one FMA), so that the down projection's input is made on the way
-// (silu(gate) * up, quantized) without at::silu's call: ~5-10 us a layer of a one-row step on the leading
-// thread alone, the whole call mostly its set-up (docs/streams-2026-12-06.md). Taken only where a probe
-// against at::silu finds the same bits (silu_matches); else at::silu serves.
+// (silu(gate) * up, quantized) without at::silu's call, whose set-up cost a one-row step more than its
+// arithmetic, on the leading thread alone (docs/streams-2026-12-06.md: the timings, and how). Taken only where
+// a probe against at::silu finds the same bits (silu_matches); else at::silu serves.
 inline __m256 silu8(__m256 x) {
   const __m256 d = _mm256_xor_ps(x, _mm256_set1_ps(-0.f));  // -x
   const __m256i q = _mm256_cvtps_epi32(rounded(_mm256_mul_ps(d, _mm256_set1_ps(1.442695040888963407359924681001892137426645954152985934135449406931f))));
