@@ -10,10 +10,11 @@ is on (a GPU's HBM for a model on CUDA, never the host's), from the one limits p
 API's `timings` divide by; `--remeasure` probes again first), so `fraction_of_read` here and a
 reply's `decode_bandwidth_fraction` are the same division. Variants take turns
 (quant_steps.step_times), so the ratios between them are measured side by side; one that cannot run
-here is listed with the reason. Each variant's GB/s is also set against the loaded model's step round by round
-(quant_steps.paired_ratio: the median of the rounds' ratios and its 95% interval), the figure to read when the
-question is whether a variant streams its bytes as fast as the default does. `--kv-dtypes int8` adds each variant's step over a KV cache of that
-precision (the kv_cache_dtype toggle; its bytes counted at that precision, scales included).
+here is listed with the reason. Each variant's GB/s is also set against the loaded model's round by
+round (quant_steps.paired_ratio: the median of the rounds' ratios and its 95% interval), the figure to
+read when the question is whether a variant streams its bytes as fast as the default does.
+`--kv-dtypes int8` adds each variant's step over a KV cache of that precision (the kv_cache_dtype
+toggle; its bytes counted at that precision, scales included).
 A step above the read bandwidth means the cached probe is stale (taken while the machine was busy): the
 bench re-probes at once (machine_limits.remeasure_if_exceeded), says so, and prints no fraction above 100%.
 """
