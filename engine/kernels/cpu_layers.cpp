@@ -133,7 +133,8 @@ struct Workspace {
     up = gate_up.narrow(1, I, I);
     int64_t bytes = 0;  // the quantized activations of the widest input
     for (int64_t K : {hidden, H * D, I}) bytes = std::max(bytes, R * qdot::Quantized::bytes(qdot::Layout(K, true)));
-    scratch = {at::empty({bytes}, f.dtype(at::kByte)), at::empty({R, hidden}, f), at::empty({R, I}, f)};
+    scratch = {at::empty({bytes}, f.dtype(at::kByte)), at::empty({R, hidden}, f),
+               qdot::silu_matches() ? at::Tensor() : at::empty({R, I}, f)};  // silu(gate) only where at::silu serves
   }
 };
 

@@ -46,6 +46,8 @@ Quantized quantize_product(const at::Tensor& a, const at::Tensor& b, const Scrat
 // silu(gate) * up elementwise (torch's silu: its bits), without either in memory where this process's torch
 // computes silu as cpu_qdot_quant.cpp does (else through at::silu, into s->gated where kept).
 Quantized quantize_gated(const at::Tensor& gate, const at::Tensor& up, const Scratch* s = nullptr);
+// Whether quantize_gated makes silu itself here (a probe against at::silu, once a process): else it needs s->gated.
+bool silu_matches();
 
 // y [M, N] = the quantized rows times a projection's weights: kind 1, {int8 [N, K], fp32 scale [N]};
 // kind 2, {4-bit rows [N, K / 2 + K / 8]: weights, fp16 scales, fp16 offsets} (cpu_qdot.h), in form `isa`

@@ -69,15 +69,6 @@ struct Normed {  // (x * r[m]) * w: torch's rms_norm in fp32, two roundings
   }
 };
 
-struct Product {  // a * b, each with its own row stride
-  const float *a, *b;
-  int64_t sa, sb;
-  void block(int64_t m, int64_t k, __m256* v) const {
-    for (int j = 0; j < 4; ++j)
-      v[j] = rounded(_mm256_mul_ps(_mm256_loadu_ps(a + m * sa + k + 8 * j), _mm256_loadu_ps(b + m * sb + k + 8 * j)));
-  }
-};
-
 // torch's silu in fp32, x / (1 + exp(-x)), lane by lane as its vectorized kernel computes it (exp: SLEEF's
 // expf_u10, which torch's Vectorized<float>::exp calls at every width: a rounded power of two times a
 // polynomial, each step one rounding or one FMA), so that the down projection's input is made on the way
@@ -106,13 +97,15 @@ inline __m256 silu8(__m256 x) {
   return _mm256_div_ps(x, rounded(_mm256_add_ps(_mm256_set1_ps(1.0f), u)));
 }
 
-struct Gated {  // silu(a) * b (torch's silu, then the product, each rounded), each with its own row stride
+template <bool Silu>
+struct Product {  // a * b, or silu(a) * b (torch's silu, then the product, each rounded), each with its own row stride
   const float *a, *b;
   int64_t sa, sb;
   void block(int64_t m, int64_t k, __m256* v) const {
-    for (int j = 0; j < 4; ++j)
-      v[j] = rounded(_mm256_mul_ps(rounded(silu8(_mm256_loadu_ps(a + m * sa + k + 8 * j))),
-                                   _mm256_loadu_ps(b + m * sb + k + 8 * j)));
+    for (int j = 0; j < 4; ++j) {
+      const __m256 x = _mm256_loadu_ps(a + m * sa + k + 8 * j);
+      v[j] = rounded(_mm256_mul_ps(Silu ? rounded(silu8(x)) : x, _mm256_loadu_ps(b + m * sb + k + 8 * j)));
+    }
   }
 };
 
@@ -138,11 +131,6 @@ bool probe_silu() {
     if (std::memcmp(got, w + i, sizeof(got)) != 0) return false;
   }
   return true;
-}
-
-bool silu_matches() {
-  static const bool same = probe_silu();
-  return same;
 }
 
 // torch's sum of a contiguous fp32 row, in its own order (at::sum's CPU kernel, SumKernel.cpp:
@@ -301,6 +289,11 @@ void check_rows(const at::Tensor& t, const char* what) {
 
 }  // namespace
 
+bool silu_matches() {
+  static const bool same = probe_silu();
+  return same;
+}
+
 Quantized quantize(const at::Tensor& x, bool interleaved, const Scratch* s) {
   check_rows(x, "x");
   Quantized q = allocate(x, x.size(0), x.size(1), interleaved, s);
@@ -336,34 +329,33 @@ Quantized quantize_normed(const at::Tensor& x, const at::Tensor& weight, double 
   return q;
 }
 
-Quantized quantize_product(const at::Tensor& a, const at::Tensor& b, const Scratch* s) {
+namespace {
+template <bool Silu>  // quantize_product's rows, and quantize_gated's where silu8 gives torch's bits
+Quantized product_rows(const at::Tensor& a, const at::Tensor& b, const Scratch* s) {
   check_rows(a, "a");
   check_rows(b, "b");
   TORCH_CHECK(a.sizes() == b.sizes(), "a and b: the same shape");
   Quantized q = allocate(a, a.size(0), a.size(1), true, s);
-  quantize_rows(Product{a.data_ptr<float>(), b.data_ptr<float>(), a.stride(0), b.stride(0)}, a.size(0), q.L, q);
+  quantize_rows(Product<Silu>{a.data_ptr<float>(), b.data_ptr<float>(), a.stride(0), b.stride(0)}, a.size(0), q.L, q);
   return q;
+}
+}  // namespace
+
+Quantized quantize_product(const at::Tensor& a, const at::Tensor& b, const Scratch* s) {
+  return product_rows<false>(a, b, s);
 }
 
 Quantized quantize_gated(const at::Tensor& gate, const at::Tensor& up, const Scratch* s) {
-  check_rows(gate, "gate");
-  check_rows(up, "up");
-  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up: the same shape");
-  if (!silu_matches()) {  // torch's own silu, into the caller's buffer where it keeps one
-    at::Tensor out = s && s->gated.defined() ? s->gated : at::empty_like(gate);
-    return quantize_product(at::silu_out(out, gate), up, s);
-  }
-  Quantized q = allocate(gate, gate.size(0), gate.size(1), true, s);
-  quantize_rows(Gated{gate.data_ptr<float>(), up.data_ptr<float>(), gate.stride(0), up.stride(0)}, gate.size(0), q.L, q);
-  return q;
+  if (silu_matches()) return product_rows<true>(gate, up, s);
+  at::Tensor out = s && s->gated.defined() ? s->gated : at::empty_like(gate);  // torch's own silu, in the caller's buffer
+  return quantize_product(at::silu_out(out, gate), up, s);
 }
 
 int64_t sum_lanes_op() { return sum_lanes(); }
-bool silu_matches_op() { return silu_matches(); }
 
 }  // namespace qdot
 
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
   m.def("qdot_sum_lanes() -> int", &qdot::sum_lanes_op);  // the tests: which way the norms sum here
-  m.def("qdot_silu_matches() -> bool", &qdot::silu_matches_op);  // the tests: whether silu is made on the way
+  m.def("qdot_silu_matches() -> bool", &qdot::silu_matches);  // the tests: whether silu is made on the way
 }
