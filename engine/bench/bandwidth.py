@@ -142,7 +142,7 @@ def run(args, out):
     rows = {}
     for name, m in models.items():
         step = median(times[name])
-        read = bytes_read_per_step(m.model, args.context, m.kv)
+        read = streamed[name][1]
         gbps = read / step / 1e9
         fraction = limits.decode_fraction(gbps)
         stale = over_limit(fraction) and not cache_resident(read)  # the limit is wrong: no share of it
@@ -157,13 +157,11 @@ def run(args, out):
             f"{info['top1_agreement']:.0%} over {info['positions']} positions")
     for name, why in refused.items():
         out(f"{name:>13}: not measured: {why}")
-    base = models[lm.dtype_name]
-    for name, m in models.items():  # GB/s against the default's, paired round by round
+    for name in models:  # GB/s against the default's, paired round by round
         if name == lm.dtype_name:
             continue
         ratio = paired_ratio(times[name], times[lm.dtype_name], args.rounds, args.steps,
-                             bytes_read_per_step(m.model, args.context, m.kv) /
-                             bytes_read_per_step(base.model, args.context, base.kv))
+                             streamed[name][1] / streamed[lm.dtype_name][1])
         rows[name]["gbps_vs_default"] = ratio
         ci = ratio["ci95"]
         spread = f"95% interval {ci[0]:.2f}-{ci[1]:.2f}" if ci else "interval unknown under 3 rounds"
