@@ -128,6 +128,8 @@ def test_the_compiled_step_checkbox_runs_pane_b_through_the_graph(page_server, b
     assert steps[0][:2] == [None, None] and steps[1][:2] == [None, "compiled"], steps
     assert "compiled step" not in steps[0][2] and "compiled step" in steps[1][2]
     rows = [last_run(page, s)["row"] for s in "AB"]
+    sent = [last_run(page, s)["sent"] for s in "AB"]
+    assert [s["max_new_tokens"] for s in sent] == [12, 12], sent  # each pane sent what its slider shows
     assert last_run(page, "A")["reply"] == last_run(page, "B")["reply"], [
         {k: r.get(k) for k in ("output_tokens", "finish_reason", "cached_tokens", "config", "dtype")} for r in rows]
     assert "The two replies are identical." in page.inner_text("#lab-delta")

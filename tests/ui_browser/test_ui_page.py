@@ -34,7 +34,7 @@ def last_run(page, pane):
     return page.evaluate(f"""() => {{
         const r = window.lab.panes[{pane!r}].runs.at(-1);
         return {{error: r.error, row: r.row, reply: r.record && r.record.reply, text: r.view.text.data,
-                 client: r.client}};
+                 client: r.client, sent: r.settings}};
     }}""")
 
 
@@ -115,11 +115,16 @@ def test_the_gradio_transport_streams_the_same_reply(page_server, browser_page):
 
 
 def open_ab(page, url, max_tokens):
-    """The page's A/B tab, both panes' settings open and set to at most `max_tokens`."""
+    """The page's A/B tab, both panes' settings open and set to at most `max_tokens`: each slider checked
+    again once both are set, since a value typed while Gradio mounts the other accordion was once lost
+    after its own check (pane A's request left without it)."""
     open_page(page, url)
     page.click("button[role=tab]:has-text('A/B')")
     for side in ("A", "B"):
         page.click(f"text={side} settings")
+        set_number(page, f"lab-{side}-max", max_tokens)
+    page.wait_for_timeout(300)
+    for side in ("A", "B"):
         set_number(page, f"lab-{side}-max", max_tokens)
 
 
@@ -138,7 +143,8 @@ def test_an_ab_pair_streams_both_panes_and_fills_the_delta_table(page_server, br
         run = last_run(page, side)
         assert run["error"] is None and run["row"]["client_ttft_ms"] >= run["row"]["ttft_ms"]
         assert page.locator(f"#lab-ov-{side} .lab-card").count() == 4
-        assert run["row"]["output_tokens"] <= 8, (side, run["row"])  # each side sent its own settings
+        assert run["sent"]["max_new_tokens"] == 8, (side, run["sent"])  # each side sent its own settings
+        assert run["row"]["output_tokens"] <= 8, (side, run["row"])  # and the engine kept to them
     a, b = last_run(page, "A")["reply"], last_run(page, "B")["reply"]
     assert a == b  # same greedy config, same prompt: same text
     delta = page.inner_text("#lab-delta")

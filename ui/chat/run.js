@@ -137,7 +137,8 @@ export async function run(session, p, body, sendAt, transport, meta) {
   const P = session.pane(p);
   const s = body.settings || {};
   const r = {
-    pane: p, sendAt, transport, rec: new Recorder(sendAt, session.clock), finished: false, error: null,
+    // settings: what this request sent (the pane's controls' values)
+    pane: p, settings: s, sendAt, transport, rec: new Recorder(sendAt, session.clock), finished: false, error: null,
     timeline: { received_ns: null, events_ms: {}, token_ms: [] }, requestId: null, row: null, client: null,
     view: addAssistant(p, meta || "", session.markdown), textLen: 0, progress: [], costs: [],
     smoothing: { mode: s.smoothing || "off", unit: s.smooth_unit || "word", maxHoldMs: session.cfg.smoothMaxHoldMs, paceTps: P.pace },
