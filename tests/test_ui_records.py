@@ -197,4 +197,7 @@ def test_the_ab_note_says_whether_the_replies_match_and_why_not():
     assert "after 11 characters" in compare.replies_note(a, quant) and "weights" in compare.replies_note(a, quant)
     hot = {"reply": "Paris!", "settings": {**greedy, "temperature": 0.7}}
     assert "sampling" in compare.replies_note(a, hot)
+    compiled = {"reply": "The capital is Lyon.", "settings": {**greedy, "compiled_decode": True}}
+    assert "compiled step's fused kernels" in compare.replies_note(a, compiled)
+    assert "compiled step" not in compare.replies_note(a, {**compiled, "settings": greedy})
     assert compare.replies_note({"reply": ""}, {"reply": ""}) == ""

@@ -69,7 +69,8 @@ def replies_note(a: dict, b: dict) -> str:
     """One line under the A/B table: do the two replies say the same thing, and if not, where they
     part and the likely reason. Greedy text can legitimately differ between configs: quantized
     weights are other numbers, and in bf16 a speculative verify pass (several rows through one GEMM)
-    rounds near-ties differently from one-row steps (docs/speculative.md, "Exactness in bf16")."""
+    rounds near-ties differently from one-row steps (docs/speculative.md, "Exactness in bf16"); a compiled
+    step's fused kernels round in their own order (docs/compiled-step.md, "Exactness")."""
     ta, tb = a.get("reply") or "", b.get("reply") or ""
     if ta == tb:
         return "The two replies are identical." if ta else ""
@@ -82,6 +83,9 @@ def replies_note(a: dict, b: dict) -> str:
     elif sa.get("speculative", "off") != sb.get("speculative", "off"):
         why = ("both are greedy: speculation verifies several tokens in one multi-row matmul, which in bf16 rounds "
                "near-ties differently from one-token steps (exact in fp32; see docs/speculative.md, Exactness in bf16)")
+    elif bool(sa.get("compiled_decode")) != bool(sb.get("compiled_decode")):
+        why = ("both are greedy: the compiled step's fused kernels round in their own order, close to the eager "
+               "step's but not bit for bit (engine info gives its top-1 agreement; docs/compiled-step.md, Exactness)")
     else:
         why = "the configs differ in more than sampling, or the conversations differ"
     return f"The replies part after {at:,} characters: {why}."
