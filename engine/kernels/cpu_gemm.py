@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from engine.core.errors import first_line
-from engine.kernels import switches
+from engine.kernels import build_guard, switches
 from engine.platform import capabilities
 
 NAME = "latency_lab AVX2 kernels (engine/kernels/cpu_gemm.py)"  # what engine info and the benches call them
@@ -55,6 +55,7 @@ _SOURCES = [str(Path(__file__).with_name(name)) for name in (
     "cpu_gemm.cpp", "cpu_attention.cpp", "cpu_layers.cpp",
     "cpu_qdot.cpp", "cpu_qdot_quant.cpp", "cpu_fused.cpp", "cpu_qdot_avx2.cpp", "cpu_qdot_vnni512.cpp",
     "cpu_qdot_avxvnni.cpp", "cpu_qdot_amx.cpp", "cpu_tiles.cpp")]
+_EXTENSION = "latency_lab_gemv"  # its library's name, and its ops' namespace
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]  # OpenMP: torch's own libgomp runs the threads
 log = logging.getLogger(__name__)
 _build_lock = threading.Lock()  # the worker may build a variant while the API asks for engine info
@@ -100,8 +101,11 @@ def _build() -> str | None:
     from torch.utils import cpp_extension
 
     try:
-        cpp_extension.load(name="latency_lab_gemv", sources=_SOURCES, extra_cflags=_FLAGS,
-                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        # torch's own folder for the name (TORCH_EXTENSIONS_DIR or its cache), held while we build
+        folder = cpp_extension._get_build_directory(_EXTENSION, verbose=False)
+        with build_guard.exclusive_build(folder):
+            cpp_extension.load(name=_EXTENSION, sources=_SOURCES, extra_cflags=_FLAGS, build_directory=folder,
+                               extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         _register_fakes()
         global _wide
         _wide = wide_fp32()
