@@ -10,6 +10,7 @@ recorder. No time is asserted.
 from __future__ import annotations
 
 import ast
+import math
 import threading
 from pathlib import Path
 
@@ -284,19 +285,26 @@ def test_bench_bandwidth_stamps_each_step_and_names_the_limits_device(tiny_model
 def test_paired_ratio_compares_each_round_with_itself():
     """A machine that slows down between rounds slows both models of a round: the paired ratio keeps
     the models' own ratio (here a: 2x b's speed, bytes scaled by 0.5 -> 1.0x b's GB/s), and its
-    interval spans the rounds' disagreement."""
+    interval (the one paired estimate, engine/measure/paired.py) spans the rounds' disagreement."""
     from engine.bench.quant_steps import paired_ratio
+    from engine.measure import paired
 
     slow = [1.0, 3.0, 1.5, 2.5]  # each round's machine
     a = [s * 0.010 for s in slow for _ in range(3)]
     b = [s * 0.020 for s in slow for _ in range(3)]
     r = paired_ratio(a, b, rounds=4, steps=3, scale=0.5)
-    assert r["per_round"] == [1.0] * 4 and r["median"] == 1.0 and r["ci95"] is None  # no spread: no interval
+    assert r["per_round"] == [1.0] * 4 and r["ratio"] == 1.0 and r["ci95"] == [1.0, 1.0]  # rounds agree
     b[3] *= 1.2  # round 1's b steps 1.2x slower (its median moves): that round's ratio alone moves
     b[4] *= 1.2
     r = paired_ratio(a, b, rounds=4, steps=3, scale=0.5)
-    assert r["per_round"] == [1.0, 1.2, 1.0, 1.0] and r["median"] == 1.0
-    assert r["ci95"][0] <= 1.0 <= r["ci95"][1] <= 1.2
+    assert r["per_round"] == [1.0, 1.2, 1.0, 1.0]
+    # the order-adjusted geometric mean: the mean of round 0's and 2's log ratios (one order) and of
+    # round 1's and 3's (the other) averaged, so 1.2 ** (1 / 4), not the median's 1.0
+    assert r["ratio"] == round(1.2 ** 0.25, 3)
+    e = paired.estimate([0.0, math.log(1.2), 0.0, 0.0], ["AB", "BA", "AB", "BA"])
+    assert r["ci95"] == [round(math.exp(e.lo), 3), round(math.exp(e.hi), 3)]
+    assert r["ci95"][0] < 1.0 < 1.2 < r["ci95"][1]  # four rounds, one off by 20%: nothing decided
+    assert paired_ratio(a[:6], b[:6], rounds=2, steps=3)["ci95"] is None  # no interval under 3 rounds
 
 
 def test_bench_bandwidth_divides_a_cuda_models_steps_by_the_gpus_limits(tiny_model_dir, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ API's `timings` divide by; `--remeasure` probes again first), so `fraction_of_re
 reply's `decode_bandwidth_fraction` are the same division. Variants take turns
 (quant_steps.step_times), so the ratios between them are measured side by side; one that cannot run
 here is listed with the reason. Each variant's GB/s is also set against the loaded model's round by
-round (quant_steps.paired_ratio: the median of the rounds' ratios and its 95% interval), the figure to
+round (quant_steps.paired_ratio: the rounds' order-adjusted geometric mean and its 95% interval), the figure to
 read when the question is whether a variant streams its bytes as fast as the default does.
 `--kv-dtypes int8` adds each variant's step over a KV cache of that precision (the kv_cache_dtype
 toggle; its bytes counted at that precision, scales included).
@@ -165,7 +165,7 @@ def run(args, out):
         rows[name]["gbps_vs_default"] = ratio
         ci = ratio["ci95"]
         spread = f"95% interval {ci[0]:.2f}-{ci[1]:.2f}" if ci else "interval unknown under 3 rounds"
-        out(f"{name:>13}: streams {ratio['median']:.2f}x the {lm.dtype_name} step's GB/s (median of {args.rounds} "
+        out(f"{name:>13}: streams {ratio['ratio']:.2f}x the {lm.dtype_name} step's GB/s (over {args.rounds} "
             f"paired rounds, {spread})")
     default = rows[lm.dtype_name]
     return {"read_gbps": limits.read_gbps, "copy_gbps": limits.copy_gbps, "limits_date": limits.date,

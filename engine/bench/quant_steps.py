@@ -65,19 +65,24 @@ def step_times(models: dict, context: int, rounds: int, steps: int, device) -> d
 def paired_ratio(a: list[float], b: list[float], rounds: int, steps: int, scale: float = 1.0) -> dict:
     """How many times faster model a's steps ran than model b's, round by round (step_times' lists:
     `rounds` rounds of `steps` steps each, the models in turn), times `scale`: each round's ratio of the
-    two medians (the same minutes of the machine for both), then the median of those ratios with a
-    95% bootstrap interval (scipy; a fixed seed, so the same times print the same interval). A drift of
-    the machine between rounds moves both models of a round alike and leaves their ratio; the interval
-    says how far the rounds disagree. Under 3 rounds the interval is unknown (None)."""
-    import numpy as np
-    from scipy import stats
+    two medians (the same minutes of the machine for both), then the one paired estimate over the rounds
+    (engine/measure/paired.py: the order-adjusted geometric mean and its 95% t-interval). step_times
+    reverses the models' order every other round, so the even and the odd rounds are the crossover's two
+    orders and an order effect cancels. A drift of the machine between rounds moves both models of a round
+    alike and leaves their ratio; the interval says how far the rounds disagree. Under 3 rounds the
+    interval is unknown (None); rounds that all agree give an interval of no width."""
+    import math
+
+    from engine.measure import paired
 
     per_round = [scale * median(b[r * steps:(r + 1) * steps]) / median(a[r * steps:(r + 1) * steps])
                  for r in range(rounds)]
-    ci = None
-    if rounds >= 3 and len(set(per_round)) > 1:
-        boot = stats.bootstrap((np.array(per_round),), np.median, n_resamples=2000, method="percentile",
-                               random_state=0).confidence_interval
-        ci = [round(float(boot.low), 3), round(float(boot.high), 3)]
-    return {"median": round(median(per_round), 3), "ci95": ci, "rounds": rounds,
+    d, orders = [math.log(x) for x in per_round], ["AB" if r % 2 == 0 else "BA" for r in range(rounds)]
+    if rounds >= 3:
+        e = paired.estimate(d, orders)
+        log_ratio, ci = e.log_ratio, [round(math.exp(e.lo), 3), round(math.exp(e.hi), 3)]
+    else:  # no degrees of freedom for an interval: the estimate alone
+        groups = paired.order_groups(d, orders)
+        log_ratio, ci = float(sum(g.mean() for g in groups)) / len(groups), None
+    return {"ratio": round(math.exp(log_ratio), 3), "ci95": ci, "rounds": rounds,
             "per_round": [round(x, 3) for x in per_round]}

@@ -7,7 +7,7 @@ skewed (a shifted exponential: B's effect varies by item, a few items gain much 
 item in ten has one side slowed 1.5x by a neighbour). Every shape has a standard deviation of 0.05.
 For each method and n: the share of draws whose 95% interval holds the true B/A (nominal: 0.95).
 
-  t       the order-adjusted t-interval the page uses (ui/compare/stats.py `estimate`)
+  t       the order-adjusted t-interval the page uses (engine/measure/paired.py `estimate`)
   BCa     a BCa bootstrap of the same estimate (scipy.stats.bootstrap, resampled within each order)
   old     what the page used before: the ratio of medians, paired BCa over items (A/A draws only,
           where its target, 1, is known)
@@ -29,6 +29,8 @@ from dataclasses import replace
 
 import numpy as np
 from scipy import stats as sps
+
+from engine.measure import paired
 
 from . import stats
 
@@ -64,11 +66,11 @@ SHAPES = ("normal", "order effect", "heavy tails", "skewed", "outliers")
 RESAMPLES = 4000
 
 
-def bca(d: list[float], orders: list[str], seed: int) -> stats.Estimate:
+def bca(d: list[float], orders: list[str], seed: int) -> paired.Estimate:
     """The t estimate with a BCa bootstrap interval in place of the t's (percentile where BCa is
     undefined): the groups of each order resampled apart, the statistic the order-adjusted mean."""
-    e = stats.estimate(d, orders)
-    groups = stats._groups(d, orders)
+    e = paired.estimate(d, orders)
+    groups = paired.order_groups(d, orders)
     if e.method == "exact" or any(len(g) < 2 for g in groups):
         return e
     for method in ("BCa", "percentile"):
@@ -106,7 +108,7 @@ def coverage(sims: int, sizes=SIZES, shapes=SHAPES, seed: int = 1) -> dict:
             hits = {"t": 0, "BCa": 0, "old": 0}
             for _ in range(sims):
                 d, orders = draw(shape, n, rng)
-                for name, e in (("t", stats.estimate(d, orders)), ("BCa", bca(d, orders, int(rng.integers(1 << 31))))):
+                for name, e in (("t", paired.estimate(d, orders)), ("BCa", bca(d, orders, int(rng.integers(1 << 31))))):
                     hits[name] += e.lo <= TRUE <= e.hi
                 if shape in ("normal", "heavy tails", "outliers"):  # symmetric: the ratio of medians' target is 1
                     hits["old"] += _old_covers(d, rng)
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     table = coverage(a.sims, tuple(int(x) for x in a.sizes.split(",")))
     found = threshold(table)
     if a.json:
-        print(json.dumps({"sims": a.sims, "confidence": stats.CONFIDENCE, "holds": HOLDS, "coverage": table,
+        print(json.dumps({"sims": a.sims, "confidence": paired.CONFIDENCE, "holds": HOLDS, "coverage": table,
                           "holds_from": {m: {s: threshold(table, m, shapes=[s]) for s in table} for m in ("t", "BCa")},
                           "bca_holds_from": found, "t_holds_from": threshold(table, "t")}))
     else:

@@ -1,25 +1,20 @@
 """Paired statistics for two configs: the one module every A/B verdict goes through (the Sweep, the
 A/B tab's repeated pairs, the Load tab's pairs, `python -m ui.compare.abtest`). Per metric: B/A over the
 items with its 95% interval and p-value, decisions corrected across the table (Holm), the practical
-floors, and the items a 5% difference would need. Pure functions: no engine, no Gradio.
+floors, and the items a 5% difference would need. Pure functions: no model, no Gradio.
 
 Items. Each item (a sweep's conversation turn, a repeated A/B run of one prompt, a request played in
 both Load runs) ran once through A and once through B; d = log(B/A) per item. Which config runs
 first alternates pair by pair (COUNTERBALANCE, ABBA): the second run of a pair can inherit what the
 first warmed up, an order effect that reads as a difference when A always runs first.
 
-The estimate: B/A = exp of the order-adjusted mean of d, the mean over the A-first items and the mean
-over the B-first items averaged (the AB/BA crossover estimate), so an order effect cancels whatever
-the counts, and is reported (`order_effect`: the second run of a pair over the first). With one order
-only (the Load tab: run 1 always first) it is the plain mean, and the order is confounded.
-
-The interval: a t-interval on d (df = n − 2 with both orders, n − 1 with one), at every n. A BCa
-bootstrap was the page's interval before. Simulated (`python -m ui.compare.coverage`; the dated figures in
-docs/ab-statistics.md), the bootstrap of the same estimate covers far less than its 95% under ten
-items, and still less than 94% at 100 items where log ratios have heavy tails or outliers, while the
-t-interval holds in every shape but a strongly skewed one, where the bootstrap does no better. No size
-was found from which the bootstrap's coverage holds, so the t-interval serves every size. Below
-MIN_ITEMS: "too few items to decide".
+The estimate and its interval come from engine/measure/paired.py, the one paired estimate (the benches'
+paired ratios use it too): B/A = exp of the order-adjusted mean of d (the AB/BA crossover estimate), so
+an order effect cancels whatever the counts, and is reported (`order_effect`: the second run of a pair
+over the first); with one order only (the Load tab: run 1 always first) the plain mean, and the order
+is confounded. A t-interval on d at every n: a BCa bootstrap was the page's interval before, and
+covered far less than its 95% under ten items (`python -m ui.compare.coverage`, docs/ab-statistics.md).
+Below MIN_ITEMS: "too few items to decide".
 
 Decisions: ALPHA is family-wise over the table: Holm's step-down over every metric's p-value (the
 headline metrics included), so an A/A table names a winner at most ALPHA of the time. A decided
@@ -34,10 +29,11 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 from scipy import stats as sps
 
+from engine.measure.paired import CONFIDENCE, estimate
+
 from ..shell.glossary import METRICS
 
 ALPHA = 0.05  # family-wise, over a table's metrics
-CONFIDENCE = 0.95  # each interval shown
 MIN_ITEMS = 3  # fewer: "too few items to decide" (an order-adjusted t-interval needs n − 2 ≥ 1)
 DETECT_RATIO = 1.05  # "a 5% difference"
 POWER = 0.80
@@ -53,49 +49,6 @@ PAIRED_METRICS = ["ttft_ms", "tpot_ms", "e2e_ms", "prefill_ms", "queue_ms", "out
 def pair_order(index: int) -> str:
     """"AB" or "BA": which config runs first in the index-th counted pair (0-based)."""
     return COUNTERBALANCE[index % len(COUNTERBALANCE)]
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The order-adjusted mean log ratio, its interval and p-value (of log ratio 0)."""
-
-    log_ratio: float
-    lo: float
-    hi: float
-    p: float
-    method: str  # t | exact
-    sd: float  # of the log ratios about their order's mean (for the items a 5% difference needs)
-    order_effect: float | None  # log: the second run of a pair against the first; None with one order
-
-
-def _groups(d: list[float], orders: list[str | None]) -> list[np.ndarray]:
-    """The log ratios by order ([A-first, B-first]), or one group where only one order ran."""
-    split = [np.array([x for x, o in zip(d, orders) if o == k]) for k in ("AB", "BA")]
-    if all(len(g) for g in split) and sum(map(len, split)) == len(d):
-        return split
-    return [np.asarray(d, dtype=float)]
-
-
-def estimate(d: list[float], orders: list[str | None], confidence: float = CONFIDENCE) -> Estimate:
-    """The t-interval at any n (see the module's docstring for why not a bootstrap). With both orders,
-    the AB/BA crossover test: d of the A-first items against −d of the B-first ones, a pooled two-sample
-    t-test (scipy.stats.ttest_ind) whose difference of means is twice the order-adjusted estimate; with
-    one order, a one-sample t-test (ttest_1samp)."""
-    groups = _groups(d, orders)
-    means = [float(g.mean()) for g in groups]
-    est = float(np.mean(means))
-    df = len(d) - len(groups)
-    resid = np.concatenate([g - g.mean() for g in groups])
-    sd = float(math.sqrt(np.sum(resid ** 2) / df)) if df > 0 else math.nan
-    effect = (means[0] - means[1]) / 2 if len(groups) == 2 else None  # A-first items: B ran second
-    if sd <= 1e-12:  # every item of an order the same ratio (to rounding): nothing to be unsure of
-        return Estimate(est, est, est, 0.0 if est else 1.0, "exact", 0.0, effect)
-    if len(groups) == 2:
-        res, scale = sps.ttest_ind(groups[0], -groups[1], equal_var=True), 0.5
-    else:
-        res, scale = sps.ttest_1samp(groups[0], 0.0), 1.0
-    ci = res.confidence_interval(confidence)
-    return Estimate(est, scale * float(ci.low), scale * float(ci.high), float(res.pvalue), "t", sd, effect)
 
 
 def items_to_detect(sd: float | None, ratio: float = DETECT_RATIO, alpha: float = ALPHA,
