@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,13 @@ def test_a_clean_folder_builds_without_a_word(tmp_path, caplog):
         with build_guard.exclusive_build(tmp_path / "new"):
             pass
     assert caplog.text == ""
+
+
+def test_a_build_that_takes_long_says_it_is_compiling(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger=build_guard.__name__):
+        with build_guard.exclusive_build(tmp_path, slow_s=0.05):
+            time.sleep(0.5)  # ten times the notice's delay: a compile, for this test
+    assert "compiling our C++ kernels into" in caplog.text
 
 
 def test_the_extension_build_goes_through_the_guard(tmp_path, monkeypatch):

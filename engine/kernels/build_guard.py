@@ -12,6 +12,9 @@ ours is building in that folder, so a `lock` still there was left by a build tha
 and remove it. Finding it held means a live build: we say whose and wait for it, then load what it
 built. (`flock`, not a library: it is the one primitive whose release survives SIGKILL, in the
 standard library.)
+
+A build that compiles takes minutes on 2 cores, where loading a built one takes well under a second:
+past SLOW_S a line says it is compiling, so a first start does not look stuck.
 """
 
 from __future__ import annotations
@@ -19,22 +22,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 OWNER = "latency_lab.owner"  # our OS-locked file; it holds the building process's pid
 TORCH_LOCK = "lock"  # torch.utils.file_baton's file in the build folder (cpp_extension._jit_compile)
+SLOW_S = 5.0  # a load still running after this is compiling (a built library loads in well under it)
 log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def exclusive_build(build_dir: str | os.PathLike) -> Iterator[None]:
+def exclusive_build(build_dir: str | os.PathLike, slow_s: float = SLOW_S) -> Iterator[None]:
     """Hold the build folder for one `cpp_extension.load`: wait for a live build of another process,
-    clear a lock left by a dead one. Where `fcntl` is missing (not a POSIX system), a no-op."""
+    clear a lock left by a dead one, say so if the load takes past `slow_s` (it is compiling). Where
+    `fcntl` is missing (not a POSIX system), only the last."""
     try:
         import fcntl
     except ImportError:  # no flock here: torch's own lock is all there is
-        yield
+        with _notice_if_slow(build_dir, slow_s):
+            yield
         return
     folder = Path(build_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -53,6 +60,19 @@ def exclusive_build(build_dir: str | os.PathLike) -> Iterator[None]:
             log.warning("removing %s: a kernel build there was interrupted (no process is building now); "
                         "building again", stale)
             stale.unlink(missing_ok=True)
-        yield
+        with _notice_if_slow(folder, slow_s):
+            yield
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+@contextlib.contextmanager
+def _notice_if_slow(folder: str | os.PathLike, slow_s: float) -> Iterator[None]:
+    timer = threading.Timer(slow_s, log.warning, ("compiling our C++ kernels into %s: once after each change to "
+                                                  "them, a few minutes on 2 cores", folder))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
