@@ -44,7 +44,7 @@ def _caches(lengths, layers, kv, d, gen):
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
 def test_every_decode_row_gets_sdpas_attention_and_its_key_and_value_stored(heads, kv_heads, dim):
     gen = torch.Generator().manual_seed(heads * dim)
-    lengths = [1, 5, 255, 256, 257, 513, 1000]  # one chunk, its boundaries, several chunks
+    lengths = [1, 5, 255, 256, 257, 513, 1000, 2100]  # one chunk, its boundaries, several, runs of them
     caches = _caches(lengths, 3, kv_heads, dim, gen)
     B = len(lengths)
     q = torch.randn(B + 1, heads, dim, generator=gen)  # one row more than sequences, in another order
@@ -71,6 +71,30 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_any_batch():
         alone = cpu_attention.decode_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], [caches[b]], [0],
                                                [lengths[b] - 1], 0, 0.125)
         assert torch.equal(alone[0], together[b])
+
+
+@needs_kernel
+def test_how_chunks_are_grouped_into_tasks_never_changes_the_bits():
+    """A task is a run of a head's consecutive chunks, as long as the thread count leaves room for: 1, 2
+    and 4 threads cut a 1,400-key sequence's 18 chunks into runs of 4, 3 and 1; each chunk keeps its own
+    partial, so every cut gives the same bits (the lossy caches' kernels: tests/test_kv_cache_dtype.py,
+    a sequence alone and batched)."""
+    gen = torch.Generator().manual_seed(11)
+    caches = _caches([1400], 1, 3, 64, gen)
+    c = caches[0]
+    q, k, v = torch.randn(1, 9, 64, generator=gen), torch.randn(1, 3, 64, generator=gen), torch.randn(1, 3, 64, generator=gen)
+    before = torch.get_num_threads()
+    got = []
+    try:
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            got.append(cpu_attention.decode_attention(q, k, v, caches, [0], [1399], 0, 0.125))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(got[0], g) for g in got[1:])
+    want = F.scaled_dot_product_attention(q[0][None, :, None], c.k[0, :, :, :1400], c.v[0, :, :, :1400], scale=0.125,
+                                          enable_gqa=True)[0, :, 0]
+    assert (got[0][0] - want).abs().max() < 1e-5
 
 
 @needs_kernel

@@ -12,7 +12,8 @@
 // [R, KV, D] (any row and head strides, D contiguous); sequence b is row rows[b], its new token goes
 // to position positions[b], and it attends over [0, positions[b]]. Query head h reads KV head h / G.
 // A sequence's keys are cut into chunks of kChunk (flash-decoding): the chunks depend on its length
-// only and merge in a fixed order, so its result is the same bits whatever else is in the batch.
+// only and merge in a fixed order, so its result is the same bits whatever else is in the batch; a
+// thread takes consecutive chunks of one KV head a few at a time (a run), each keeping its own partial.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -35,11 +36,13 @@
 
 namespace {
 
-constexpr int64_t kChunk = 256;  // keys per task: 2 x 64 KB of K and V at D = 64, resident in L2
+constexpr int64_t kChunk = 256;  // keys per chunk: 2 x 64 KB of K and V at D = 64, resident in L2
+constexpr int64_t kMaxRun = 4;   // chunks per task at most (a task's scores: kMaxGroup x kMaxRun x kChunk floats)
+constexpr int64_t kTasksPerThread = 3;  // runs as long as leave this many tasks a thread, to share them out
 constexpr int kMaxGroup = 8;     // query heads per KV head served in registers
 constexpr int kMaxDim = 256;     // head_dim up to this
 
-#include "cpu_attention_chunk.inc"  // hsum, exp, the row loops and attend_chunk
+#include "cpu_attention_chunk.inc"  // hsum, exp, the row loops and attend_run
 
 template <typename F>
 void by_group(int64_t G, F&& f) {
@@ -136,8 +139,19 @@ at::Tensor attend_caches(const at::Tensor& q, const at::Tensor& k_new, const at:
   }
   const int64_t T = static_cast<int64_t>(tasks.size()), stride = G * (D + 2);
   std::vector<float> partials(T * stride);
-  tiles::run(T, [&](int64_t t) {  // the tasks shared out as tiles (cpu_tiles.h: a layer loop's team, if any)
-    alignas(64) float scores[kMaxGroup * kChunk];
+  // A task is a run of consecutive chunks of one (sequence, KV head), read as two long streams
+  // (attend_row_by_row); each chunk keeps its own partial, so a run's length never changes the bits.
+  const int64_t run = std::clamp<int64_t>(T / (kTasksPerThread * at::get_num_threads()), 1, kMaxRun);
+  std::vector<int64_t> firsts;  // each task's first chunk; its last is the next task's first, less one
+  for (int64_t t = 0; t < T;) {
+    firsts.push_back(t);
+    const int64_t from = t;
+    while (t < T && t - from < run && tasks[t].seq == tasks[from].seq && tasks[t].head == tasks[from].head) ++t;
+  }
+  firsts.push_back(T);
+  tiles::run(static_cast<int64_t>(firsts.size()) - 1, [&](int64_t r) {  // shared out as tiles (cpu_tiles.h)
+    alignas(64) float scores[kMaxGroup * kMaxRun * kChunk];
+    const int64_t t = firsts[r];
     const Task& tk = tasks[t];
     const int64_t cap = k_caches[tk.seq].size(3);
     const float* qs[kMaxGroup];
@@ -148,8 +162,8 @@ at::Tensor attend_caches(const at::Tensor& q, const at::Tensor& k_new, const at:
     const float* ks = kInt8 ? ksp[tk.seq] + tk.head * cap : nullptr;
     const float* vs = kInt8 ? vsp[tk.seq] + tk.head * cap : nullptr;
     by_group(G, [&](auto g) {
-      attend_chunk<decltype(g)::value, E>(qs, k, v, ks, vs, D, tk.begin, tk.end, static_cast<float>(scale),
-                                          scores, partials.data() + t * stride);
+      attend_run<decltype(g)::value, E>(qs, k, v, ks, vs, D, tk.begin, tasks[firsts[r + 1] - 1].end,
+                                        static_cast<float>(scale), scores, partials.data() + t * stride, stride);
     });
   });
   at::Tensor out = into;
