@@ -304,7 +304,8 @@ def test_paired_ratio_compares_each_round_with_itself():
     e = paired.estimate([0.0, math.log(1.2), 0.0, 0.0], ["AB", "BA", "AB", "BA"])
     assert r["ci95"] == [round(math.exp(e.lo), 3), round(math.exp(e.hi), 3)]
     assert r["ci95"][0] < 1.0 < 1.2 < r["ci95"][1]  # four rounds, one off by 20%: nothing decided
-    assert paired_ratio(a[:6], b[:6], rounds=2, steps=3)["ci95"] is None  # no interval under 3 rounds
+    two = paired_ratio(a[:6], b[:6], rounds=2, steps=3, scale=0.5)
+    assert two["ci95"] is None and two["ratio"] == round(1.2 ** 0.5, 3)  # under 3 rounds: the estimate alone
 
 
 def test_bench_bandwidth_divides_a_cuda_models_steps_by_the_gpus_limits(tiny_model_dir, tmp_path, monkeypatch):

@@ -77,12 +77,7 @@ def paired_ratio(a: list[float], b: list[float], rounds: int, steps: int, scale:
 
     per_round = [scale * median(b[r * steps:(r + 1) * steps]) / median(a[r * steps:(r + 1) * steps])
                  for r in range(rounds)]
-    d, orders = [math.log(x) for x in per_round], ["AB" if r % 2 == 0 else "BA" for r in range(rounds)]
-    if rounds >= 3:
-        e = paired.estimate(d, orders)
-        log_ratio, ci = e.log_ratio, [round(math.exp(e.lo), 3), round(math.exp(e.hi), 3)]
-    else:  # no degrees of freedom for an interval: the estimate alone
-        groups = paired.order_groups(d, orders)
-        log_ratio, ci = float(sum(g.mean() for g in groups)) / len(groups), None
-    return {"ratio": round(math.exp(log_ratio), 3), "ci95": ci, "rounds": rounds,
+    e = paired.estimate([math.log(x) for x in per_round], ["AB" if r % 2 == 0 else "BA" for r in range(rounds)])
+    ci = None if e.method == "none" else [round(math.exp(e.lo), 3), round(math.exp(e.hi), 3)]
+    return {"ratio": round(math.exp(e.log_ratio), 3), "ci95": ci, "rounds": rounds,
             "per_round": [round(x, 3) for x in per_round]}

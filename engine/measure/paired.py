@@ -33,7 +33,7 @@ class Estimate:
     lo: float
     hi: float
     p: float
-    method: str  # t | exact
+    method: str  # t | exact | none (no degrees of freedom: under 3 items with both orders, 2 with one)
     sd: float  # of the log ratios about their order's mean (for the items a 5% difference needs)
     order_effect: float | None  # log: the second run of a pair against the first; None with one order
 
@@ -47,7 +47,8 @@ def order_groups(d: list[float], orders: list[str | None]) -> list[np.ndarray]:
 
 
 def estimate(d: list[float], orders: list[str | None], confidence: float = CONFIDENCE) -> Estimate:
-    """The t-interval at any n (see the module's docstring for why not a bootstrap). With both orders,
+    """The t-interval at any n with a degree of freedom (see the module's docstring for why not a
+    bootstrap); without one, the estimate alone (method "none", the rest NaN). With both orders,
     the AB/BA crossover test: d of the A-first items against −d of the B-first ones, a pooled two-sample
     t-test (scipy.stats.ttest_ind) whose difference of means is twice the order-adjusted estimate; with
     one order, a one-sample t-test (ttest_1samp)."""
@@ -58,6 +59,8 @@ def estimate(d: list[float], orders: list[str | None], confidence: float = CONFI
     resid = np.concatenate([g - g.mean() for g in groups])
     sd = float(math.sqrt(np.sum(resid ** 2) / df)) if df > 0 else math.nan
     effect = (means[0] - means[1]) / 2 if len(groups) == 2 else None  # A-first items: B ran second
+    if df <= 0:  # the estimate alone: no interval, no test
+        return Estimate(est, math.nan, math.nan, math.nan, "none", math.nan, effect)
     if sd <= 1e-12:  # every item of an order the same ratio (to rounding): nothing to be unsure of
         return Estimate(est, est, est, 0.0 if est else 1.0, "exact", 0.0, effect)
     if len(groups) == 2:
