@@ -44,7 +44,7 @@ def test_isa_flags_are_cpuid_s_not_proc_cpuinfo_s(monkeypatch):
     assert set(CAPS.isa) == {f for f in capabilities.ISA_FLAGS if cpuid.get(capabilities._CPUID_NAMES.get(f, f))}
     host = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"}
     haswell = {"avx": True, "avx2": True, "fma3": True, "f16c": True, "avx512_f": False, "avx512_vnni": False}
-    monkeypatch.setattr(capabilities, "_cpu_info", lambda: ("a host CPU", host))
+    monkeypatch.setattr(capabilities, "_cpu_info", lambda: ("a host CPU", host, {}))
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: haswell)
     caps = capabilities.detect.__wrapped__()  # detected afresh, past the cache
     assert caps.isa == ("avx2", "fma", "f16c") and caps.isa_level == "AVX2" and not caps.bnb_cpu_avx512bf16

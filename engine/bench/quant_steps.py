@@ -1,5 +1,11 @@
 """One decode step per quantization variant, every variant alternating in one process: the decode
-ratio of each variant over the loaded model without whole replies (quick where `quant` is slow)."""
+ratio of each variant over the loaded model without whole replies (quick where `quant` is slow).
+
+`--prefetch`: each w8a variant's step with its layers' weight kind (int8, 4-bit) asking for the weights 4 KB
+ahead against the same weights left to the hardware's prefetchers (Plan.w8a_hardware_stream: the plan's
+choice is one of the two), taking turns: the evidence behind cpu_qdot.HARDWARE_STREAM_CPUS on the CPU at
+hand. Both runners hold their own C++ layer loop's arguments, so each decode step runs its own choice (the
+layers' own Python-path products, a prompt's, follow the runner made last)."""
 
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ def add_args(p):
     p.add_argument("--context", type=int, default=64, help="tokens already in the cache")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=4, help="decode steps per variant per round")
+    p.add_argument("--prefetch", action="store_true",
+                   help="each w8a variant with its plan's weight-stream choice against the other one")
 
 
 def run(args, out):
@@ -23,6 +31,8 @@ def run(args, out):
     from engine.serving.variants import build
 
     lm = load_model(args)
+    if args.prefetch:
+        return _prefetch(args, out, lm)
     models = {lm.dtype_name: Stepper(runner_for(lm))}
     for name in [v.strip() for v in (args.variants or DEFAULT_VARIANTS).split(",") if v.strip()]:
         models[name] = Stepper(build(lm, name)[1])
@@ -36,6 +46,45 @@ def run(args, out):
             f"{rows[name]['decode_vs_default']:.2f}x {lm.dtype_name}")
     best = max((r["decode_vs_default"] for n, r in rows.items() if n != lm.dtype_name), default=None)
     return {"variants": rows, "ratio": best, "default": lm.dtype_name}
+
+
+def _prefetch(args, out, lm) -> dict:
+    """--prefetch: per w8a variant, its layers' kind with and without the prefetch, paired round by round."""
+    import dataclasses
+
+    from engine.bench import Stepper
+    from engine.kernels import cpu_qdot
+    from engine.platform import capabilities
+    from engine.runtime.runner import Runner
+    from engine.serving.variants import build
+
+    out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {capabilities.detect().summary()}; "
+        f"context {args.context}, {args.rounds} rounds of {args.steps} steps")
+    rows = {}
+    for name in [v.strip() for v in (args.variants or "int8w8a+head,int4w8a+head8").split(",") if v.strip()]:
+        variant, runner = build(lm, name)
+        plan = runner.plan
+        if plan.w8a_form is None or not plan.cpp_rows:
+            out(f"{name:>14}: skipped (no integer kernels in the C++ layer loop here: form {plan.w8a_form})")
+            continue
+        kind = variant.model.blocks[0].qkv.KIND  # the layers' (a head may be another kind: it keeps the plan's)
+        arms = {True: tuple(sorted(set(plan.w8a_hardware_stream) - {kind})),
+                False: tuple(sorted(set(plan.w8a_hardware_stream) | {kind}))}
+        models = {fetch: Stepper(runner if hw == plan.w8a_hardware_stream else
+                                 Runner(variant.model, dataclasses.replace(plan, w8a_hardware_stream=hw)))
+                  for fetch, hw in arms.items()}
+        times = step_times(models, args.context, args.rounds, args.steps, lm.device)
+        r = paired_ratio(times[True], times[False], args.rounds, args.steps)  # > 1: the prefetch's steps were faster
+        chosen = "hardware prefetchers" if kind in plan.w8a_hardware_stream else "prefetch 4 KB ahead"
+        rows[name] = {"kind": cpu_qdot.KIND_NAMES[kind], "plan": chosen, "prefetch_ms": round(median(times[True]) * 1e3, 3),
+                      "hardware_ms": round(median(times[False]) * 1e3, 3), "prefetch_speedup": r}
+        ci = f"95% interval {r['ci95'][0]}-{r['ci95'][1]}" if r["ci95"] else "no interval under 3 rounds"
+        out(f"{name:>14}: {cpu_qdot.KIND_NAMES[kind]} layers, the plan's choice {chosen}; step "
+            f"{rows[name]['prefetch_ms']:.3f} ms with the prefetch, {rows[name]['hardware_ms']:.3f} ms without: "
+            f"the prefetch {r['ratio']:.3f}x as fast ({ci})")
+    # ratio: how many times as fast the plan's choice ran as the other, the least over the variants (< 1: it lost)
+    gains = [r["prefetch_speedup"]["ratio"] ** (1 if r["plan"].startswith("prefetch") else -1) for r in rows.values()]
+    return {"prefetch": rows, "context": args.context, "ratio": round(min(gains), 3) if gains else None}
 
 
 def step_times(models: dict, context: int, rounds: int, steps: int, device) -> dict[str, list[float]]:

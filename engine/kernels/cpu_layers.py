@@ -66,12 +66,12 @@ def loop_kind(model, form: str | None) -> tuple[int, int] | None:
     return next(iter(kinds)) if len(kinds) == 1 and None not in kinds else None
 
 
-def layer_weights(model, form: str | None, head_norm: bool = False) -> tuple | None:
+def layer_weights(model, form: str | None, head_norm: bool = False, hardware_stream: tuple[int, ...] = ()) -> tuple | None:
     """What run_layers reads, per layer (the norms' weights, the projections' panels and biases; then the
     kind, the form and the model's sizes; then the step's ends: the embedding table where the model's is a plain
     nn.Embedding, and with `head_norm` (the plan's) the final norm and the w8a head's product arguments), or None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
     w8a layer of the first one's class, or the kernels are off; the plan checks the rest, e.g. fp32
-    activations). `form`: the plan's for the w8a layers (Plan.w8a_form). Makes the panels: call it only where our kernel runs the rows (the runner keeps
+    activations). `form`, `hardware_stream`: the plan's for the w8a layers (Plan.w8a_form, Plan.w8a_hardware_stream). Makes the panels: call it only where our kernel runs the rows (the runner keeps
     the lists: walking them each forward cost a measurable share of a one-row step, docs/history.md).
     The walk reads the modules' own dicts: nn.Module's attribute lookup made it ~0.9 ms of a ~9 ms
     int4w8a step (1 thread, Zen 4), ~0.1 ms this way."""
@@ -105,9 +105,11 @@ def layer_weights(model, form: str | None, head_norm: bool = False) -> tuple | N
     embed = model.embed._parameters["weight"] if type(model.embed) is torch.nn.Embedding else None
     head = None
     if head_norm:  # the plan folds the final norm into a w8a head's quantizer (Plan.head_norm)
-        head_w, head_kind, head_bias, head_form = model.lm_head.product_args()
-        head = (model.norm.weight, model.norm.eps, head_w, head_kind, cpu_qdot.ISAS[head_form][0], head_bias)
-    return weights, biases, kind, kind_isa[1], shape, embed, head
+        head_w, head_kind, head_bias, head_form, _ = model.lm_head.product_args()
+        head = (model.norm.weight, model.norm.eps, head_w, head_kind, cpu_qdot.code(head_form, head_kind not in hardware_stream),
+                head_bias)
+    isa = cpu_qdot.code(form, kind not in hardware_stream) if kind else 0
+    return weights, biases, kind, isa, shape, embed, head
 
 
 def run_layers(model, layers: tuple, ids, cos, sin, caches, starts, lengths, offsets, decode, others,

@@ -30,6 +30,9 @@ using qdot::kBlock;
 using qdot::Quantized;
 
 enum Isa : int64_t { kAvx2 = 1, kVnni512 = 2, kAvxVnni = 4, kVnni256 = 8, kAmx = 16 };  // cpu_qdot.py ISAS
+// Added to a form's code: the row kernels leave the weights' stream to the hardware's prefetchers (Args::fetch
+// false; cpu_qdot.py HARDWARE_STREAM; the plan's rule w8a_hardware_stream says where).
+constexpr int64_t kHardwareStream = 32;
 
 int64_t probe_isas() {  // cpuid, as the CPU that runs the code reports it (an emulator's, not /proc's)
   __builtin_cpu_init();
@@ -182,10 +185,12 @@ at::Tensor qdot::product(const Quantized& q, const at::Tensor* weights, int64_t 
                          const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& into) {
   TORCH_CHECK(kind == 1 || kind == 2, "integer kernels: kind 1 (int8) or 2 (4-bit)");
   TORCH_CHECK(q.L.interleaved, "the kernels read interleaved activations");
+  const bool fetch = !(isa & kHardwareStream);
+  isa &= ~kHardwareStream;
   auto fns = kernels(isa);
   const at::Tensor& w = weights[0];
   const int64_t N = w.size(0), K = q.L.K, G = K / kBlock, M = q.rows;
-  qdot::Args a{q.xq(), q.xs(), q.xsum(), q.xqs(), K, N, q.L.kp, q.L.gp, w.data_ptr(), nullptr, nullptr, nullptr, nullptr};
+  qdot::Args a{q.xq(), q.xs(), q.xsum(), q.xqs(), K, N, q.L.kp, q.L.gp, w.data_ptr(), nullptr, nullptr, nullptr, nullptr, fetch};
   if (kind == 1) {
     TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 2 && w.size(1) == K,
                 "w must be contiguous int8 [N, ", K, "]");

@@ -52,6 +52,7 @@ struct Args {
   float* y;             // [M, N]
   const float* bias;    // [N] added to the product, or null
   const float* resid;   // [M, N] added after the bias (y = resid + (x . w + bias)), or null
+  bool fetch = true;    // a group's blocks also asked for kAhead on (cpu_stream.h); false: the hardware's prefetchers alone
 };
 
 // 4 bytes at p as an int32 (a broadcast activation step). Static: each ISA's file keeps its own copy.

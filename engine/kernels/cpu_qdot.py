@@ -68,6 +68,22 @@ ISAS = {
     "avx2": (1, ("avx2", "fma"), "vpmaddubsw + vpmaddwd (AVX2)"),
 }
 REFERENCE = "torch reference (int8 activations, exact integer sums in fp32)"
+# Added to a form's code (cpu_qdot.cpp kHardwareStream): the row kernels read their weights without asking
+# for them 4 KB ahead (cpu_stream.h), the hardware's prefetchers alone. The plan's rule says where
+# (engine/runtime/plan.py w8a_hardware_stream); the same bits either way (a prefetch only moves data between caches).
+HARDWARE_STREAM = 32
+# (vendor_id, cpu family, an ISA flag, the name, the weight kinds: 1 int8, 2 4-bit) of the CPUs whose row
+# kernels of those kinds run without it. Zen 4 (family 25 with AVX-512; Zen 3 has none): its 4-bit step ran
+# faster without, its int8 step as fast or faster with it, in one process taking turns
+# (docs/quantization-w8a-2026-12-07.md: `python -m engine.bench quant_steps --prefetch`). On an Intel Xeon the
+# prefetch made the 4-bit step far faster (docs/streams-2026-12-06.md).
+HARDWARE_STREAM_CPUS = (("AuthenticAMD", 25, "avx512f", "AMD Zen 4", (2,)),)
+KIND_NAMES = {1: "int8", 2: "4-bit"}  # the w8a layers' KIND (engine/quant/w8a.py; cpu_layers.cpp's kinds)
+
+
+def code(form: str, prefetch: bool = True) -> int:
+    """What the kernels take for `form` (an ISAS name), with or without our prefetch of the weights."""
+    return ISAS[form][0] | (0 if prefetch else HARDWARE_STREAM)
 
 
 # --- the weights' groups (cpu_qdot.h): 16 output channels side by side, block after block
@@ -182,29 +198,31 @@ def describe(form: str | None) -> str:
     return f"latency_lab integer kernels, {form}: {ISAS[form][2]} (engine/kernels/cpu_qdot.py)"
 
 
-def int8_w8a(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, isa: str | None) -> torch.Tensor:
+def int8_w8a(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, isa: str | None,
+             prefetch: bool = True) -> torch.Tensor:
     """x [M, K] fp32 @ (w [N, K] int8 * scale [N] fp32).T with x quantized per block: [M, N] fp32, in form
-    `isa` (None: the torch reference)."""
+    `isa` (None: the torch reference), with our prefetch of the weights or without (`code`)."""
     if isa is None:
         return int8_reference(x, w, scale)
-    return torch.ops.latency_lab_gemv.qdot_int8(x, w, scale, ISAS[isa][0])
+    return torch.ops.latency_lab_gemv.qdot_int8(x, w, scale, code(isa, prefetch))
 
 
-def int4_w8a(x: torch.Tensor, rows: torch.Tensor, isa: str | None) -> torch.Tensor:
+def int4_w8a(x: torch.Tensor, rows: torch.Tensor, isa: str | None, prefetch: bool = True) -> torch.Tensor:
     """x [M, K] fp32 @ the 4-bit weights of pack_int4's groups (fp16 scale and offset per block).T, in
-    form `isa` (None: the torch reference)."""
+    form `isa` (None: the torch reference), with our prefetch of the weights or without (`code`)."""
     if isa is None:
         return int4_reference(x, rows)
-    return torch.ops.latency_lab_gemv.qdot_int4(x, rows, ISAS[isa][0])
+    return torch.ops.latency_lab_gemv.qdot_int4(x, rows, code(isa, prefetch))
 
 
 def normed_w8a(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weights: list[torch.Tensor], kind: int,
-               bias: torch.Tensor | None, isa: str) -> torch.Tensor:
+               bias: torch.Tensor | None, isa: str, prefetch: bool = True) -> torch.Tensor:
     """rms_norm(x [M, K] fp32, norm_weight, eps) times a w8a layer's weights (its WEIGHTS; `kind` its KIND: 1
-    int8 [w, scale], 2 4-bit [rows]), plus bias, in form `isa`: the norm folded into the activations'
+    int8 [w, scale], 2 4-bit [rows]), plus bias, in form `isa` (`code`): the norm folded into the activations'
     quantizer (cpu_fused.cpp qdot_project), so the normed rows are never written out; the same bits as
     torch's rms_norm, then int8_w8a / int4_w8a."""
-    return torch.ops.latency_lab_gemv.qdot_project(x, norm_weight, eps, None, weights, kind, ISAS[isa][0], bias, None)
+    return torch.ops.latency_lab_gemv.qdot_project(x, norm_weight, eps, None, weights, kind, code(isa, prefetch),
+                                                   bias, None)
 
 
 def dequantized(w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:

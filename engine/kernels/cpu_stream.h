@@ -10,6 +10,9 @@
 // distance read from a variable, each alternating with the others in one process, and lost or gained less
 // (docs/streams-2026-12-06.md). Before and after, two checkouts taking turns:
 // `python -m engine.bench --threads 2 --dtype fp32 bandwidth --context 256 --variants int4w8a+head8` in each.
+// The one exception is the plan's (engine/runtime/plan.py w8a_hardware_stream): on an AMD Zen 4 the 4-bit row
+// kernels ran faster leaving their weights to the hardware's prefetchers (cpu_qdot.h Args::fetch false;
+// `python -m engine.bench quant_steps --prefetch` times both there, docs/quantization-w8a-2026-12-07.md).
 #pragma once
 #include <immintrin.h>
 

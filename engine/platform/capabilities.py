@@ -69,6 +69,8 @@ class Capabilities:
     cpp_compiler: str | None = None  # the C++ compiler torch.compile (Inductor) needs on CPU; None: none found
     triton: bool = False  # Triton imports: torch.compile's code generator on CUDA
     notes: tuple[str, ...] = field(default=())
+    cpu_vendor: str = ""  # /proc/cpuinfo vendor_id: GenuineIntel, AuthenticAMD ("" where unknown)
+    cpu_family: int | None = None  # its cpu family (AMD 25: Zen 3 and Zen 4; 26: Zen 5), None where unknown
 
     @property
     def packed_bf16_weights(self) -> bool:
@@ -122,7 +124,8 @@ class Capabilities:
         return " · ".join(parts)
 
 
-def _cpu_info() -> tuple[str, set[str]]:
+def _cpu_info() -> tuple[str, set[str], dict[str, str]]:
+    """(the model's name, /proc/cpuinfo's flags, its vendor_id, cpu family and model where it has them)."""
     model, flags, ids = platform.processor() or platform.machine(), set(), {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -131,15 +134,15 @@ def _cpu_info() -> tuple[str, set[str]]:
                 key = key.strip()
                 if key == "model name" and model in ("", platform.machine(), platform.processor()):
                     model = value.strip()
-                elif key in ("cpu family", "model") and key not in ids:
+                elif key in ("vendor_id", "cpu family", "model") and key not in ids:
                     ids[key] = value.strip()  # a hypervisor may hide the model name; these tell Zen 3 from Zen 5
                 elif key == "flags" and not flags:
                     flags = set(value.split())
     except OSError:  # not Linux: torch's own checks below still hold
         pass
-    if ids:
+    if "cpu family" in ids or "model" in ids:
         model += f" (family {ids.get('cpu family', '?')} model {ids.get('model', '?')})"
-    return model, flags
+    return model, flags, ids
 
 
 def _isa_flags(proc_flags: set[str]) -> tuple[set[str], str | None]:
@@ -201,7 +204,7 @@ def _bitsandbytes_unusable(torch_cpu_capability: str, cuda: bool) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def detect() -> Capabilities:
-    model, proc_flags = _cpu_info()
+    model, proc_flags, ids = _cpu_info()
     flags, note = _isa_flags(proc_flags)
     cuda = torch.cuda.is_available()
     name = cap = None
@@ -232,6 +235,8 @@ def detect() -> Capabilities:
         bnb_unusable=(_bitsandbytes_unusable(torch.backends.cpu.get_cpu_capability(), cuda) if bnb_version
                       else "bitsandbytes is not installed"),
         notes=(note,) if note else (),
+        cpu_vendor=ids.get("vendor_id", ""),
+        cpu_family=int(ids["cpu family"]) if ids.get("cpu family", "").isdigit() else None,
     )
 
 

@@ -39,14 +39,15 @@ def check(device, shapes) -> None:
                         f"(their activation blocks); this model has {odd}. Pick int8wo.")
 
 
-def tell(model: nn.Module, form: str | None) -> None:
-    """Give every w8a layer of `model` the kernel form its execution plan chose (engine/runtime/runner.py
-    calls this with `Plan.w8a_form`; None: the torch reference)."""
+def tell(model: nn.Module, form: str | None, hardware_stream: tuple[int, ...] = ()) -> None:
+    """Give every w8a layer of `model` the kernel form its execution plan chose and whether its kernels ask
+    for the weights ahead: not where its KIND is in `hardware_stream` (engine/runtime/runner.py calls this with
+    `Plan.w8a_form` and `Plan.w8a_hardware_stream`; form None: the torch reference)."""
     if form is not None and form not in cpu_qdot.ISAS:
         raise ValueError(f"unknown w8a kernel form {form!r}; forms: {', '.join(cpu_qdot.ISAS)}")
     for m in model.modules():
         if isinstance(m, _W8ALinear):
-            m.isa = form
+            m.isa, m.prefetch = form, m.KIND not in hardware_stream
 
 
 def widen(model: nn.Module) -> None:
@@ -84,6 +85,7 @@ class _W8ALinear(WeightOnlyLinear):
     def __init__(self, in_features, out_features, bias):
         super().__init__(in_features, out_features, bias, torch.float32)
         self.isa: str | None = None  # the plan's form, told by the runner (`tell`); None: the torch reference
+        self.prefetch = True  # whether its kernels ask for the weights ahead (the plan's w8a_hardware_stream), told with it
 
     def ours_product(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W.T + b through our integer kernels (x quantized to int8 per block of 32)."""
@@ -97,10 +99,10 @@ class _W8ALinear(WeightOnlyLinear):
         return cpu_qdot.normed_w8a(x, norm.weight, norm.eps, *self.product_args())
 
     def product_args(self) -> tuple:
-        """What our integer kernels' product reads of this layer: (weights, kind, bias, form), as
+        """What our integer kernels' product reads of this layer: (weights, kind, bias, form, prefetch), as
         cpu_qdot.normed_w8a takes them; the C++ layer loop
         takes them too, for a decode step's head (engine/kernels/cpu_layers.py)."""
-        return [self._buffers[n] for n in self.WEIGHTS], self.KIND, self.bias, self.isa
+        return [self._buffers[n] for n in self.WEIGHTS], self.KIND, self.bias, self.isa, self.prefetch
 
     forward = ours_product  # its only layout is the integer kernels' (the transformers forward calls this)
 
@@ -136,7 +138,7 @@ class Int8W8ALinear(_W8ALinear):
         return cls(q, scale, None if linear.bias is None else linear.bias.detach().clone())
 
     def _gemv(self, x):
-        return cpu_qdot.int8_w8a(x, self.weight_int8, self.scale, self.isa)
+        return cpu_qdot.int8_w8a(x, self.weight_int8, self.scale, self.isa, self.prefetch)
 
     def dequantized(self) -> torch.Tensor:
         return cpu_qdot.dequantized(self.weight_int8, self.scale)
@@ -162,7 +164,7 @@ class Int4W8ALinear(_W8ALinear):
         return cls(layout, None if linear.bias is None else linear.bias.detach().clone())
 
     def _gemv(self, x):
-        return cpu_qdot.int4_w8a(x, self.weight_q4, self.isa)
+        return cpu_qdot.int4_w8a(x, self.weight_q4, self.isa, self.prefetch)
 
     def dequantized(self) -> torch.Tensor:
         return cpu_qdot.dequantized(self.weight_q4)

@@ -62,7 +62,7 @@ def forward(model, plan, rows, caches, all_logits: bool = False, layers=None) ->
     decode = [b for b, n in enumerate(lengths) if n == 1 and paths[b] != "sdpa"]  # rows through our attention kernel
     others = [b for b, n in enumerate(lengths) if not (n == 1 and paths[b] != "sdpa")]  # through SDPA
     if max(lengths) <= plan.loop_rows(kinds):  # the same loop in one C++ call: the same bits, far fewer hand-offs
-        layers = layers or cpu_layers.layer_weights(model, plan.w8a_form, plan.head_norm)
+        layers = layers or cpu_layers.layer_weights(model, plan.w8a_form, plan.head_norm, plan.w8a_hardware_stream)
         x = cpu_layers.run_layers(model, layers, ids, cos, sin, caches, starts, lengths, offsets, decode, others,
                                   masks, not all_logits)  # with the head where layers has it
     else:

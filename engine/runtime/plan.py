@@ -17,8 +17,10 @@ The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
   weights at every row count measured); in the AVX2 form and under the torch reference, for up to
   OURS_ROWS rows, past them that fp32 GEMM (`WO_DEQUANT_FP32`). The integer kernels' form
   (`w8a_form`) by rule, the best of cpu_qdot.ISAS the capabilities allow (AMX-INT8 tiles for each 16
-  rows, AVX-512 VNNI 512-bit, its 256-bit form, AVX-VNNI, AVX2), else the torch reference (no AVX2, no compiler, a switch off); the
-  runner tells the layers the form;
+  rows, AVX-512 VNNI 512-bit, its 256-bit form, AVX-VNNI, AVX2), else the torch reference (no AVX2, no compiler, a switch off);
+  which weight kinds' row kernels leave the weights' stream to the hardware's prefetchers rather than ask for
+  them 4 KB ahead (`w8a_hardware_stream`) by rule, from the CPU's vendor and family
+  (cpu_qdot.HARDWARE_STREAM_CPUS); the runner tells the layers both;
 - weight-only int8/4-bit: ours (`WO_OURS`) on CPU where the layer holds our layout and the race below
   picked ours, else torch's (`WO_TORCH`); bitsandbytes: `BNB`; any other module, or off the CPU: `ATEN`;
 - fp32 CPU Linear: `OURS_FP32` for up to OURS_ROWS rows where the fp32 one-row decision is 'ours' (by
@@ -76,12 +78,12 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
     device = torch.device(device) if device is not None else model.device
     caps = caps or capabilities.detect()
     dev, weights = device.type, weights or DTYPE_NAMES_BY.get(model.dtype, str(model.dtype))
-    form, form_decision = _w8a_form(model, dev, caps)
+    form, hardware, form_decisions = _w8a_form(model, dev, caps)
     if not hasattr(model, "blocks"):  # the generic transformers forward (engine/runtime/hf.py)
         why = "the compiled step needs our Llama-family forward; this model runs the generic transformers one"
         return Plan(dev, weights, "transformers", {}, "transformers", "transformers", 0,
                     {"eager": None, "static": why, "inductor": why, "cuda_graph": why},
-                    (form_decision,) if form_decision else (), {"compiled_machine": why}, w8a_form=form)
+                    form_decisions, {"compiled_machine": why}, w8a_form=form, w8a_hardware_stream=hardware)
     roles = {"qkv": [b.qkv for b in model.blocks], "o": [b.o for b in model.blocks],
              "gate_up": [b.gate_up for b in model.blocks], "down": [b.down for b in model.blocks],
              "lm_head": [model.lm_head]}
@@ -110,8 +112,7 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
     if len(wo_layers) > len(w8a):
         dtypes = sorted({DTYPE_NAMES_BY[m.compute_dtype] for m in wo_layers if m not in w8a})
         made.append(Decision("weight-only activations", "+".join(dtypes), "told at build (runtime/activations.py)"))
-    if form_decision:
-        made.append(form_decision)
+    made += form_decisions
     linears = table(one.choice if one else None, wo.choice if wo else None)
     reasons: dict[str, str] = {}
     attention = _attention(model, dev, reasons)
@@ -125,17 +126,35 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
                  and model.norm.weight.dtype == torch.float32)
     return Plan(dev, weights, "fast", linears, attention, "cpp" if cpp_rows else "python", cpp_rows, modes,
                 tuple(made), reasons, kv_attention, w8a_form=form, loop_kv=cpu_layers.KV_KINDS if cpp_rows else (),
-                head_norm=head_norm)
+                head_norm=head_norm, w8a_hardware_stream=hardware)
 
 
-def _w8a_form(model, dev, caps) -> tuple[str | None, Decision | None]:
+def _w8a_form(model, dev, caps) -> tuple[str | None, tuple[int, ...], tuple[Decision, ...]]:
     """The form of our integer kernels the w8a layers (engine/quant/w8a.py) run, by rule: the best of
     cpu_qdot.ISAS whose flags `caps` lists, that cpuid confirms and that passed its check; None (the torch
-    reference) where none does, or off the CPU. (None, None) where the model has no w8a layer."""
+    reference) where none does, or off the CPU; the weight kinds whose kernels do not prefetch their weights
+    (`w8a_hardware_stream`); and the decisions that say so. (None, (), ()) where the model has no w8a layer."""
     if not any(getattr(m, "int8_activations", False) for m in model.modules()):
-        return None, None
+        return None, (), ()
     form, why = w8a_form(dev, caps)
-    return form, Decision("w8a kernel form", form or "torch reference", f"rule ({why})")
+    made = (Decision("w8a kernel form", form or "torch reference", f"rule ({why})"),)
+    if form is None:
+        return None, (), made
+    hardware, why = w8a_hardware_stream(caps)
+    says = "; ".join(f"{cpu_qdot.KIND_NAMES[k]}: {'hardware prefetchers' if k in hardware else 'prefetch 4 KB ahead'}"
+                     for k in cpu_qdot.KIND_NAMES)
+    return form, hardware, made + (Decision("w8a weight stream", says, f"rule ({why})"),)
+
+
+def w8a_hardware_stream(caps) -> tuple[tuple[int, ...], str]:
+    """The rule for the integer row kernels' weight stream on a CPU with capabilities `caps`: (the weight kinds
+    whose kernels leave it to the hardware's prefetchers, why). Every other kernel asks for its weights 4 KB
+    ahead (engine/kernels/cpu_stream.h); only on the CPUs of cpu_qdot.HARDWARE_STREAM_CPUS did the hardware's
+    prefetchers alone stream some kind faster."""
+    for vendor, family, flag, name, kinds in cpu_qdot.HARDWARE_STREAM_CPUS:
+        if caps.cpu_vendor == vendor and caps.cpu_family == family and flag in caps.isa:
+            return kinds, f"{name}, {vendor} family {family} with {flag}: measured faster so"
+    return (), "a software prefetch keeps more of each core's misses in flight"
 
 
 def w8a_form(dev: str, caps) -> tuple[str | None, str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from engine.kernels import cpu_attention, cpu_layers, switches
+from engine.kernels import cpu_attention, cpu_layers, cpu_qdot, switches
 from engine.kernels.catalogue import Kernel
 
 ALL = 1 << 62  # a bucket's bound that every row count meets
@@ -70,6 +70,9 @@ class Plan:
     # a decode step's final norm folded into the lm_head's integer product (engine/quant/w8a.py normed_product):
     # where one-row head rows take WO_INT8ACT in a form of our kernels and the norm is fp32
     head_norm: bool = False
+    # the w8a weight kinds (1 int8, 2 4-bit) whose row kernels do not ask for their weights 4 KB ahead but leave
+    # the stream to the hardware's prefetchers (plan.w8a_hardware_stream's rule)
+    w8a_hardware_stream: tuple[int, ...] = ()
 
     def attention_for(self, kv: str) -> str:
         """Decode rows' attention over a cache of precision `kv` (KVCache.kind)."""
@@ -179,6 +182,6 @@ class Plan:
                 "device": self.device, "weights": self.weights, "attention": self.attention,
                 "layer_loop": self.layer_loop, "cpp_rows": None if self.cpp_rows >= ALL else self.cpp_rows, "loop_kv": list(self.loop_kv),
                 "kv_attention": dict(self.kv_attention),
-                "w8a_form": self.w8a_form, "head_norm": self.head_norm,
+                "w8a_form": self.w8a_form, "w8a_hardware_stream": [cpu_qdot.KIND_NAMES[k] for k in self.w8a_hardware_stream], "head_norm": self.head_norm,
                 "linears": {role: lp.describe() for role, lp in self.linears.items()},
                 "step_modes": dict(self.step_modes), "decisions": [d.to_dict() for d in self.decisions]}

@@ -53,8 +53,9 @@ class Runner:
         self._graph_info: dict | None = None  # the CUDA graphs' check, once made
         self._graphs_ready = False
         self._lock = threading.Lock()
-        w8a.tell(model, plan.w8a_form)  # the w8a layers' kernel form: the plan's (before any forward)
-        self._layers = cpu_layers.layer_weights(model, plan.w8a_form, plan.head_norm) if plan.cpp_rows else None  # the C++ loop's
+        w8a.tell(model, plan.w8a_form, plan.w8a_hardware_stream)  # the w8a layers' kernels: the plan's (before any forward)
+        self._layers = (cpu_layers.layer_weights(model, plan.w8a_form, plan.head_norm, plan.w8a_hardware_stream)
+                        if plan.cpp_rows else None)  # the C++ loop's
         self._prepare_weights()
 
     # --- what the decode loop asks of a model ---------------------------------------------------
