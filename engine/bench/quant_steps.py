@@ -60,7 +60,7 @@ def _prefetch(args, out, lm) -> dict:
 
     out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {capabilities.detect().summary()}; "
         f"context {args.context}, {args.rounds} rounds of {args.steps} steps")
-    rows = {}
+    rows, gains = {}, []
     for name in [v.strip() for v in (args.variants or "int8w8a+head,int4w8a+head8").split(",") if v.strip()]:
         variant, runner = build(lm, name)
         plan = runner.plan
@@ -75,7 +75,9 @@ def _prefetch(args, out, lm) -> dict:
                   for fetch, hw in arms.items()}
         times = step_times(models, args.context, args.rounds, args.steps, lm.device)
         r = paired_ratio(times[True], times[False], args.rounds, args.steps)  # > 1: the prefetch's steps were faster
-        chosen = "hardware prefetchers" if kind in plan.w8a_hardware_stream else "prefetch 4 KB ahead"
+        planned = kind not in plan.w8a_hardware_stream  # the plan's choice: True, the prefetch
+        chosen = "prefetch 4 KB ahead" if planned else "hardware prefetchers"
+        gains.append(r["ratio"] if planned else 1 / r["ratio"])  # the plan's choice against the other
         rows[name] = {"kind": cpu_qdot.KIND_NAMES[kind], "plan": chosen, "prefetch_ms": round(median(times[True]) * 1e3, 3),
                       "hardware_ms": round(median(times[False]) * 1e3, 3), "prefetch_speedup": r}
         ci = f"95% interval {r['ci95'][0]}-{r['ci95'][1]}" if r["ci95"] else "no interval under 3 rounds"
@@ -83,7 +85,6 @@ def _prefetch(args, out, lm) -> dict:
             f"{rows[name]['prefetch_ms']:.3f} ms with the prefetch, {rows[name]['hardware_ms']:.3f} ms without: "
             f"the prefetch {r['ratio']:.3f}x as fast ({ci})")
     # ratio: how many times as fast the plan's choice ran as the other, the least over the variants (< 1: it lost)
-    gains = [r["prefetch_speedup"]["ratio"] ** (1 if r["plan"].startswith("prefetch") else -1) for r in rows.values()]
     return {"prefetch": rows, "context": args.context, "ratio": round(min(gains), 3) if gains else None}
 
 
