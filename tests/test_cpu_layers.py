@@ -259,7 +259,24 @@ def test_a_decode_step_through_the_cpp_loop_is_one_call_from_token_ids_to_logits
     assert rows.shape == (2, model.vocab_size) and calls == []  # every row's logits: the head after the call
     folded = runner.forward(torch.tensor([7]), cache)
     cache.crop(6)
-    layers = list(runner._layers)
-    layers[5:7] = None, None  # neither end in the call: the Python embedding, the loop, the Python head
-    runner._layers = tuple(layers)
+    runner._layers = (runner._layers[0], False, False)  # neither end in the call: the Python embedding, the loop,
+    # the Python head
     assert torch.equal(runner.forward(torch.tensor([7]), cache), folded) and calls == ["embed", "head"]
+
+
+@needs_kernels
+def test_a_token_id_outside_the_vocabulary_is_a_clear_error_and_the_runner_goes_on(bundled, monkeypatch):
+    """The C++ call copies the embedding's rows itself: an id past the table says so (no read past its end), and
+    the same runner and cache serve the next step."""
+    from engine.serving.variants import build
+
+    model = build(bundled, "int4w8a+head8")[0].model
+    _layers(monkeypatch, True)
+    runner = _runner(model)
+    cache = runner.new_cache(16)
+    runner.forward(torch.tensor([1, 504, 3458]), cache)
+    for bad in (model.vocab_size, -1):
+        with pytest.raises(RuntimeError, match=rf"token id {bad} is outside the vocabulary \[0, {model.vocab_size}\)"):
+            runner.forward(torch.tensor([bad]), cache)
+    assert cache.length == 3
+    assert runner.forward(torch.tensor([7]), cache).shape == (1, model.vocab_size) and cache.length == 4

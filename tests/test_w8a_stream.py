@@ -92,9 +92,9 @@ def test_the_runner_tells_each_layer_and_the_layer_loop_its_kinds_stream_and_bot
         assert ("4-bit: hardware prefetchers" in says) == (cpu == "zen4") and "int8: prefetch 4 KB ahead" in says
         runner = Runner(model, p)
         assert {(m.KIND, m.prefetch) for m in layers} == ({(2, False), (1, True)} if cpu == "zen4" else {(2, True), (1, True)})
-        _, _, kind, code, _, _, head = runner._layers
-        assert kind == 2 and bool(code & cpu_qdot.HARDWARE_STREAM) == (cpu == "zen4")
-        assert head is None or not head[4] & cpu_qdot.HARDWARE_STREAM  # the int8 head prefetches on both
+        loop, _, head = runner._layers
+        assert loop.kind == 2 and bool(loop.isa & cpu_qdot.HARDWARE_STREAM) == (cpu == "zen4")
+        assert not head or not loop.head_isa & cpu_qdot.HARDWARE_STREAM  # the int8 head prefetches on both
         cache = runner.new_cache(32)
         with torch.inference_mode():
             out = [runner.run(Batch([[1, 504, 3458, 30]], [cache]))]

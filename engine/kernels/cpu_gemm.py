@@ -104,11 +104,11 @@ def _build() -> str | None:
         # torch's own folder for the name (TORCH_EXTENSIONS_DIR or its cache), held while we build
         folder = cpp_extension._get_build_directory(_EXTENSION, verbose=False)
         with build_guard.exclusive_build(folder):
-            cpp_extension.load(name=_EXTENSION, sources=_SOURCES, extra_cflags=_FLAGS, build_directory=folder,
-                               extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+            module = cpp_extension.load(name=_EXTENSION, sources=_SOURCES, extra_cflags=_FLAGS, build_directory=folder,
+                                        extra_ldflags=["-fopenmp"], is_python_module=True, verbose=False)
         _register_fakes()
-        global _wide
-        _wide = wide_fp32()
+        global _wide, _module
+        _wide, _module = wide_fp32(), module
         _self_check()
     except Exception as exc:  # a failed build or a wrong result: torch's kernels serve instead
         reason = f"could not be built or gave wrong results: {type(exc).__name__}: {first_line(exc)}"
@@ -222,6 +222,14 @@ def wide_fp32() -> bool:
 
 
 _wide = False  # wide_fp32(), decided once when the kernels are built (a plain global: the compiled step reads it)
+_module = None  # the built extension as a Python module: its bindings (the layer loop's call) beside its torch ops
+
+
+def extension():
+    """The built extension's Python bindings (engine/kernels/cpu_layers.cpp: `Layers`, `batch_layers`); build
+    first (unavailable_reason() is None)."""
+    assert _module is not None, "the kernels are not built here"
+    return _module
 
 
 def int8_gemv(x: torch.Tensor, weight_int8: torch.Tensor, scale_fp32: torch.Tensor) -> torch.Tensor:

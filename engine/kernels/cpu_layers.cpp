@@ -22,17 +22,24 @@
 // k_scales[b], v_scales[b]): its decode row goes through decode_attention_kv, its other rows are stored and
 // read back as KVCache.store and read do, op for op.
 //
-// The ends of a step, where the caller gives them: `embed` (the model's embedding table; x then holds the
-// token ids, [R] int64: at::embedding, nn.Embedding's forward) and `head` (a w8a lm_head's weights, with the
-// final norm folded into its quantizer: engine/quant/w8a.py normed_product, the plan's head_norm), so that a
-// decode step is one call: each Python op between the layers and the head cost ~10-50 us a step with the
-// caches cold from the weights' stream (docs/quantization-w8a-2026-12-06.md). With `head` it returns each
-// sequence's last row's logits, [B, vocab] fp32, else x after the last layer.
+// The ends of a step, where the caller gives them: `embed` (the model's embedding table; where the call asks
+// (`embed`), x holds the token ids, [R] int64, and each row is copied from the table) and `head` (a w8a lm_head's
+// weights, with the final norm folded into its quantizer: engine/quant/w8a.py normed_product, the plan's
+// head_norm), so that a decode step is one call: each Python op between the layers and the head cost ~10-50 us a
+// step with the caches cold from the weights' stream (docs/quantization-w8a-2026-12-06.md). With `logits` (and a
+// head) it returns each sequence's last row's logits, [B, vocab] fp32, else x after the last layer.
+//
+// What a model's forwards all read (the weights above, the sizes, the ends) is one `Layers` object, made once a
+// runner (engine/kernels/cpu_layers.py layer_weights), and the call is a plain Python binding, not a torch op: an
+// op's call converted its ~300 listed tensors and options each way and checked every argument for
+// __torch_function__, a share of a one-row step that grew with the model (docs/quantization-w8a-2026-12-07.md,
+// "The call"). Nothing traces it: the compiled step runs the Python loop.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
+#include <torch/extension.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "cpu_attention.h"
 #include "cpu_qdot_ops.h"
@@ -45,6 +52,57 @@ struct Kind {
   bool wide;
   int64_t tensors() const { return kind == 1 ? 2 : 1; }  // a projection's weight tensors
 };
+
+// What run_layers reads a forward, gathered once (the fields as batch_layers' comment above names them).
+struct Layers {
+  std::vector<at::Tensor> weights;
+  std::vector<std::optional<at::Tensor>> biases;
+  std::vector<int64_t> outs;
+  double eps, scale;
+  int64_t H, KV, D, q_size, kv_size, kind, isa;
+  bool wide;
+  std::optional<at::Tensor> embed, head_norm, head_bias;
+  std::vector<at::Tensor> head;
+  double head_eps;
+  int64_t head_kind, head_isa;
+
+  Layers(std::vector<at::Tensor> w, std::vector<std::optional<at::Tensor>> b, std::vector<int64_t> o, double e,
+         int64_t h, int64_t kv, int64_t d, int64_t q, int64_t kvs, double sc, bool wd, int64_t k, int64_t i,
+         std::optional<at::Tensor> emb, std::vector<at::Tensor> hd, std::optional<at::Tensor> hn, double he,
+         int64_t hk, int64_t hi, std::optional<at::Tensor> hb)
+      : weights(std::move(w)), biases(std::move(b)), outs(std::move(o)), eps(e), scale(sc), H(h), KV(kv), D(d),
+        q_size(q), kv_size(kvs), kind(k), isa(i), wide(wd), embed(std::move(emb)), head_norm(std::move(hn)),
+        head_bias(std::move(hb)), head(std::move(hd)), head_eps(he), head_kind(hk), head_isa(hi) {
+    TORCH_CHECK(kind >= 0 && kind <= 2, "Layers: kind 0 (fp32 panels), 1 (int8w8a) or 2 (int4w8a)");
+    TORCH_CHECK(head.empty() || (head_norm.has_value() && (head_kind == 1 || head_kind == 2) &&
+                                 static_cast<int64_t>(head.size()) == (head_kind == 1 ? 2 : 1)),
+                "Layers: a head is a w8a layer's weights (kind 1: int8 and scales; 2: 4-bit groups) and its norm");
+    const int64_t per = 2 + 4 * (kind == 1 ? 2 : 1), L = static_cast<int64_t>(weights.size()) / per;
+    TORCH_CHECK(static_cast<int64_t>(weights.size()) == per * L && static_cast<int64_t>(biases.size()) == 4 * L &&
+                    outs.size() == 4,
+                "Layers: ", per, " weights and 4 biases a layer, 4 output sizes");
+    TORCH_CHECK(!embed.has_value() || (embed->dim() == 2 && embed->is_contiguous() && embed->scalar_type() == at::kFloat),
+                "Layers: the embedding table: contiguous fp32 [vocab, hidden]");
+  }
+};
+
+// The embedding's rows for token ids `ids` [R] (int64): each row of the fp32 table copied, the bits
+// nn.Embedding's forward gives, without at::embedding's op call (its index_select's set-up cost a one-row step
+// more than the copy: docs/quantization-w8a-2026-12-07.md, "The call").
+at::Tensor embedded(const at::Tensor& table, const at::Tensor& ids) {
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "batch_layers: with an embedding table, x holds the token ids [R] (int64)");
+  const at::Tensor idx = ids.contiguous();
+  const int64_t R = idx.size(0), vocab = table.size(0), hidden = table.size(1);
+  at::Tensor x = at::empty({1, R, hidden}, table.options());
+  const int64_t* id = idx.data_ptr<int64_t>();
+  const float* rows = table.data_ptr<float>();
+  float* out = x.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(id[r] >= 0 && id[r] < vocab, "token id ", id[r], " is outside the vocabulary [0, ", vocab, ")");
+    std::memcpy(out + r * hidden, rows + id[r] * hidden, hidden * sizeof(float));
+  }
+  return x;
+}
 
 // cpu_gemm.ours (fp32 panels): x [R, K] -> [R, n]
 at::Tensor mm(const at::Tensor& x, const at::Tensor* w, int64_t n, const std::optional<at::Tensor>& bias, Kind k) {
@@ -138,34 +196,30 @@ struct Workspace {
   }
 };
 
-at::Tensor batch_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
-                        const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef outs, double eps,
-                        int64_t H, int64_t KV, int64_t D, int64_t q_size, int64_t kv_size, double scale,
-                        at::TensorList k_caches, at::TensorList v_caches,
-                        const c10::List<std::optional<at::Tensor>>& k_scales,
-                        const c10::List<std::optional<at::Tensor>>& v_scales, at::IntArrayRef starts,
-                        at::IntArrayRef lengths, at::IntArrayRef offsets, at::IntArrayRef decode,
-                        at::IntArrayRef others, const c10::List<std::optional<at::Tensor>>& masks, bool wide,
-                        int64_t kind, int64_t isa, const std::optional<at::Tensor>& embed, at::TensorList head,
-                        const std::optional<at::Tensor>& head_norm, double head_eps, int64_t head_kind,
-                        int64_t head_isa, const std::optional<at::Tensor>& head_bias) {
-  TORCH_CHECK(kind >= 0 && kind <= 2, "batch_layers: kind 0 (fp32 panels), 1 (int8w8a) or 2 (int4w8a)");
-  TORCH_CHECK(!embed.has_value() || (x.dim() == 1 && x.scalar_type() == at::kLong),
-              "batch_layers: with an embedding table, x holds the token ids [R] (int64)");
-  TORCH_CHECK(head.empty() || (head_norm.has_value() && (head_kind == 1 || head_kind == 2) &&
-                               static_cast<int64_t>(head.size()) == (head_kind == 1 ? 2 : 1)),
-              "batch_layers: a head is a w8a layer's weights (kind 1: int8 and scales; 2: 4-bit groups) and its norm");
-  const at::Tensor x0 = embed.has_value() ? at::embedding(*embed, x).unsqueeze(0) : x;
-  const Kind how{kind, isa, wide};
+at::Tensor batch_layers(const Layers& m, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+                        const std::vector<std::optional<at::Tensor>>& k_scales,
+                        const std::vector<std::optional<at::Tensor>>& v_scales, const std::vector<int64_t>& starts,
+                        const std::vector<int64_t>& lengths, const std::vector<int64_t>& offsets,
+                        const std::vector<int64_t>& decode, const std::vector<int64_t>& others,
+                        const std::vector<std::optional<at::Tensor>>& masks, bool embed, bool logits) {
+  const auto& weights = m.weights;
+  const auto& biases = m.biases;
+  const at::IntArrayRef outs = m.outs;
+  const double eps = m.eps, scale = m.scale;
+  const int64_t H = m.H, KV = m.KV, D = m.D, q_size = m.q_size, kv_size = m.kv_size, kind = m.kind, isa = m.isa;
+  const at::TensorList head = logits ? at::TensorList(m.head) : at::TensorList();
+  TORCH_CHECK(!embed || m.embed.has_value(), "batch_layers: embed asked of Layers without an embedding table");
+  const at::Tensor x0 = embed ? embedded(*m.embed, x) : x;
+  const Kind how{kind, isa, m.wide};
   const int64_t T = how.tensors(), per = 2 + 4 * T;  // two norms and four projections a layer
   const int64_t L = static_cast<int64_t>(weights.size()) / per, hidden = x0.size(2);
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == per * L && static_cast<int64_t>(biases.size()) == 4 * L &&
-                  outs.size() == 4 && static_cast<int64_t>(masks.size()) == static_cast<int64_t>(starts.size()),
-              "batch_layers: ", per, " weights and 4 biases a layer, 4 output sizes, a mask (or None) per sequence");
+  TORCH_CHECK(static_cast<int64_t>(masks.size()) == static_cast<int64_t>(starts.size()),
+              "batch_layers: a mask (or None) per sequence");
   TORCH_CHECK(x0.dim() == 3 && x0.size(0) == 1 && x0.scalar_type() == at::kFloat, "batch_layers: x fp32 [1, R, hidden]");
   TORCH_CHECK(k_scales.size() == starts.size() && v_scales.size() == starts.size(),
               "batch_layers: a k and a v scale tensor (int8 caches) or None per sequence");
-  auto scales = [](const c10::List<std::optional<at::Tensor>>& l, int64_t b) { return l.get(b); };
+  auto scales = [](const std::vector<std::optional<at::Tensor>>& l, int64_t b) { return l[b]; };
   std::vector<Decode> groups;  // the decode sequences by their caches' storage type, in order of first appearance
   for (int64_t b : decode) {
     auto g = std::find_if(groups.begin(), groups.end(),
@@ -184,15 +238,15 @@ at::Tensor batch_layers(const at::Tensor& x, const at::Tensor& cos, const at::Te
   }
   for (Decode& g : groups) g.index = at::tensor(g.rows, at::TensorOptions().dtype(at::kLong));
   const bool gqa = H != KV, w8a = how.kind != 0;
-  Workspace ws(x0, embed.has_value(), outs, H, KV, D, q_size, kv_size, w8a);
+  Workspace ws(x0, embed, outs, H, KV, D, q_size, kv_size, w8a);
   const qdot::Scratch* scratch = &ws.scratch;
   const at::Tensor none;
   auto layer = [&](int64_t i) {
     const at::Tensor* w = weights.data() + per * i;  // [attn norm, qkv (T), o (T), mlp norm, gate/up (T), down (T)]
     const at::Tensor *qkv_w = w + 1, *o_w = w + 1 + T, &mlp_norm = w[1 + 2 * T], *gate_up_w = w + 2 + 2 * T,
                      *down_w = w + 2 + 3 * T;
-    auto bias = [&](int64_t j) { return biases.get(4 * i + j); };
-    auto given = [&](int64_t j) { const auto o = bias(j); return o.has_value() ? *o : none; };  // undefined: none
+    auto bias = [&](int64_t j) -> const std::optional<at::Tensor>& { return biases[4 * i + j]; };
+    auto given = [&](int64_t j) { const auto& o = bias(j); return o.has_value() ? *o : none; };  // undefined: none
     if (w8a)
       qdot::project_into(ws.x, &w[0], eps, nullptr, qkv_w, kind, isa, given(0), none, scratch, ws.qkv);
     else
@@ -208,7 +262,7 @@ at::Tensor batch_layers(const at::Tensor& x, const at::Tensor& cos, const at::Te
         auto [keys, values] = store_read(k_caches[b], v_caches[b], scales(k_scales, b), scales(v_scales, b), i,
                                          k.slice(2, row, row + n), v.slice(2, row, row + n), s, n);
         attn.slice(0, row, row + n)
-            .copy_(at::scaled_dot_product_attention(q.slice(2, row, row + n), keys, values, masks.get(b), 0.0,
+            .copy_(at::scaled_dot_product_attention(q.slice(2, row, row + n), keys, values, masks[b], 0.0,
                                                     n > 1 && s == 0, scale, gqa)
                        .select(0, 0)
                        .transpose(0, 1));
@@ -227,7 +281,7 @@ at::Tensor batch_layers(const at::Tensor& x, const at::Tensor& cos, const at::Te
   };
   // Each sequence's last row, normed in the head's quantizer and through its product (w8a.py normed_product's
   // call, with the workspace's scratch: the same bits).
-  at::Tensor logits;
+  at::Tensor out;
   auto last_rows = [&] {
     const int64_t B = static_cast<int64_t>(starts.size());
     if (B == ws.x.size(0)) return ws.x;  // one row a sequence, in order
@@ -238,8 +292,8 @@ at::Tensor batch_layers(const at::Tensor& x, const at::Tensor& cos, const at::Te
   auto layers = [&] {
     for (int64_t i = 0; i < L; ++i) layer(i);
     if (!head.empty())
-      logits = qdot::project_into(last_rows(), &*head_norm, head_eps, nullptr, head.data(), head_kind, head_isa,
-                                  head_bias.value_or(none), none, w8a ? scratch : nullptr, none);
+      out = qdot::project_into(last_rows(), &*m.head_norm, m.head_eps, nullptr, head.data(), m.head_kind, m.head_isa,
+                               m.head_bias.value_or(none), none, w8a ? scratch : nullptr, none);
   };
   // A w8a decode step (one row block, one attention group) holds one OpenMP team for all its layers
   // (cpu_tiles.h Team): its ~150 small parallel calls no longer each open a parallel region. The same
@@ -250,18 +304,21 @@ at::Tensor batch_layers(const at::Tensor& x, const at::Tensor& cos, const at::Te
     tiles::Team::lead(at::get_num_threads(), layers);
   else
     layers();
-  return head.empty() ? ws.x.view({1, ws.x.size(0), hidden}) : logits;
+  return head.empty() ? ws.x.view({1, ws.x.size(0), hidden}) : out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
-  m.def("batch_layers(Tensor x, Tensor cos, Tensor sin, Tensor[] weights, Tensor?[] biases, int[] outs, float eps, "
-        "int H, int KV, int D, int q_size, int kv_size, float scale, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
-        "Tensor(c!)?[] k_scales, Tensor(d!)?[] v_scales, "
-        "int[] starts, int[] lengths, int[] offsets, int[] decode, int[] others, Tensor?[] masks, bool wide, "
-        "int kind, int isa, Tensor? embed, Tensor[] head, Tensor? head_norm, float head_eps, int head_kind, "
-        "int head_isa, Tensor? head_bias) -> Tensor");
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  py::class_<Layers, std::shared_ptr<Layers>>(m, "Layers")
+      .def(py::init<std::vector<at::Tensor>, std::vector<std::optional<at::Tensor>>, std::vector<int64_t>, double,
+                    int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t, int64_t,
+                    std::optional<at::Tensor>, std::vector<at::Tensor>, std::optional<at::Tensor>, double, int64_t,
+                    int64_t, std::optional<at::Tensor>>())
+      .def_readonly("kind", &Layers::kind)  // what the loop was told: the tests read them
+      .def_readonly("isa", &Layers::isa)
+      .def_readonly("head_isa", &Layers::head_isa);
+  // the interpreter lock let go for the whole forward, as a torch op's call does
+  m.def("batch_layers", &batch_layers, py::call_guard<py::gil_scoped_release>());
 }
-
-TORCH_LIBRARY_IMPL(latency_lab_gemv, CPU, m) { m.impl("batch_layers", &batch_layers); }

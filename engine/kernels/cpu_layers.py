@@ -69,7 +69,8 @@ def loop_kind(model, form: str | None) -> tuple[int, int] | None:
 def layer_weights(model, form: str | None, head_norm: bool = False, hardware_stream: tuple[int, ...] = ()) -> tuple | None:
     """What run_layers reads, per layer (the norms' weights, the projections' panels and biases; then the
     kind, the form and the model's sizes; then the step's ends: the embedding table where the model's is a plain
-    nn.Embedding, and with `head_norm` (the plan's) the final norm and the w8a head's product arguments), or None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
+    nn.Embedding, and with `head_norm` (the plan's) the final norm and the w8a head's product arguments) as one
+    C++ object (cpu_layers.cpp Layers), with whether it holds the embedding and the head; or None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
     w8a layer of the first one's class, or the kernels are off; the plan checks the rest, e.g. fp32
     activations). `form`, `hardware_stream`: the plan's for the w8a layers (Plan.w8a_form, Plan.w8a_hardware_stream). Makes the panels: call it only where our kernel runs the rows (the runner keeps
     the lists: walking them each forward cost a measurable share of a one-row step, docs/history.md).
@@ -100,16 +101,20 @@ def layer_weights(model, form: str | None, head_norm: bool = False, hardware_str
                     mods["mlp_norm"]._parameters["weight"], *tensors[2], *tensors[3]]
         biases += bias
     blk = model.blocks[0]
-    shape = ([blk.qkv.out_features, blk.o.out_features, blk.gate_up.out_features, blk.down.out_features],
-             blk.attn_norm.eps, model.n_heads, model.n_kv_heads, model.head_dim, blk.q_size, blk.kv_size, blk.scaling)
     embed = model.embed._parameters["weight"] if type(model.embed) is torch.nn.Embedding else None
-    head = None
+    head = (None, 0.0, [], 0, 0, None)
     if head_norm:  # the plan folds the final norm into a w8a head's quantizer (Plan.head_norm)
         head_w, head_kind, head_bias, head_form, _ = model.lm_head.product_args()
         head = (model.norm.weight, model.norm.eps, head_w, head_kind, cpu_qdot.code(head_form, head_kind not in hardware_stream),
                 head_bias)
     isa = cpu_qdot.code(form, kind not in hardware_stream) if kind else 0
-    return weights, biases, kind, isa, shape, embed, head
+    norm, norm_eps, head_w, head_kind, head_isa, head_bias = head
+    # one object the C++ call takes whole: its lists converted once here, not each forward (cpu_layers.cpp Layers)
+    layers = cpu_gemm.extension().Layers(
+        weights, biases, [blk.qkv.out_features, blk.o.out_features, blk.gate_up.out_features, blk.down.out_features],
+        blk.attn_norm.eps, model.n_heads, model.n_kv_heads, model.head_dim, blk.q_size, blk.kv_size, blk.scaling,
+        cpu_gemm.wide(), kind, isa, embed, head_w, norm, norm_eps, head_kind, head_isa, head_bias)
+    return layers, embed is not None, head_norm
 
 
 def run_layers(model, layers: tuple, ids, cos, sin, caches, starts, lengths, offsets, decode, others,
@@ -121,12 +126,8 @@ def run_layers(model, layers: tuple, ids, cos, sin, caches, starts, lengths, off
     scales, and its rows are read and stored as the Python loop does (engine/runtime/eager.py). Returns x after
     the last layer [1, R, hidden]; with `logits` (and the head in `layers`) each sequence's last row's logits
     [B, vocab], the final norm folded into the head's product as w8a.py normed_product does."""
-    weights, biases, kind, isa, shape, embed, head = layers  # shape: the sizes below, read once (module lookups cost ~1 us each)
-    outs, eps, H, KV, D, q_size, kv_size, scale = shape
-    x = ids if embed is not None else model.embed(ids[None])
-    norm, norm_eps, head_w, head_kind, head_isa, head_bias = head if logits and head else (None, 0.0, [], 0, 0, None)
-    return torch.ops.latency_lab_gemv.batch_layers(
-        x, cos, sin, weights, biases, outs, eps, H, KV, D, q_size, kv_size, scale, [c.k for c in caches],
-        [c.v for c in caches], [getattr(c, "k_scale", None) for c in caches],
-        [getattr(c, "v_scale", None) for c in caches], starts, lengths, offsets, decode, others, masks, cpu_gemm.wide(),
-        kind, isa, embed, head_w, norm, norm_eps, head_kind, head_isa, head_bias)
+    handle, embedded, head = layers
+    x = ids if embedded else model.embed(ids[None])
+    return cpu_gemm.extension().batch_layers(
+        handle, x, cos, sin, [c.k for c in caches], [c.v for c in caches], [getattr(c, "k_scale", None) for c in caches],
+        [getattr(c, "v_scale", None) for c in caches], starts, lengths, offsets, decode, others, masks, embedded, logits and head)
