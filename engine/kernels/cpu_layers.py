@@ -70,10 +70,12 @@ def layer_weights(model, form: str | None, head_norm: bool = False, hardware_str
     """What run_layers reads, per layer (the norms' weights, the projections' panels and biases; then the
     kind, the form and the model's sizes; then the step's ends: the embedding table where the model's is a plain
     nn.Embedding, and with `head_norm` (the plan's) the final norm and the w8a head's product arguments) as one
-    C++ object (cpu_layers.cpp Layers), with whether it holds the embedding and the head; or None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
+    C++ object (cpu_layers.cpp `Layers`), with whether it holds the embedding and the head: (layers, embedded,
+    head). None where the loop cannot run this model (a projection that is not a plain fp32 CPU Linear nor a
     w8a layer of the first one's class, or the kernels are off; the plan checks the rest, e.g. fp32
-    activations). `form`, `hardware_stream`: the plan's for the w8a layers (Plan.w8a_form, Plan.w8a_hardware_stream). Makes the panels: call it only where our kernel runs the rows (the runner keeps
-    the lists: walking them each forward cost a measurable share of a one-row step, docs/history.md).
+    activations). `form`, `hardware_stream`: the plan's for the w8a layers (Plan.w8a_form,
+    Plan.w8a_hardware_stream). Makes the panels: call it only where our kernel runs the rows (the runner keeps
+    the object: walking the model each forward cost a measurable share of a one-row step, docs/history.md).
     The walk reads the modules' own dicts: nn.Module's attribute lookup made it ~0.9 ms of a ~9 ms
     int4w8a step (1 thread, Zen 4), ~0.1 ms this way."""
     if model.device.type != "cpu" or unavailable_reason() is not None:  # never built for a GPU model
