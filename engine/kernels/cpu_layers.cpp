@@ -51,6 +51,7 @@ struct Kind {
   int64_t kind, isa;
   bool wide;
   int64_t tensors() const { return kind == 1 ? 2 : 1; }  // a projection's weight tensors
+  int64_t per_layer() const { return 2 + 4 * tensors(); }  // a layer's: two norms and four projections
 };
 
 // What run_layers reads a forward, gathered once (the fields as batch_layers' comment above names them).
@@ -75,9 +76,9 @@ struct Layers {
         head_bias(std::move(hb)), head(std::move(hd)), head_eps(he), head_kind(hk), head_isa(hi) {
     TORCH_CHECK(kind >= 0 && kind <= 2, "Layers: kind 0 (fp32 panels), 1 (int8w8a) or 2 (int4w8a)");
     TORCH_CHECK(head.empty() || (head_norm.has_value() && (head_kind == 1 || head_kind == 2) &&
-                                 static_cast<int64_t>(head.size()) == (head_kind == 1 ? 2 : 1)),
+                                 static_cast<int64_t>(head.size()) == Kind{head_kind, head_isa, wide}.tensors()),
                 "Layers: a head is a w8a layer's weights (kind 1: int8 and scales; 2: 4-bit groups) and its norm");
-    const int64_t per = 2 + 4 * (kind == 1 ? 2 : 1), L = static_cast<int64_t>(weights.size()) / per;
+    const int64_t per = Kind{kind, isa, wide}.per_layer(), L = static_cast<int64_t>(weights.size()) / per;
     TORCH_CHECK(static_cast<int64_t>(weights.size()) == per * L && static_cast<int64_t>(biases.size()) == 4 * L &&
                     outs.size() == 4,
                 "Layers: ", per, " weights and 4 biases a layer, 4 output sizes");
@@ -212,7 +213,7 @@ at::Tensor batch_layers(const Layers& m, const at::Tensor& x, const at::Tensor& 
   TORCH_CHECK(!embed || m.embed.has_value(), "batch_layers: embed asked of Layers without an embedding table");
   const at::Tensor x0 = embed ? embedded(*m.embed, x) : x;
   const Kind how{kind, isa, m.wide};
-  const int64_t T = how.tensors(), per = 2 + 4 * T;  // two norms and four projections a layer
+  const int64_t T = how.tensors(), per = how.per_layer();
   const int64_t L = static_cast<int64_t>(weights.size()) / per, hidden = x0.size(2);
   TORCH_CHECK(static_cast<int64_t>(masks.size()) == static_cast<int64_t>(starts.size()),
               "batch_layers: a mask (or None) per sequence");
