@@ -1,9 +1,17 @@
 // How a product's output channels are shared among the threads: the one tile scheduler of the CPU
-// kernels (cpu_gemm.cpp's fp32 panels and weight-only kernels, cpu_qdot.cpp's integer kernels).
+// kernels (cpu_gemm.cpp's fp32 panels and weight-only kernels, cpu_qdot.cpp's integer kernels, the decode
+// attention's runs of chunks).
 //
-// Threads take tiles from a shared counter rather than a fixed share each: on a shared machine (a
-// server's own event loop, a neighbour's job) a thread that loses its core for a while does not hold
-// the whole call back; the others take its tiles. Which thread computes a tile never changes its bits.
+// Each thread owns a contiguous run of the tiles and takes them from its front, in address order, so that it
+// reads its share of the weights as one stream that the hardware's prefetchers follow from tile to tile; a
+// thread whose run is done takes the last tile left in another's (from its back). So on a shared machine (a
+// server's own event loop, a neighbour's job) a thread that loses its core for a while does not hold the
+// whole call back: the others take its tiles. Which thread computes a tile never changes its bits. Tiles
+// handed out from one shared counter instead (thread 0 tile 0, thread 1 tile 1, thread 0 tile 2, ...) made
+// every thread jump between tiles, and a step slower where kernels leave their stream to the hardware's
+// prefetchers (the 4-bit ones on an AMD Zen 4: cpu_stream.h). Measured in one process, both ways in turn:
+// docs/quantization-w8a-2026-12-07.md, "Tiles in address order"; before and after, two checkouts taking
+// turns with `python -m engine.bench --threads 2 --dtype fp32 bandwidth --variants int4w8a+head8`.
 //
 // Tile size: a product of many rows passes over its weights once per block of rows, so a tile is small
 // enough to stay in L2 across the blocks (the caller's `many`). A product of one block (a decode step)
@@ -35,12 +43,45 @@ inline int64_t size(int64_t units, bool one_block, int64_t many, int64_t least) 
   return std::max(least, (units + parts - 1) / parts);
 }
 
-// tile(t) for every t in [0, count) a shared counter `next` hands out: what each thread of a parallel call
-// runs, whichever thread it is (tiles::run below, and Team's leader and helpers in cpu_tiles.cpp).
-template <typename Tile>
-inline void take(std::atomic<int64_t>& next, int64_t count, Tile&& tile) {
-  for (int64_t t = next.fetch_add(1); t < count; t = next.fetch_add(1)) tile(t);
-}
+// tile(t) for every t in [0, count), each exactly once: what each thread of a parallel call runs (tiles::run
+// below, and Team's leader and helpers in cpu_tiles.cpp). init() gives thread i of n the run [i count / n,
+// (i + 1) count / n); take(i) runs thread i's from the front, then what is left of the others' from the back.
+// A run's front and back share one word, so a tile is claimed by one compare-and-swap whoever takes it.
+class Runs {
+ public:
+  void init(int64_t count, int64_t threads) {
+    n_ = static_cast<int>(std::clamp<int64_t>(threads, 1, kMax));
+    for (int i = 0; i < n_; ++i)
+      runs_[i].word.store(pack(count * i / n_, count * (i + 1) / n_), std::memory_order_relaxed);
+  }
+  template <typename Tile>
+  void take(int64_t thread, Tile&& tile) {
+    const int own = static_cast<int>(thread % n_);
+    for (int64_t t; (t = claim(runs_[own], true)) >= 0;) tile(t);
+    for (int k = 1; k < n_; ++k)
+      for (int64_t t; (t = claim(runs_[(own + k) % n_], false)) >= 0;) tile(t);
+  }
+
+ private:
+  static constexpr int kMax = 64;  // runs at most; more threads share them (a claim is atomic either way)
+  struct alignas(64) Run {  // a line each: the threads claim at once
+    std::atomic<uint64_t> word{0};  // front (low half), back (high half): the run's unclaimed tiles [front, back)
+  };
+  static uint64_t pack(int64_t front, int64_t back) { return static_cast<uint64_t>(front) | static_cast<uint64_t>(back) << 32; }
+  // The front tile (or the back one) of r, claimed; -1 where none is left.
+  static int64_t claim(Run& r, bool front) {
+    uint64_t w = r.word.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t f = static_cast<int64_t>(w & 0xffffffffu), b = static_cast<int64_t>(w >> 32);
+      if (f >= b) return -1;
+      if (r.word.compare_exchange_weak(w, front ? pack(f + 1, b) : pack(f, b - 1), std::memory_order_acq_rel,
+                                       std::memory_order_relaxed))
+        return front ? f : b - 1;
+    }
+  }
+  Run runs_[kMax];
+  int n_ = 1;
+};
 
 // One OpenMP team held for a whole call (cpu_layers.cpp: a decode step's layer loop), so that its many
 // small parallel calls do not each open and close a parallel region (0.67 us a region, 2 threads, AMD EPYC
@@ -58,12 +99,11 @@ class Team {
 
  private:
   static constexpr uint64_t kStop = ~uint64_t{0};
-  void serve();
+  void serve(int thread);
   alignas(64) std::atomic<uint64_t> posted_{0};  // the latest call's number; kStop: the body returned
-  alignas(64) std::atomic<int64_t> next_{0};     // the current call's next tile
+  Runs runs_;                                    // the current call's tiles
   alignas(64) std::atomic<int> done_{0};         // helpers finished with the current call
   c10::function_ref<void(int64_t)>* tile_ = nullptr;
-  int64_t count_ = 0;
   uint64_t calls_ = 0;
   int helpers_ = 0;
 };
@@ -72,9 +112,12 @@ class Team {
 template <typename Tile>
 void run(int64_t count, Tile&& tile) {
   if (Team* team = Team::current()) return team->run(count, tile);
-  alignas(64) std::atomic<int64_t> next{0};  // its own cache line: the caller's stack beside it is written
-  at::parallel_for(0, std::min<int64_t>(count, at::get_num_threads()), 1,
-                   [&](int64_t, int64_t) { take(next, count, tile); });
+  const int64_t threads = std::min<int64_t>(count, at::get_num_threads());
+  Runs runs;
+  runs.init(count, threads);
+  at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {  // one index a thread (more where fewer run)
+    for (int64_t i = first; i < last; ++i) runs.take(i, tile);
+  });
 }
 
 }  // namespace tiles
