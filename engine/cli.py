@@ -26,6 +26,32 @@ from engine.core.errors import EXIT_OK, InvalidRequest, LatencyLabError, exit_co
 from engine.serving.sessions import Conversation
 
 
+_ITEMS = {int: "a whole number", float: "a number"}  # what comma_list's message calls an item convert refuses
+
+
+def comma_list(convert=str, least=None):
+    """An argparse `type` for a comma-separated flag ("1,4,8"): a list of convert(item), blank items dropped,
+    the one parser of every list flag (this CLI's, the benches'). An item convert refuses, or one below `least`,
+    is argparse's error naming the flag and the item (exit 2), not a traceback."""
+
+    def parse(text: str) -> list:
+        items = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            try:
+                value = convert(part)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{part!r} is not {_ITEMS.get(convert, 'valid here')} (a comma-separated list)") from None
+            if least is not None and value < least:
+                raise argparse.ArgumentTypeError(f"{part} is below {least} (a comma-separated list)")
+            items.append(value)
+        return items
+
+    return parse
+
+
 def add_load_args(p: argparse.ArgumentParser, max_batch: int = LoadConfig.max_batch) -> None:
     """The model flags; `max_batch`: --max-batch's default (the servers batch: server.cli.DEFAULT_MAX_BATCH)."""
     g = p.add_argument_group("model")
@@ -45,7 +71,7 @@ def add_load_args(p: argparse.ArgumentParser, max_batch: int = LoadConfig.max_ba
     g.add_argument("--shared-prefix-cache", action="store_true",
                    help="share cached prefixes between sessions (default: each session sees only its own; "
                         "sharing lets one user infer by timing what another's prompt began with)")
-    g.add_argument("--variants", default="",
+    g.add_argument("--variants", default="", type=comma_list(),
                    help="quantization variants to build at start, e.g. int8,nf4 (others are built on first use)")
     g.add_argument("--variants-budget-mb", type=float, default=None,
                    help="memory for the weights of all resident variants (default: 3x the loaded model's)")
@@ -61,7 +87,7 @@ def load_config_from_args(args, progress: bool = True) -> LoadConfig:
     return LoadConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
                       fast_path=not args.no_fast_path, progress=progress, kv_cache_mb=args.kv_cache_mb,
                       shared_prefix_cache=args.shared_prefix_cache,
-                      variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
+                      variants=tuple(args.variants),
                       variants_budget_mb=args.variants_budget_mb,
                       draft_model=getattr(args, "draft_model", None),
                       max_batch=getattr(args, "max_batch", LoadConfig.max_batch))

@@ -33,6 +33,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from engine.cli import comma_list
+
 from .compare.delta import percentile
 from .chat.settings import defaults
 from .shell.static import PREFIX, route_modules
@@ -279,12 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replies", type=int, default=20, help="transport: replies per transport")
     p.add_argument("--max-tokens", type=int, default=16, help="transport: tokens per reply")
     p.add_argument("--paced-source", type=float, default=None, help="transport: a paced source instead of the model")
-    p.add_argument("--rates", default="100,200,400,800,1600", help="rate: tokens/s to try")
+    p.add_argument("--rates", default="100,200,400,800,1600", type=comma_list(float), help="rate: tokens/s to try")
     p.add_argument("--seconds", type=float, default=3.0, help="rate: length of each reply")
     p.add_argument("--keep-up-ms", type=float, default=50.0, help="rate: largest paint-lag growth still 'kept up'")
     p.add_argument("--plain", action="store_true", help="rate: paint replies as plain text (no markdown rendering)")
     p.add_argument("--markdown-text", action="store_true", help="rate: the paced source streams markdown")
-    p.add_argument("--transports", default=",".join(TRANSPORTS), help="rate: which transports (sse,gradio)")
+    p.add_argument("--transports", default=",".join(TRANSPORTS), type=comma_list(), help="rate: which transports (sse,gradio)")
     p.add_argument("--rounds", type=int, default=5, help="smooth: replies per mode")
     p.add_argument("--trace", type=int, default=0, help="smooth: which recorded reply to replay")
     p.add_argument("--engine", action="store_true", help="smooth: the bundled model with speculation, not a trace")
@@ -335,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                 out = bench_smooth(url, browser, prompt, 96, args.rounds, smooth_settings)
                 out["source"] = engine.info().name + ("" if args.engine else f", trace {args.trace}")
             else:
-                rates = [float(r) for r in args.rates.split(",")]
+                rates = args.rates
                 out = bench_rate(url, browser, engine, rates, args.seconds, args.keep_up_ms, markdown=not args.plain,
-                                 transports=tuple(args.transports.split(",")))
+                                 transports=tuple(args.transports))
             browser.close()
     finally:
         engine.close()

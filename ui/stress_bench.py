@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from engine.cli import comma_list
+
 from .chat.stress import RATES
 
 CHROMIUM = os.environ.get("LATENCY_LAB_CHROMIUM", "/usr/bin/chromium")
@@ -48,13 +50,10 @@ def stress(rates: list[float]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ui.stress_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--rates", default=",".join(str(r) for r in RATES), help="tok/s, comma-separated")
+    ap.add_argument("--rates", default=",".join(str(r) for r in RATES), type=comma_list(float), help="tok/s, comma-separated")
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args(argv)
-    try:
-        rates = [float(r) for r in args.rates.split(",") if r.strip()]
-    except ValueError:
-        ap.error("--rates: numbers separated by commas, e.g. 25,100,400,1600")
+    rates = args.rates
     out = stress(rates)
     if args.json:
         print(json.dumps(out))

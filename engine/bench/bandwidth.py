@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import torch
 
+from engine.cli import comma_list
 from engine.bench import median
 from engine.bench.quant_steps import paired_ratio, step_times
 
-DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,int4wo+head8"
+DEFAULT_VARIANTS = ("int8wo", "int8wo+head", "int4wo", "int4wo+head", "int4wo+head8")
 
 
 def add_args(p):
@@ -40,7 +41,7 @@ def add_args(p):
     p.add_argument("--torch-kernels", action="store_true",
                    help="also measure each weight-only variant's eager step with torch's kernels instead of "
                         "ours (engine/kernels/cpu_gemm.py), side by side")
-    p.add_argument("--kv-dtypes", default="",
+    p.add_argument("--kv-dtypes", default="", type=comma_list(),
                    help="also measure each variant's step over a KV cache of these precisions (e.g. int8,fp16)")
     p.add_argument("--python-loop", action="store_true",
                    help="also measure the loaded model's step with its layer loop in Python instead of one C++ call "
@@ -95,7 +96,7 @@ def run(args, out):
     variants = VariantSet(lm, budget_bytes=10**13, quality_texts=0)  # hold them all: this measures
     plan = variants.default.runner.plan
     models, refused = {lm.dtype_name: Stepper(variants.default.runner)}, {}
-    for name in [v.strip() for v in (args.variants or DEFAULT_VARIANTS).split(",") if v.strip()]:
+    for name in args.variants or DEFAULT_VARIANTS:
         try:
             models[name] = Stepper(variants.get(name).runner)
         except LatencyLabError as exc:
@@ -118,7 +119,7 @@ def run(args, out):
     if args.python_loop:
         with switches.forced_off("layers"):  # a plan made with the switch off: its layers in Python
             models[f"{lm.dtype_name} python loop"] = Stepper(Runner(lm.model, make_plan(lm.model, cache_dir=lm.cache_dir)))
-    for kv in [k.strip() for k in args.kv_dtypes.split(",") if k.strip() and k.strip() != "model"]:
+    for kv in [k for k in args.kv_dtypes if k != "model"]:
         for name in [n for n in models if models[n].mode == "eager" and models[n].kv == "model"]:
             models[f"{name} kv {kv}"] = Stepper(models[name].runner, kv=kv)
     limits = machine_limits_for(args, lm.device, lm.dtype_name)

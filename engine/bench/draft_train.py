@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from engine.cli import comma_list
 from engine.core import clock
 from engine.speculative.draft import (
     BUNDLED_DRAFT_DIR as ASSET_DIR,  # written where it loads from
@@ -205,7 +206,7 @@ def train(args) -> None:
     candidates = [list(range(L)), list(range(L - 1)) + [n_target - 1],
                   [round(i * (n_target - 1) / (L - 1)) for i in range(L)] if L > 1 else [0]]
     if args.init != "auto":
-        candidates = [[int(x) for x in args.init.split(",")]]
+        candidates = [args.init]
     probe = held[: max(8, len(held) // 3)]
     scored = []
     for cand in dict.fromkeys(map(tuple, candidates)):
@@ -287,7 +288,7 @@ def main(argv=None) -> int:
     p.add_argument("--sampled", action="store_true", help="also a sampled (T=0.7) reply per prompt")
     p.add_argument("--layers", type=int, default=2, help="draft transformer layers")
     p.add_argument("--vocab", type=int, default=8192, help="target tokens the draft's head covers")
-    p.add_argument("--init", default="auto", help="target layers to start from, e.g. 0,29 (auto: best of a few)")
+    p.add_argument("--init", default="auto", type=lambda t: t if t == "auto" else comma_list(int, 0)(t), help="target layers to start from, e.g. 0,29 (auto: best of a few)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--tokens-per-batch", type=int, default=1024)

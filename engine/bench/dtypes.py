@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.cli import comma_list
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
 from engine.core import clock
 
@@ -19,7 +20,7 @@ def add_args(p):
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--dtypes", default="fp32,bf16,fp16")
+    p.add_argument("--dtypes", default="fp32,bf16,fp16", type=comma_list())
 
 
 def run(args, out):
@@ -27,7 +28,7 @@ def run(args, out):
     from engine.core.config import GenerationConfig
 
     results, ref_logits = {}, None
-    for name in args.dtypes.split(","):
+    for name in args.dtypes:
         lm = load_model(args, dtype=name)
         model = runner_for(lm)
         ids = torch.tensor(lm.tokenizer(TEXT)["input_ids"][: args.prefill_tokens], device=lm.device)

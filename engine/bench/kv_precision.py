@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.cli import comma_list
 from engine.bench import CHAT_PROMPTS, Stepper, load_model, median, run_request
 from engine.core import clock
 from engine.bench.long_prompts import LONG_ASKS, long_prompts
@@ -39,7 +40,7 @@ from engine.bench.long_prompts import LONG_ASKS, long_prompts
 PY = "python loop"  # --python-loop's label suffix
 
 def add_args(p):
-    p.add_argument("--kv-dtypes", default="",
+    p.add_argument("--kv-dtypes", default="", type=comma_list(),
                    help="also (instead of the KV reuse run) compare these KV cache precisions with the model's "
                         "dtype, e.g. fp16,bf16,int8: quality over the long prompt set and decode speed short vs long")
     p.add_argument("--prompts-long", type=int, default=len(LONG_ASKS), help="long prompts in the quality set")
@@ -66,7 +67,7 @@ def run(args, out):
     variants = VariantSet(lm, budget_bytes=10**13, quality_texts=0)
     variant = variants.get(args.weights) if args.weights else variants.default
     runner = variant.runner
-    kinds = ["model"] + [k.strip() for k in args.kv_dtypes.split(",") if k.strip() and k.strip() != "model"]
+    kinds = ["model"] + [k for k in args.kv_dtypes if k != "model"]
     greedy = GenerationConfig(temperature=0.0, max_new_tokens=args.last_tokens, kv_reuse=False)
     for kv in kinds:
         greedy.replace(kv_cache_dtype=kv)  # a precision the toggle does not take fails here, before any work

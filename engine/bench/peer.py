@@ -32,6 +32,7 @@ import signal
 import subprocess
 import time
 
+from engine.cli import comma_list
 from engine.bench import CHAT_PROMPTS, load_model, median, peer_ort, run_request
 from engine.bench.kv import ARTICLE
 
@@ -78,7 +79,7 @@ def add_args(p):
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, then the peers; every other round reversed)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens decoded per measured reply")
     p.add_argument("--warm-tokens", type=int, default=8, help="tokens generated in the warm-TTFT turn")
-    p.add_argument("--compare-variants", default="",
+    p.add_argument("--compare-variants", default="", type=comma_list(),
                    help="also measure these weight variants of ours (comma-separated, e.g. int8wo)")
     p.add_argument("--compiled", action="store_true",
                    help="run ours with the compiled decode step too (compiled once, before the rounds)")
@@ -188,7 +189,7 @@ def run(args, out):
         f"({len(ids['history'])} cached)")
     variant_set = VariantSet(lm, quality_texts=0)
     configs = {}  # label -> ((the loaded model, its runner), compiled step or not): each variant built once
-    for v in [None, *(v.strip() for v in args.compare_variants.split(",") if v.strip())]:
+    for v in [None, *args.compare_variants]:
         variant, label = (variant_set.get(v), v) if v else (variant_set.default, lm.dtype_name)
         served = (variant.loaded, variant.runner)
         configs[label] = (served, False)

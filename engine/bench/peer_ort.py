@@ -24,6 +24,8 @@ import json
 import os
 import subprocess
 
+from engine.cli import comma_list
+
 # The peer side, run by the ORT venv's python: token ids in, per-token timestamps out.
 ORT_SCRIPT = r"""
 import json, sys, time
@@ -66,7 +68,7 @@ def add_args(p):
     p.add_argument("--ort-python", default=os.environ.get("ORT_GENAI_PYTHON", ""),
                    help="the python of a venv with onnxruntime-genai (engine/bench/peer_ort.py says how); "
                         "empty: ONNX Runtime GenAI is not measured")
-    p.add_argument("--ort-models", default=os.environ.get("ORT_GENAI_MODELS", ""),
+    p.add_argument("--ort-models", default=os.environ.get("ORT_GENAI_MODELS", ""), type=comma_list(),
                    help="comma-separated folders of models exported by its builder (int4, fp32, ...)")
 
 
@@ -82,7 +84,7 @@ def jobs(args, job: dict) -> dict[str, dict]:
 
     if not os.path.exists(args.ort_python):
         raise LatencyLabError(f"no ONNX Runtime GenAI venv at {args.ort_python} (engine/bench/peer_ort.py says how)")
-    folders = [f.strip() for f in args.ort_models.split(",") if f.strip()]
+    folders = args.ort_models
     missing = [f for f in folders if not os.path.exists(os.path.join(f, "genai_config.json"))]
     if not folders or missing:
         raise LatencyLabError(f"--ort-models: no exported model at {missing or '(none given)'} "

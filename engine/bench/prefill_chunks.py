@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from engine.cli import comma_list
 from engine.bench import load_model, median
 from engine.core import clock
 
@@ -27,7 +28,7 @@ PARAGRAPH = ("The city council met on Tuesday to discuss the new public library.
 
 def add_args(p):
     p.add_argument("--prompt-tokens", type=int, default=1500)
-    p.add_argument("--chunks", default="64,128,256,512", help="chunk sizes to compare with one forward")
+    p.add_argument("--chunks", default="64,128,256,512", type=comma_list(int, 1), help="chunk sizes to compare with one forward")
     p.add_argument("--rounds", type=int, default=5)
 
 
@@ -64,7 +65,7 @@ def time_prefill(lm, ids: list[int], chunk: int | None) -> tuple[float, float, f
 def run(args, out):
     lm = load_model(args)
     ids = prompt_ids(lm.tokenizer, args.prompt_tokens)
-    sizes = [None] + [int(c) for c in args.chunks.split(",")]
+    sizes = [None] + args.chunks
     name = lambda c: "one forward" if c is None else f"chunks of {c}"  # noqa: E731
     out(f"{lm.info()['name']} {lm.info()['dtype']}, {len(ids)}-token prompt, {torch.get_num_threads()} threads, "
         f"{args.rounds} alternating rounds")

@@ -28,6 +28,7 @@ import sys
 
 import torch
 
+from engine.cli import comma_list
 from engine.bench import CHAT_PROMPTS, load_model, median, run_request
 from engine.bench.dtypes import TEXT
 from engine.core import clock
@@ -38,7 +39,7 @@ def add_args(p):
     p.add_argument("--runs", type=int, default=3, help="alternating runs per prompt")
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--prefill-tokens", type=int, default=512)
-    p.add_argument("--head-rows", default="nf4", help="bitsandbytes methods also measured with lm_head quantized")
+    p.add_argument("--head-rows", default="nf4", type=comma_list(), help="bitsandbytes methods also measured with lm_head quantized")
     p.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
 
 
@@ -51,7 +52,7 @@ def run(args, out):
     from engine.serving.variants import VariantSet, build
 
     lm = load_model(args)
-    names = [v.strip() for v in args.variants.split(",") if v.strip()] or list(QUANTIZED)
+    names = args.variants or list(QUANTIZED)
     variants = VariantSet(lm, budget_bytes=10**13)  # hold them all: this measures, it does not serve
     names = [variants.default_name] + [n for n in names if n != variants.default_name]
     if "bf16" not in names and lm.dtype != torch.bfloat16:
@@ -71,7 +72,7 @@ def run(args, out):
     rows[names[0]]["perplexity"] = rows[names[0]]["perplexity"] or ref_ppl  # the loaded model's own
     inputs = quality_inputs(lm.tokenizer)
     reference = next_token_logits(variants.default.runner, inputs)
-    for name in [h.strip() for h in args.head_rows.split(",") if h.strip() and f"{h.strip()}+head" not in rows]:
+    for name in [h for h in args.head_rows if f"{h}+head" not in rows]:
         t0 = clock.now_ns()
         loaded, runner = build(lm, name, quantize_lm_head=True)
         build_s = (clock.done_ns(lm.device) - t0) / 1e9

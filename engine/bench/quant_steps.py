@@ -14,7 +14,7 @@ import torch
 from engine.bench import load_model, median
 from engine.core import clock
 
-DEFAULT_VARIANTS = "int8wo,int8wo+head,int4wo,int4wo+head,nf4"  # --variants (a load flag) overrides
+DEFAULT_VARIANTS = ("int8wo", "int8wo+head", "int4wo", "int4wo+head", "nf4")  # --variants (a load flag) overrides
 
 
 def add_args(p):
@@ -34,7 +34,7 @@ def run(args, out):
     if args.prefetch:
         return _prefetch(args, out, lm)
     models = {lm.dtype_name: Stepper(runner_for(lm))}
-    for name in [v.strip() for v in (args.variants or DEFAULT_VARIANTS).split(",") if v.strip()]:
+    for name in args.variants or DEFAULT_VARIANTS:
         models[name] = Stepper(build(lm, name)[1])
     times = step_times(models, args.context, args.rounds, args.steps, lm.device)
     out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {capabilities.detect().summary()}")
@@ -61,7 +61,7 @@ def _prefetch(args, out, lm) -> dict:
     out(f"model {lm.name} {lm.dtype_name}, {torch.get_num_threads()} threads, {capabilities.detect().summary()}; "
         f"context {args.context}, {args.rounds} rounds of {args.steps} steps")
     rows, gains = {}, []
-    for name in [v.strip() for v in (args.variants or "int8w8a+head,int4w8a+head8").split(",") if v.strip()]:
+    for name in args.variants or ("int8w8a+head", "int4w8a+head8"):
         variant, runner = build(lm, name)
         plan = runner.plan
         if plan.w8a_form is None or not plan.cpp_rows:

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.cli import comma_list
 from engine.bench import report_render as render
 
 README_BEGIN, README_END = "<!-- report:begin -->", "<!-- report:end -->"
@@ -98,7 +99,7 @@ def add_args(p):
     p.add_argument("--out", default=None, help="where the dated report folder goes (default: <cache>/reports)")
     p.add_argument("--peer-python", default=os.environ.get("LLAMA_CPP_PYTHON"),
                    help="a venv's python with llama-cpp-python: adds ours vs llama.cpp (default: $LLAMA_CPP_PYTHON)")
-    p.add_argument("--only", default="", help="run only these steps (comma-separated names)")
+    p.add_argument("--only", default="", type=comma_list(), help="run only these steps (comma-separated names)")
     p.add_argument("--note", default="", help="a sentence for the report's header, e.g. 'shared with other jobs'")
     p.add_argument("--readme", nargs="?", const="README.md", default=None, metavar="PATH",
                    help="then rewrite the README's results table from this report (default path: README.md)")
@@ -214,7 +215,7 @@ def measure(args, out) -> tuple[Path, dict]:
     started = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     folder = (Path(args.out) if args.out else default_root()) / f"report-{started:%Y-%m-%d_%H%M%SZ}"
     (folder / "logs").mkdir(parents=True, exist_ok=True)
-    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    only = set(args.only)
     steps = [s for s in suite(args.peer_python, torch.cuda.is_available()) if not only or s.name in only]
     report = {"started": started.isoformat().replace("+00:00", "Z"), "quick": args.quick, "note": args.note,
               "machine": machine(), "load_avg_start": _loadavg(), "steps": []}

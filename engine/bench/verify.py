@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import torch
 
+from engine.cli import comma_list
 from engine.bench import load_model, median
 from engine.core import clock
 
 
 def add_args(p):
     p.add_argument("--context", type=int, default=300, help="tokens already in the cache")
-    p.add_argument("--tokens", default="1,2,3,5,9,17", help="forward lengths T to time")
+    p.add_argument("--tokens", default="1,2,3,5,9,17", type=comma_list(int, 1), help="forward lengths T to time")
     p.add_argument("--rounds", type=int, default=7)
 
 
@@ -22,7 +23,7 @@ def run(args, out):
     from engine.platform import capabilities
 
     lm = load_model(args)
-    sizes = [int(t) for t in args.tokens.split(",")]
+    sizes = args.tokens
     chosen = runner_for(lm).plan.one_row
     names = ([n for n in ("gemv", "packed") if capabilities.detect().packed_fp32_weights]
              + (["ours"] if cpu_gemm.available() else [])) if chosen else [None]

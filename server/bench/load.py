@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from engine.bench import load_model
+from engine.cli import comma_list
 from server.bench import load_open
 from server.load.figures import (
     compare_rows,
@@ -51,7 +52,7 @@ CLOSED_DURATION_S = 20.0
 
 def add_args(p):
     p.set_defaults(dtype="fp32")  # exactness is checked: see the module docstring
-    p.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels (clients)")
+    p.add_argument("--levels", default=",".join(map(str, LEVELS)), type=comma_list(int, 1), help="concurrency levels (clients)")
     p.add_argument("--duration", type=float, default=None,
                    help=f"seconds each level keeps sending (closed loop: default {CLOSED_DURATION_S:g}; open loop: "
                         "instead of --num-prompts)")
@@ -67,7 +68,7 @@ def add_args(p):
     p.add_argument("--mix-speculative", default="auto", choices=("auto", "none"),
                    help="auto: some requests of the mix speculate when the engine offers it; none: no speculation "
                         "(with --max-batch > 1 speculative requests run unbatched beside the batch)")
-    p.add_argument("--compare-max-batch", default=None, metavar="N,M",
+    p.add_argument("--compare-max-batch", default=None, metavar="N,M", type=comma_list(int, 1),
                    help="run the whole load once per --max-batch value, side by side in this process "
                         "(e.g. 1,8), and print the throughput/latency trade-off between them")
     g = p.add_argument_group("KV reuse under load (closed loop; server/load/reuse.py)")
@@ -76,7 +77,7 @@ def add_args(p):
                    help="mean seconds a client thinks between a reply and its conversation's next turn")
     g.add_argument("--think-dist", choices=DISTRIBUTIONS, default="exponential",
                    help="how think times spread around their mean (seeded by --seed)")
-    g.add_argument("--kv-budgets", default=None, metavar="MB,MB",
+    g.add_argument("--kv-budgets", default=None, metavar="MB,MB", type=comma_list(float, 0),
                    help="run every level once per prefix-cache budget in MiB (e.g. 4,16,64); default: --kv-cache-mb")
     g.add_argument("--reuse-only", action="store_true",
                    help="every conversation greedy with KV reuse in a session (no toggle mix): the reuse study's pool")
@@ -92,7 +93,7 @@ def run(args, out):
         return load_open.run(args, out)
     if args.duration is None:
         args.duration = CLOSED_DURATION_S
-    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    levels = args.levels
     settings = load_settings(args)
     if not args.compare_max_batch:
         result = run_one(load_model(args), settings, levels, args.max_batch, out)
@@ -104,7 +105,7 @@ def run(args, out):
         return result
     if settings.kv_budgets:
         raise SystemExit("--kv-budgets and --compare-max-batch each run the whole load several times: give one")
-    batches = [int(x) for x in args.compare_max_batch.split(",") if x.strip()]
+    batches = args.compare_max_batch
     by_batch = run_side_by_side(load_model(args), settings, levels, batches, out)
     for mb, r in by_batch.items():
         out(f"max batch {mb}:")
@@ -127,7 +128,7 @@ def load_settings(args) -> LoadSettings:
     """The flags → LoadSettings; a bad knob is a clear error, not a traceback."""
     given = {f.name: getattr(args, f.name) for f in fields(LoadSettings) if hasattr(args, f.name)}
     try:
-        budgets = tuple(float(x) for x in (args.kv_budgets or "").split(",") if x.strip())
+        budgets = tuple(args.kv_budgets or ())
         think = ThinkTime(args.think_time, args.think_dist, args.seed) if args.think_time else None
     except ValueError as exc:
         raise SystemExit(f"--kv-budgets / --think-time: {exc}") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 
+from engine.cli import comma_list
 from server.load.open_scenario import PROBE_PROMPT, run_local, run_remote
 from server.load.serve_figures import (
     DEFAULT_OBJECTIVES,
@@ -40,8 +41,8 @@ def add_args(p) -> None:
     g.add_argument("--goodput", nargs="+", default=[f"{k}:{v:g}" for k, v in DEFAULT_OBJECTIVES.items()],
                    metavar="NAME:MS", help="objectives: ttft, tpot, e2el in ms; goodput = requests/s meeting all of "
                                            "them (default: TTFT 2 s, TPOT at the page's reading pace)")
-    g.add_argument("--percentile-metrics", default=",".join(PERCENTILE_METRICS))
-    g.add_argument("--metric-percentiles", default=",".join(map(str, DEFAULT_PERCENTILES)))
+    g.add_argument("--percentile-metrics", default=",".join(PERCENTILE_METRICS), type=comma_list())
+    g.add_argument("--metric-percentiles", default=",".join(map(str, DEFAULT_PERCENTILES)), type=comma_list(float, 0))
     g.add_argument("--sweep-start", type=float, default=None,
                    help="the sweep's first rate (default: half of what one request at a time serves)")
     g.add_argument("--sweep-factor", type=float, default=SweepSettings.factor, help="each level's rate is the last one's times this")
@@ -70,7 +71,7 @@ def settings(args) -> SweepSettings:
     if any(not r > 0 for r in rates) or not args.burstiness > 0:
         raise InvalidRequest("--request-rate takes 'sweep', inf, or rates > 0 (a comma list); --burstiness > 0",
                              "request_rate")
-    metrics = tuple(m.strip() for m in args.percentile_metrics.split(",") if m.strip())
+    metrics = tuple(args.percentile_metrics)
     if set(metrics) - set(PERCENTILE_METRICS):
         raise InvalidRequest(f"--percentile-metrics: one or more of {', '.join(PERCENTILE_METRICS)}",
                              "percentile_metrics")
@@ -79,7 +80,7 @@ def settings(args) -> SweepSettings:
                          num_prompts=None if args.duration is not None else args.num_prompts,
                          duration=args.duration, burstiness=args.burstiness, process=args.arrivals,
                          seed=args.seed, objectives=objectives, deadline=args.deadline, percentile_metrics=metrics,
-                         percentiles=tuple(float(x) for x in args.metric_percentiles.split(",") if x.strip()))
+                         percentiles=tuple(args.metric_percentiles))
 
 
 def run(args, out) -> dict:
@@ -99,8 +100,7 @@ def run(args, out) -> dict:
                             conversations=args.conversations, max_new_tokens=args.max_new_tokens,
                             probe_prompt=probe, out=out)
     else:
-        batches = ([int(x) for x in args.compare_max_batch.split(",") if x.strip()] if args.compare_max_batch
-                   else [args.max_batch])
+        batches = args.compare_max_batch or [args.max_batch]
         result = run_local(load_model(args), s, batches, conversations=args.conversations,
                            max_new_tokens=args.max_new_tokens, probe_prompt=probe, max_queue=args.max_queue,
                            kv_cache_mb=args.kv_cache_mb, shared_prefix_cache=args.shared_prefix_cache, out=out)
