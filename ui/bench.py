@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-up-ms", type=float, default=50.0, help="rate: largest paint-lag growth still 'kept up'")
     p.add_argument("--plain", action="store_true", help="rate: paint replies as plain text (no markdown rendering)")
     p.add_argument("--markdown-text", action="store_true", help="rate: the paced source streams markdown")
-    p.add_argument("--transports", default=",".join(TRANSPORTS), type=comma_list(), help="rate: which transports (sse,gradio)")
+    p.add_argument("--transports", default=",".join(TRANSPORTS), type=comma_list(),
+                   help="rate: which transports (sse,gradio)")
     p.add_argument("--rounds", type=int, default=5, help="smooth: replies per mode")
     p.add_argument("--trace", type=int, default=0, help="smooth: which recorded reply to replay")
     p.add_argument("--engine", action="store_true", help="smooth: the bundled model with speculation, not a trace")

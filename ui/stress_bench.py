@@ -50,7 +50,8 @@ def stress(rates: list[float]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ui.stress_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--rates", default=",".join(str(r) for r in RATES), type=comma_list(float), help="tok/s, comma-separated")
+    ap.add_argument("--rates", default=",".join(str(r) for r in RATES), type=comma_list(float),
+                    help="tok/s, comma-separated")
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args(argv)
     rates = args.rates

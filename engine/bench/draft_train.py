@@ -288,7 +288,8 @@ def main(argv=None) -> int:
     p.add_argument("--sampled", action="store_true", help="also a sampled (T=0.7) reply per prompt")
     p.add_argument("--layers", type=int, default=2, help="draft transformer layers")
     p.add_argument("--vocab", type=int, default=8192, help="target tokens the draft's head covers")
-    p.add_argument("--init", default="auto", type=lambda t: t if t == "auto" else comma_list(int, 0)(t), help="target layers to start from, e.g. 0,29 (auto: best of a few)")
+    p.add_argument("--init", default="auto", type=lambda t: t if t == "auto" else comma_list(int, 0)(t),
+                   help="target layers to start from, e.g. 0,29 (auto: best of a few)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--tokens-per-batch", type=int, default=1024)

@@ -19,7 +19,8 @@ from engine.core import clock
 
 
 def add_args(p):
-    p.add_argument("--rows", default="1,4,8,32,256,1400", type=comma_list(int, 1), help="rows per product (1: a decode step)")
+    p.add_argument("--rows", default="1,4,8,32,256,1400", type=comma_list(int, 1),
+                   help="rows per product (1: a decode step)")
     p.add_argument("--rounds", type=int, default=5)
 
 

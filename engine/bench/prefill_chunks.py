@@ -28,7 +28,8 @@ PARAGRAPH = ("The city council met on Tuesday to discuss the new public library.
 
 def add_args(p):
     p.add_argument("--prompt-tokens", type=int, default=1500)
-    p.add_argument("--chunks", default="64,128,256,512", type=comma_list(int, 1), help="chunk sizes to compare with one forward")
+    p.add_argument("--chunks", default="64,128,256,512", type=comma_list(int, 1),
+                   help="chunk sizes to compare with one forward")
     p.add_argument("--rounds", type=int, default=5)
 
 

@@ -39,7 +39,8 @@ def add_args(p):
     p.add_argument("--runs", type=int, default=3, help="alternating runs per prompt")
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--prefill-tokens", type=int, default=512)
-    p.add_argument("--head-rows", default="nf4", type=comma_list(), help="bitsandbytes methods also measured with lm_head quantized")
+    p.add_argument("--head-rows", default="nf4", type=comma_list(),
+                   help="bitsandbytes methods also measured with lm_head quantized")
     p.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
 
 

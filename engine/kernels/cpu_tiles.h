@@ -67,7 +67,9 @@ class Runs {
   struct alignas(64) Run {  // a line each: the threads claim at once
     std::atomic<uint64_t> word{0};  // front (low half), back (high half): the run's unclaimed tiles [front, back)
   };
-  static uint64_t pack(int64_t front, int64_t back) { return static_cast<uint64_t>(front) | static_cast<uint64_t>(back) << 32; }
+  static uint64_t pack(int64_t front, int64_t back) {
+    return static_cast<uint64_t>(front) | static_cast<uint64_t>(back) << 32;
+  }
   // The front tile (or the back one) of r, claimed; -1 where none is left.
   static int64_t claim(Run& r, bool front) {
     uint64_t w = r.word.load(std::memory_order_relaxed);

@@ -52,7 +52,8 @@ CLOSED_DURATION_S = 20.0
 
 def add_args(p):
     p.set_defaults(dtype="fp32")  # exactness is checked: see the module docstring
-    p.add_argument("--levels", default=",".join(map(str, LEVELS)), type=comma_list(int, 1), help="concurrency levels (clients)")
+    p.add_argument("--levels", default=",".join(map(str, LEVELS)), type=comma_list(int, 1),
+                   help="concurrency levels (clients)")
     p.add_argument("--duration", type=float, default=None,
                    help=f"seconds each level keeps sending (closed loop: default {CLOSED_DURATION_S:g}; open loop: "
                         "instead of --num-prompts)")

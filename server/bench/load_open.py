@@ -42,7 +42,8 @@ def add_args(p) -> None:
                    metavar="NAME:MS", help="objectives: ttft, tpot, e2el in ms; goodput = requests/s meeting all of "
                                            "them (default: TTFT 2 s, TPOT at the page's reading pace)")
     g.add_argument("--percentile-metrics", default=",".join(PERCENTILE_METRICS), type=comma_list())
-    g.add_argument("--metric-percentiles", default=",".join(map(str, DEFAULT_PERCENTILES)), type=comma_list(float, 0))
+    g.add_argument("--metric-percentiles", default=",".join(map(str, DEFAULT_PERCENTILES)),
+                   type=comma_list(float, 0))
     g.add_argument("--sweep-start", type=float, default=None,
                    help="the sweep's first rate (default: half of what one request at a time serves)")
     g.add_argument("--sweep-factor", type=float, default=SweepSettings.factor, help="each level's rate is the last one's times this")

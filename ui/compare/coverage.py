@@ -135,7 +135,8 @@ def threshold(table: dict, method: str = "BCa", holds: float = HOLDS, shapes=Non
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ui.compare.coverage", description=__doc__.splitlines()[0])
     ap.add_argument("--sims", type=int, default=2000, help="draws per shape and size (2000: ±0.5 points)")
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), type=comma_list(int, 1), help="items per draw, comma-separated")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), type=comma_list(int, 1),
+                    help="items per draw, comma-separated")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     a = ap.parse_args(argv)
     table = coverage(a.sims, tuple(a.sizes))
