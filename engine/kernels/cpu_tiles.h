@@ -9,9 +9,10 @@
 // whole call back: the others take its tiles. Which thread computes a tile never changes its bits. Tiles
 // handed out from one shared counter instead (thread 0 tile 0, thread 1 tile 1, thread 0 tile 2, ...) made
 // every thread jump between tiles, and a step slower where kernels leave their stream to the hardware's
-// prefetchers (the 4-bit ones on an AMD Zen 4: cpu_stream.h). Measured in one process, both ways in turn:
-// docs/quantization-w8a-2026-12-07.md, "Tiles in address order"; before and after, two checkouts taking
-// turns with `python -m engine.bench --threads 2 --dtype fp32 bandwidth --variants int4w8a+head8`.
+// prefetchers (the 4-bit ones on an AMD Zen 4: cpu_stream.h). Measured in one process, both ways in turn,
+// and the 4-bit step's GB/s against the fp32 step's before and after (`python -m engine.bench --threads 2
+// --dtype fp32 bandwidth --variants int4w8a+head8`): docs/quantization-w8a-2026-12-07.md, "Tiles in address
+// order".
 //
 // Tile size: a product of many rows passes over its weights once per block of rows, so a tile is small
 // enough to stay in L2 across the blocks (the caller's `many`). A product of one block (a decode step)
