@@ -71,9 +71,9 @@ void Team::serve(int thread) {
 namespace {
 
 // The tests' view of the scheduler (tests/test_cpu_tiles.py): `count` tiles through tiles::run, in a held
-// team (`team`) or a plain parallel call, with torch's threads; the tiles listed in `slow` spin 1 ms each.
+// team (`team`) or a plain parallel call, with torch's threads; the tiles listed in `slow` spin `spin_ms` each.
 // Returns [2, count]: how many times each tile ran, and the OpenMP thread that ran it.
-at::Tensor census(int64_t count, bool team, at::IntArrayRef slow) {
+at::Tensor census(int64_t count, bool team, at::IntArrayRef slow, int64_t spin_ms) {
   TORCH_CHECK(count >= 0 && count < (int64_t{1} << 31), "tiles_census: count in [0, 2^31)");
   std::unique_ptr<std::atomic<int64_t>[]> times(new std::atomic<int64_t>[count]());
   std::vector<int64_t> who(count, -1);
@@ -85,7 +85,7 @@ at::Tensor census(int64_t count, bool team, at::IntArrayRef slow) {
   auto tile = [&](int64_t t) {
     times[t].fetch_add(1);
     who[t] = omp_get_thread_num();
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(spin[t]);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(spin[t] ? spin_ms : 0);
     while (std::chrono::steady_clock::now() < end) _mm_pause();
   };
   if (team)
@@ -102,5 +102,5 @@ at::Tensor census(int64_t count, bool team, at::IntArrayRef slow) {
 }  // namespace tiles
 
 TORCH_LIBRARY_FRAGMENT(latency_lab_gemv, m) {
-  m.def("tiles_census(int count, bool team, int[] slow) -> Tensor", &tiles::census);
+  m.def("tiles_census(int count, bool team, int[] slow, int spin_ms) -> Tensor", &tiles::census);
 }
