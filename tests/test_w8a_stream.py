@@ -85,11 +85,13 @@ def test_the_runner_tells_each_layer_and_the_layer_loop_its_kinds_stream_and_bot
     layers = [m for m in model.modules() if isinstance(m, _W8ALinear)]
     logits = {}
     here = capabilities.detect().isa
+    zen4 = CLASSES["zen4"][0][:2]
+    zen4_flag = next(flag for *cpu, flag, _, _ in cpu_qdot.HARDWARE_STREAM_CPUS if tuple(cpu) == zen4)  # the rule's
     for cpu in ("zen4", "xeon"):
         (vendor, family, _), want = CLASSES[cpu]
-        # this CPU's own flags (its form runs here), with avx512f where the rule's Zen 4 has it: on a CPU without
+        # this CPU's own flags (its form runs here), with the rule's Zen 4 flag for the Zen 4: on a CPU without
         # AVX-512 (qemu's Haswell) the rule still sees a Zen 4; the form stays this CPU's (asserted below)
-        isa = here + ("avx512f",) * (cpu == "zen4" and "avx512f" not in here)
+        isa = here + (zen4_flag,) * (cpu == "zen4" and zen4_flag not in here)
         p = plan.make_plan(model, caps=_caps(vendor, family, isa))
         assert p.w8a_form == form and p.w8a_hardware_stream == want
         says = p.decision("w8a weight stream").choice
