@@ -92,9 +92,8 @@ at::Tensor census(int64_t count, bool team, at::IntArrayRef slow, int64_t spin_m
     Team::lead(at::get_num_threads(), [&] { run(count, tile); });
   else
     run(count, tile);
-  std::vector<int64_t> out(who);
-  out.insert(out.begin(), count, 0);
-  for (int64_t t = 0; t < count; ++t) out[t] = times[t].load();
+  std::vector<int64_t> out(2 * count);  // [times; who]
+  for (int64_t t = 0; t < count; ++t) out[t] = times[t].load(), out[count + t] = who[t];
   return at::tensor(out).view({2, count});
 }
 
