@@ -94,3 +94,38 @@ def test_the_page_shows_the_note_not_the_share(nothing_fits_in_cache):
     r = {"decode_bandwidth_fraction": 1.1, "decode_gbps": 30.0, "limits_note": "above the measured limit: limit stale"}
     html = record_view._known("decode_bandwidth_fraction", r, "decode 110% of bandwidth")
     assert "110%" not in html and "decode above the measured limit: limit stale" in html
+
+
+def test_a_re_probe_that_stays_below_is_said_once_and_not_repeated_after_every_reply(tiny, tmp_path, monkeypatch,
+                                                                                    nothing_fits_in_cache):
+    """Where the fresh probe still reads below the replies (a reader slower than the step's, a machine busy for
+    long), re-probing after every reply would take both cores for seconds each time: one re-probe, then the
+    finding on every later reply; the page's button still probes again."""
+    from engine.lab import attach
+    from engine.serving.service import Engine
+
+    calls = []
+    fresh_probe(monkeypatch, STALE, calls)  # every probe reads as low as the first
+    engine = attach(Engine(tiny), MachineLimits(**{**STALE.__dict__, "key": machine_limits.machine_key("cpu")}),
+                    tmp_path)
+    config = GenerationConfig(temperature=0.0, max_new_tokens=6)
+    try:
+        engine.complete(None, config, prompt_ids=list(range(100, 110)))
+        deadline = time.monotonic() + 120
+        while not calls:  # the worker's idle work re-probes once
+            assert time.monotonic() < deadline, "the limit was never re-measured"
+            time.sleep(0.05)
+        while engine.limits.note is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        later = engine.complete(None, config, prompt_ids=list(range(200, 210))).timeline
+        assert engine.limits.pending is None  # nothing left to re-probe by itself
+        assert later.limits_note.startswith("above the measured limit even after re-measuring")
+        engine.remeasure_limits(seconds=0.1)  # the button: probes again, and a reply above it is re-probed again
+        assert len(calls) == 2
+        engine.complete(None, config, prompt_ids=list(range(300, 310)))
+        while len(calls) < 3:
+            assert time.monotonic() < deadline, "a reply above the button's probe was not re-probed"
+            time.sleep(0.05)
+    finally:
+        engine.close()

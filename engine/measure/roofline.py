@@ -13,7 +13,9 @@ calls it as a reply finishes, before the done event goes out; it also re-probes 
 A reply that streamed faster than a limit (a fraction above 100%: machine_limits.STALE_ABOVE) says the
 limit is stale: its Timeline gets `limits_note` ('above the measured limit: limit stale ...', which the
 page shows instead of the fraction), and the publisher re-probes at the worker's next idle moment (`idle`,
-never inside a reply: a probe takes seconds of both cores); later replies carry 'limit re-measured ...'.
+never inside a reply: a probe takes seconds of both cores); later replies carry 'limit re-measured ...'. Where
+the fresh probe still reads below the reply, later replies above it carry that finding and the publisher does not
+probe again by itself (each probe would take the cores after every reply); the page's button still does.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Roofline:
         self.limits, self.cache_dir = limits, cache_dir
         self.pending: dict | None = None  # a reply exceeded the limits: what to re-probe at the next idle moment
         self.note: str | None = None  # what the last re-probe after such a reply found (on replies under it)
+        self.unresolved: set[str] = set()  # limits that re-probe still found below a reply: not re-probed by itself again
 
     def __call__(self, timeline: Timeline, variant) -> None:
         loaded = variant.loaded
@@ -84,7 +87,9 @@ class Roofline:
         what = exceeded(limits, timeline.decode_gbps, timeline.prefill_tflops, dtype, step)
         if over_limit(timeline.decode_bandwidth_fraction) and "read" not in what:
             timeline.limits_note = CACHE_NOTE  # a model that fits in the cache: no stale limit, no share either
-        if what:  # a wrong limit, not a result: said, and re-probed when the engine is idle
+        if what and set(what) <= self.unresolved:  # re-probed once already, still below: said, not probed again
+            timeline.limits_note = self.note
+        elif what:  # a wrong limit, not a result: said, and re-probed when the engine is idle
             timeline.limits_note = stale_note(limits, what)
             seen = self.pending or {}
             self.pending = {"device": loaded.device, "dtype": dtype, "what": what, "step": step,
@@ -101,7 +106,7 @@ class Roofline:
         old = self.limits
         self.remeasure(pending["device"], pending["dtype"])
         still = exceeded(self.limits, pending["gbps"], pending["tflops"], pending["dtype"], pending["step"])
-        self.note = remeasured_note(old, self.limits, pending["what"], still)
+        self.note, self.unresolved = remeasured_note(old, self.limits, pending["what"], still), set(still)
         log.warning("%s", self.note)
         return True
 
@@ -116,5 +121,5 @@ class Roofline:
         held = self.limits.matmul_tflops if self.limits is not None else {}  # every peak held now, probed again
         dtypes = tuple(dict.fromkeys([*probe_dtypes(dtype_name, device), *held]))
         self.limits = load_or_measure(self.cache_dir, device, dtypes, force=True, seconds=seconds)
-        self.note = None
+        self.note, self.unresolved = None, set()
         return self.limits
