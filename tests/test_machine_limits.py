@@ -146,3 +146,25 @@ def test_a_cached_probe_missing_a_peak_gets_that_peak_alone(tmp_path, monkeypatc
     assert got.matmul_tflops == {**old.matmul_tflops, "int8": 0.7} and "matmul_int8" in got.details
     assert machine_limits.load_or_measure(tmp_path, "cpu", ("fp32", "int8")).matmul_tflops["int8"] == 0.7  # saved
     assert asked == [(("int8",), False)]
+
+
+def test_the_read_probe_takes_the_faster_of_its_readers_and_ours_reads_every_byte(monkeypatch):
+    """torch.sum read below what an fp32 decode step streams on an Intel Xeon (docs/roofline.md), so the probe
+    reads with our fp32 one-row product too where our kernels are built, and the limit is the faster."""
+    from engine.kernels import cpu_gemm
+
+    probe = machine_limits.ReadProbe(torch.device("cpu"), mib=4)
+    if cpu_gemm.built_reason() is None:
+        out = probe.readers["fp32_mm(buf as panels)"]()
+        # a buffer of ones as panels of 2,048 inputs: every output sums 2,048 ones, all outputs the whole buffer
+        assert out.shape == (1, probe.buf.numel() // probe.K) and torch.all(out == probe.K)
+    monkeypatch.setattr(cpu_gemm, "built_reason", lambda: "no C++ compiler found")
+    assert list(machine_limits.ReadProbe(torch.device("cpu"), mib=4).readers) == ["torch.sum(buf)"]  # torch's alone
+    slow_then_fast = iter([2.0, 1.0, 1.0, 4.0])  # seconds a read: reader 1 then 2 in round 1, again in round 2
+    monkeypatch.setattr(machine_limits, "_best_of", lambda fn, *a, **k: (next(slow_then_fast), 2))
+    probe.readers = {"a": None, "b": None}
+    probe.best = {"a": 0.0, "b": 0.0}
+    gb = probe.buf.numel() * 4 / 1e9
+    assert probe.round(1.0) == pytest.approx(gb / 1.0)  # this round's faster reader: b
+    assert probe.round(1.0) == pytest.approx(gb / 1.0)  # a, this time
+    assert probe.best == {"a": round(gb, 2), "b": round(gb, 2)}  # each reader's best over the rounds

@@ -9,8 +9,8 @@ threads, device). This one probe is the only source of the limits: the page, the
 it (`load_or_measure`). The page can run it again (a button; `Engine.remeasure_limits`).
 
 - read bandwidth (`read_gbps`, **decode's roof**: a decode step reads its weights and writes next to
-  nothing): `torch.sum` over one buffer far larger than the last-level cache, all torch threads,
-  bytes read per second.
+  nothing): the faster of `torch.sum` and, on CPU where our kernels run, our fp32 one-row product, over
+  one buffer far larger than the last-level cache, all torch threads, bytes read per second (`ReadProbe`).
 - copy bandwidth (`copy_gbps`, for reference): `dst.copy_(src)` on two such buffers, bytes read +
   written per second (the STREAM "copy" convention). Writes cost more than reads, so copy < read.
 - matmul peak (`matmul_tflops[dtype]`, prefill's roof): `torch.mm` of square matrices in each dtype,
@@ -32,9 +32,10 @@ whole probe still lowers it: re-measure when the machine is idle (`--force`, the
 
 **A fraction above 100% is a wrong limit, not a result** (`STALE_ABOVE`): a step cannot read faster than
 the machine reads, so a step measured above the cached limit says the probe ran while the machine was
-busy. Whoever sees one re-measures (`remeasure_if_exceeded`: the benches at once, the engine's publisher at
-its next idle moment, engine/measure/roofline.py) and says so (`stale_note`, `remeasured_note`) instead of
-printing the fraction; if the fresh probe still reads below the step, the fraction stays withheld.
+busy, or read slower than the step does (why the probe takes the faster of two readers). Whoever sees
+one re-measures (`remeasure_if_exceeded`: the benches at once, the engine's publisher at its next idle
+moment, engine/measure/roofline.py) and says so (`stale_note`, `remeasured_note`) instead of printing
+the fraction; if the fresh probe still reads below the step, the fraction stays withheld.
 """
 
 from __future__ import annotations
@@ -155,8 +156,8 @@ def stale_note(limits: MachineLimits, what: list[str]) -> str:
 def remeasured_note(old: MachineLimits, new: MachineLimits, what: list[str], still: list[str]) -> str:
     if still:
         return (f"above the measured limit even after re-measuring ({_limits_words(old, what)} before, "
-                f"{_limits_words(new, what)} now): limit stale; the probe ran on a busy machine, re-measure when it "
-                "is quiet")
+                f"{_limits_words(new, what)} now): limit stale (a busy machine while it probed, or a step that reads "
+                "faster than the probe's readers); re-measure when the machine is quiet")
     return f"limit re-measured: {_limits_words(old, what)} was stale, {_limits_words(new, what)} now"
 
 
@@ -341,16 +342,37 @@ def buffer_mib(device: torch.device | str = "cpu") -> int:
 
 
 class ReadProbe:
-    """GB/s of `torch.sum(buf)`: bytes read per second, all threads."""
+    """GB/s of the fastest reader we have over one buffer: bytes read per second, all threads. `torch.sum(buf)`
+    everywhere; on CPU where our kernels are built (whatever their switch says: this measures the machine), also
+    our fp32 one-row product over the same buffer seen as its panels (engine/kernels/cpu_gemm.py `fp32_mm`, the
+    reader of an fp32 decode step, which asks for its lines ahead). The limit is the faster: on an Intel Xeon
+    torch.sum read below what an fp32 step streamed, so every such step read "above the limit" (docs/roofline.md,
+    "Why two readers"; `python -m engine.bench limits --force` prints each reader's best)."""
+
+    K = 2048  # the buffer as panels [rows, K, 16]: one-row products over 2,048 inputs (a MiB holds 8 such panels)
 
     def __init__(self, device: torch.device, mib: int | None = None):
         self.device, mib = device, mib or buffer_mib(device)
         self.buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
-        self.info = {"buffer_mib": mib, "op": "torch.sum(buf)"}
+        self.readers = {"torch.sum(buf)": lambda: torch.sum(self.buf)}
+        if device.type == "cpu":
+            from engine.kernels import cpu_gemm
+
+            if cpu_gemm.built_reason() is None:
+                panels, x = self.buf.view(-1, self.K, cpu_gemm.PANEL), torch.ones(1, self.K)
+                n = panels.shape[0] * cpu_gemm.PANEL
+                self.readers["fp32_mm(buf as panels)"] = lambda: cpu_gemm.fp32_mm(x, panels, n)
+        self.best = {name: 0.0 for name in self.readers}  # each reader's best GB/s over the rounds
+        self.info = {"buffer_mib": mib, "op": " | ".join(self.readers), "readers_gbps": self.best}
 
     def round(self, budget_s: float) -> float:
-        best, _ = _best_of(lambda: torch.sum(self.buf), self.device, budget_s, inner=_inner(self.device))
-        return self.buf.numel() * 4 / best / 1e9
+        """This round's rate: the faster reader's (each reader's best over the rounds kept in `info`)."""
+        rates = {}
+        for name, fn in self.readers.items():
+            best, _ = _best_of(fn, self.device, budget_s / len(self.readers), inner=_inner(self.device))
+            rates[name] = self.buf.numel() * 4 / best / 1e9
+            self.best[name] = round(max(self.best[name], rates[name]), 2)
+        return max(rates.values())
 
 
 class CopyProbe:

@@ -115,9 +115,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     # date; every fraction above divides by one of them. Each is the best of interleaved rounds spread over the
     # probe (a busy moment only slows a round), with the rounds' spread (best − worst) / best recorded beside it.
     _M("read_gbps", "read bandwidth (limit)", "GB/s", "",
-       "the machine's memory read bandwidth: torch.sum over a buffer 8× the last-level cache (≥ 256 MiB; 1 GiB "
-       "on CUDA), all threads, bytes read per second; the best of interleaved rounds (a busy moment only slows a "
-       "round; the rounds' spread is kept beside it); decode_bandwidth_fraction divides by it", better=""),
+       "the machine's memory read bandwidth: the faster of torch.sum and (on CPU, where our kernels run) our fp32 "
+       "one-row product over a buffer 8× the last-level cache (≥ 256 MiB; 1 GiB on CUDA), all threads, bytes read "
+       "per second; the best of interleaved rounds (a busy moment only slows a round; the rounds' spread is kept "
+       "beside it); decode_bandwidth_fraction divides by it", better=""),
     _M("copy_gbps", "copy bandwidth (limit)", "GB/s", "",
        "the machine's memory copy bandwidth, for reference: dst.copy_(src) on two such buffers, bytes read + "
        "written per second (STREAM's convention); no fraction divides by it", better=""),
