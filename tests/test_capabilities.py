@@ -148,9 +148,15 @@ def test_fast_llama_forward_is_right_without_packed_weights(tiny):
 
 
 # --- the auto dtype (engine/model/loader.py) ----------------------------------------------------------------
-def test_auto_dtype_follows_native_bf16_and_cuda_bf16():
+def test_auto_dtype_follows_our_fp32_kernels_native_bf16_and_cuda_bf16(monkeypatch):
+    from engine.kernels import cpu_gemm
+
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    with capabilities.forced(native_bf16=True):
+    monkeypatch.setattr(cpu_gemm, "unavailable_reason", lambda: None)
+    with capabilities.forced(native_bf16=True):  # our fp32 kernels decode faster than the bf16 paths
+        assert resolve_dtype("auto", cpu) == torch.float32
+    monkeypatch.setattr(cpu_gemm, "unavailable_reason", lambda: "switched off (LATENCY_LAB_GEMM=off)")
+    with capabilities.forced(native_bf16=True):  # without them bf16's dot products win
         assert resolve_dtype("auto", cpu) == torch.bfloat16
     with capabilities.forced(native_bf16=False):  # AVX2 / plain AVX-512: bf16 is emulated
         assert resolve_dtype("auto", cpu) == torch.float32

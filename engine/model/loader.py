@@ -69,16 +69,22 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: on CUDA bf16 (fp16 where bf16 is missing). On CPU bf16 where the CPU has native
-    bf16 dot products (AVX512-BF16/AMX), where it prefills and decodes faster than fp32
-    (`python -m engine.bench dtypes` prints both; docs/engine.md); fp32 elsewhere, where bf16 is
-    emulated."""
+    """`auto`: on CUDA bf16 (fp16 where bf16 is missing). On CPU fp32 where our fp32 kernels serve
+    (engine/kernels/cpu_gemm.py: its one-row product streams fp32 weights faster than any bf16 path we
+    have streams half the bytes, even with bf16 dot products in hardware; and the page's bf16, fp16 and
+    quantized variants are casts down from it); else bf16 where the CPU has native bf16 dot products
+    (AVX512-BF16/AMX), fp32 where bf16 is emulated. `python -m engine.bench dtypes` prints each dtype's
+    prefill and decode (docs/engine.md, "dtypes")."""
     if name != "auto":
         return DTYPE_NAMES[name]
     caps = capabilities.detect()
     if device.type == "cuda":
         return torch.bfloat16 if caps.cuda_bf16 else torch.float16
-    return torch.bfloat16 if caps.native_bf16 else torch.float32
+    if not caps.native_bf16:
+        return torch.float32
+    from engine.kernels import cpu_gemm  # builds our kernels on first use (cached): the plan would, for fp32
+
+    return torch.float32 if cpu_gemm.unavailable_reason() is None else torch.bfloat16
 
 
 def _progress(config: LoadConfig, total: int, desc: str):
