@@ -13,8 +13,10 @@ from engine.measure.machine_limits import MachineLimits
 from server.run import BackgroundServer
 from support import paced_app
 
+# A read limit no CPU's memory reaches: an fp32 step of the bundled model streamed 21 GB/s on an Intel Xeon (family 6
+# model 207), above the 20 GB/s this once injected, and the page rightly printed "limit stale" instead of a share.
 LIMITS = MachineLimits(key={"test": True}, measured_at="2026-12-01T09:00:00Z", copy_gbps=15.0,
-                       matmul_tflops={"fp32": 0.2, "bf16": 0.01}, read_gbps=20.0)
+                       matmul_tflops={"fp32": 0.2, "bf16": 0.01}, read_gbps=400.0)
 LAST = "#lab-log-chat .lab-msg.assistant:last-child"
 DONE = LAST + " .lab-stats span"
 HOSTILE = ("**Steps** and `code`:\n\n- one\n- *two*\n\n```py\n<script>window.__pwned = 1</script>\n```\n\n"
@@ -53,7 +55,7 @@ def test_a_reply_shows_its_prefill_rate_context_and_roofline_bars(page_server, m
     assert row["prefill_tps"] > 0 and row["context_tokens"] == row["prompt_tokens"] + row["output_tokens"]
     assert row["context_max"] == 8192
     assert row["prefill_compute_fraction"] == pytest.approx(row["prefill_tflops"] / 0.2)
-    assert row["decode_bandwidth_fraction"] == pytest.approx(row["decode_gbps"] / 20.0)
+    assert row["decode_bandwidth_fraction"] == pytest.approx(row["decode_gbps"] / 400.0)
     stats = page.inner_text(LAST + " .lab-stats")
     assert f"context {row['context_tokens']:,} / 8,192 tok" in stats
     assert "prefill " in stats and "tok/s" in stats and "of matmul peak" in stats and "of bandwidth" in stats
@@ -63,7 +65,7 @@ def test_a_reply_shows_its_prefill_rate_context_and_roofline_bars(page_server, m
         bar = page.locator(f"#lab-ov-chat .lab-roof-row[data-stage={stage}] .lab-roof-bar")
         assert bar.count() == 1 and float(bar.evaluate("e => parseFloat(e.style.width)")) > 0
     text = roof.inner_text()
-    assert "of 0.200 TFLOP/s fp32 matmul" in text and "of 20.0 GB/s read" in text
+    assert "of 0.200 TFLOP/s fp32 matmul" in text and "of 400 GB/s read" in text
     page.screenshot(path=str(artifacts / "page-roofline.png"), full_page=True)
 
 
