@@ -207,3 +207,20 @@ case "$job" in *'"extra_bufts": false'*) echo '{{"version": "fake", "extra_bufts
     assert peer.peer(args, job) == {"version": "fake", "extra_bufts": False}
     assert peer.peer(args, job)["extra_bufts"] is False  # the next round goes straight to the fallback
     assert [json.loads(line).get("extra_bufts", True) for line in log.read_text().splitlines()] == [True, False, False]
+
+
+def test_a_bandwidth_share_above_the_limit_is_said_never_printed():
+    """A step from the last-level cache reads faster than memory (its share would read 134%), and a step above a
+    stale limit has no share: the table and the plot say which, as `bench bandwidth` does."""
+    rows = {"fp32": {"tok_s": 56.5, "fraction_of_read": 0.85},
+            "int4w8a+head8": {"tok_s": 458.7, "fraction_of_read": 1.34, "from_cache": True},
+            "int8w8a+head": {"tok_s": 262.9, "fraction_of_read": None, "limit_stale": True},
+            "int8wo": {"tok_s": 90.0, "fraction_of_read": 1.2}}  # an older report.json without the flags
+    line = report_render.bandwidth_line({"read_gbps": 36.7, "context": 256, "variants": rows})
+    assert "fp32 56.5 tok/s (85%)" in line and "134%" not in line and "120%" not in line
+    assert "int4w8a+head8 458.7 tok/s (from the last-level cache)" in line
+    assert "int8w8a+head 262.9 tok/s (above the measured limit: limit stale)" in line
+    assert "int8wo 90.0 tok/s (above the measured limit: limit stale)" in line
+    svg = report_render.plots({"steps": [{"name": "bandwidth", "result": {"variants": rows}}]})
+    text = next(iter(svg.values()))
+    assert "85% of read bandwidth" in text and "134%" not in text and "from the last-level cache" in text

@@ -23,6 +23,17 @@ def _pct(v):
     return "—" if v is None else f"{100 * v:.0f}%"
 
 
+def _share(v: dict) -> str:
+    """A bandwidth bench row's share of the read bandwidth, as the bench prints it: never above 100%; a step
+    from the last-level cache, or above a stale limit, says so instead (engine/measure/machine_limits.py)."""
+    from engine.measure.machine_limits import over_limit
+
+    fraction = v.get("fraction_of_read")
+    if v.get("limit_stale") or (over_limit(fraction) and not v.get("from_cache")):
+        return "above the measured limit: limit stale"
+    return "from the last-level cache" if over_limit(fraction) else _pct(fraction)
+
+
 # --- one line per step ------------------------------------------------------------------------------
 def limits_line(r: dict) -> str:
     from engine.measure.machine_limits import MachineLimits
@@ -32,7 +43,7 @@ def limits_line(r: dict) -> str:
 
 def bandwidth_line(r: dict) -> str:
     rows = r.get("variants") or {}
-    parts = [f"{name} {_f(v.get('tok_s'))} tok/s ({_pct(v.get('fraction_of_read'))})" for name, v in rows.items()]
+    parts = [f"{name} {_f(v.get('tok_s'))} tok/s ({_share(v)})" for name, v in rows.items()]
     refused = f"; not here: {', '.join(r['refused'])}" if r.get("refused") else ""
     return (f"decode tok/s (% of the {_f(r.get('read_gbps'))} GB/s read bandwidth), context {r.get('context')}: "
             + ", ".join(parts) + refused)
@@ -246,7 +257,8 @@ def plots(report: dict) -> dict[str, str]:
             names = list(r["variants"])
             svg = bars_svg(f"decode per weights variant ({s['name']})", names,
                            {"tok/s": [r["variants"][k].get("tok_s") for k in names]}, "tok/s",
-                           [f"{_pct(r['variants'][k].get('fraction_of_read'))} of read bandwidth" for k in names])
+                           [_share(r["variants"][k]) + (" of read bandwidth" if _share(r["variants"][k]).endswith("%")
+                                                         else "") for k in names])
         elif s["name"] == "batching" and r.get("comparison"):
             rows, (a, b) = r["comparison"], r["max_batches"][:2]
             svg = bars_svg("continuous batching: output tok/s", [f"{x['clients']} clients" for x in rows],
