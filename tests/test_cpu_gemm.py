@@ -82,6 +82,35 @@ def test_the_fp32_kernel_equals_the_product_and_a_row_its_bits_at_any_row_count(
 
 
 @needs_kernels
+def test_bf16_panels_give_the_fp32_product_of_the_bf16_weights_and_a_bf16_linears_rounding():
+    """A bf16 Linear's one-row products stream its bf16 weights through the same panel kernel (each weight
+    widened exactly): the fp32 product of those weights, in the fp32 kernel's order, at any row count and
+    either vector width; `ours` on a bf16 Linear rounds it to bf16 once, as a bf16 matmul does."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(203, 576, generator=gen).bfloat16()
+    x = torch.randn(9, 576, generator=gen)
+    panels = cpu_gemm.fp32_panels(w)
+    assert panels.dtype == torch.bfloat16 and panels.shape == (13, 576, cpu_gemm.PANEL)
+    got = cpu_gemm.fp32_mm(x, panels, 203)
+    assert torch.equal(got, cpu_gemm.fp32_mm(x, cpu_gemm.fp32_panels(w.float()), 203))  # widened exactly
+    for m in (1, 2, 5):
+        assert torch.equal(cpu_gemm.fp32_mm(x[:m].contiguous(), panels, 203), got[:m])
+        if cpu_gemm.wide_fp32():
+            assert torch.equal(torch.ops.latency_lab_gemv.fp32_mm(x[:m].contiguous(), panels, 203, False), got[:m])
+    linear = nn.Linear(576, 203, bias=True).bfloat16()
+    xb = x[:1].bfloat16()
+    with torch.inference_mode():
+        y = cpu_gemm.ours(linear, xb)
+        want = (xb.float() @ linear.weight.float().T + linear.bias.float()).bfloat16()
+        aten = nn.functional.linear(xb, linear.weight, linear.bias)
+    assert y.dtype == torch.bfloat16 and y.shape == (1, 203)
+    # the fp32 sums rounded once: within one bf16 step (2^-7 relative) of the product rounded in torch's
+    # order, and of ATen's own bf16 matmul (two roundings of nearly equal sums differ by at most a step)
+    for other in (want, aten):
+        assert ((y.float() - other.float()).abs() <= other.float().abs() * 2**-7 + 1e-6).all()
+
+
+@needs_kernels
 def test_a_kernel_refuses_a_shape_it_cannot_take():
     with pytest.raises(RuntimeError, match=r"x must be \[M, 64\]"):
         cpu_gemm.int8_gemv(torch.randn(2, 63), torch.zeros(8, 64, dtype=torch.int8), torch.ones(8))

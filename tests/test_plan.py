@@ -67,7 +67,10 @@ def test_every_weights_variant_has_a_plan_on_this_cpu(built, name):
         assert (plan.layer_loop == "cpp") == ours and plan.cpp_rows == (256 if ours else 0)
         assert plan.linears["qkv"].exact and plan.one_row == ("ours" if ours else plan.one_row)
     elif method == "bf16":
-        assert plan.linears["qkv"].kernel(1) in (Kernel.ATEN_NO_ONEDNN, Kernel.ATEN)
+        # our panels over its bf16 weights where our kernel builds (by rule), else ATen's GEMV without oneDNN
+        assert (plan.linears["qkv"].kernel(1) is Kernel.OURS_BF16) == ours
+        assert ours or plan.linears["qkv"].kernel(1) in (Kernel.ATEN_NO_ONEDNN, Kernel.ATEN)
+        assert plan.linears["qkv"].kernel(3) is not Kernel.OURS_BF16  # a prompt's rows: oneDNN's packed GEMM
         assert plan.compiled_reason and "bf16" in plan.compiled_reason and plan.layer_loop == "python"
     elif method == "fp16":  # no fast fp16 kernel of ours or oneDNN's on CPU: ATen's matmul
         assert all(plan.linears[r].kernel(n) is Kernel.ATEN for r in ROLES for n in (1, 300))

@@ -38,6 +38,8 @@ class Kernel(enum.Enum):
     dot products, None for the model's own dtype."""
 
     OURS_FP32 = ("ours-fp32", "our fp32 panel kernel (engine/kernels/cpu_gemm.py)", True)
+    OURS_BF16 = ("ours-bf16", "our panel kernel over a bf16 Linear's weights: widened exactly, fp32 sums, "
+                              "rounded to bf16 once (engine/kernels/cpu_gemm.py)", True)
     ONEDNN_PACKED = ("onednn-packed", "oneDNN over a pre-packed weight copy", True)
     ATEN = ("aten", "ATen's plain matmul (F.linear: MKL for fp32 on CPU)", False)
     ATEN_NO_ONEDNN = ("aten-no-onednn", "ATen's own bf16 GEMV, oneDNN bypassed", False)
@@ -59,7 +61,7 @@ class Kernel(enum.Enum):
 
 def run(kernel: Kernel, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """linear(x) through `kernel`."""
-    if kernel is Kernel.OURS_FP32:
+    if kernel in (Kernel.OURS_FP32, Kernel.OURS_BF16):
         return ours(linear, x)
     if kernel is Kernel.ONEDNN_PACKED:
         packed = packed_weight(linear)
@@ -81,7 +83,7 @@ def run(kernel: Kernel, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def prepare(kernel: Kernel, linear: nn.Module) -> None:
     """Make the weight copy `kernel` reads for `linear` now, not inside a request's first step."""
-    if kernel is Kernel.OURS_FP32:
+    if kernel in (Kernel.OURS_FP32, Kernel.OURS_BF16):
         cpu_gemm.panels(linear)
     elif kernel is Kernel.ONEDNN_PACKED:
         packed_weight(linear)

@@ -76,8 +76,8 @@ void int8_rows(const float* x, int64_t K, const int8_t* w, const float* scale, f
   }
 }
 
-// fp32 weights in panels of kPanel output channels, [P, K, kPanel] (engine/kernels/cpu_gemm.py: fp32_panels;
-// the last panel padded with zeros). The micro-kernel is the classic GEMM one: each x value is
+// fp32 (or bf16) weights in panels of kPanel output channels, [P, K, kPanel] (engine/kernels/cpu_gemm.py:
+// fp32_panels; the last panel padded with zeros). The micro-kernel is the classic GEMM one: each x value is
 // broadcast against two panels' 32 outputs, so one weight load serves several rows and one x load 32
 // outputs. Every output sums its K products in order, one FMA chain per lane: a row's bits depend
 // neither on how many rows share the call, nor on how rows and panels are blocked, nor on the vector
@@ -89,19 +89,32 @@ constexpr int kPanelRows = 3;      // AVX2: rows per micro-kernel call (3 rows x
 constexpr int kPanelRowsWide = 8;  // AVX-512: 8 rows x 2 panels = 16 of its 32 registers
 constexpr int kTilePanels = 2;     // many rows: panels a tile, their weights kept in L2 across the row blocks
 
-template <int M, int P>
-inline void fp32_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+// A panel row's weights as fp32 lanes: fp32 as they are; bf16 (W = uint16_t) widened exactly, its 16 bits
+// being an fp32's top half. So bf16 panels give the fp32 product of the bf16 weights, in the same FMA order.
+inline __m256 wload8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 wload8(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+__attribute__((target("avx512f"))) inline __m512 wload16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f"))) inline __m512 wload16(const uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+template <int M, int P, typename W>
+inline void fp32_block(const float* x, int64_t K, const W* w, float* y, int64_t ldy) {
   __m256 acc[M][2 * P];
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < 2 * P; ++j) acc[m][j] = _mm256_setzero_ps();
-  const float* panel[P];
+  const W* panel[P];
   for (int p = 0; p < P; ++p) panel[p] = w + p * K * kPanel;
   for (int64_t k = 0; k < K; ++k) {
     __m256 b[2 * P];
     for (int p = 0; p < P; ++p) {
-      b[2 * p] = _mm256_loadu_ps(panel[p] + k * kPanel);
-      b[2 * p + 1] = _mm256_loadu_ps(panel[p] + k * kPanel + 8);
-      stream::ahead(panel[p] + k * kPanel, sizeof(float) * kPanel);
+      b[2 * p] = wload8(panel[p] + k * kPanel);
+      b[2 * p + 1] = wload8(panel[p] + k * kPanel + 8);
+      stream::ahead(panel[p] + k * kPanel, sizeof(W) * kPanel);
     }
     for (int m = 0; m < M; ++m) {
       const __m256 a = _mm256_broadcast_ss(x + m * K + k);
@@ -115,16 +128,16 @@ inline void fp32_block(const float* x, int64_t K, const float* w, float* y, int6
 }
 
 // The same arithmetic with one 16-lane vector per panel (each lane's FMA chain is the same).
-template <int M, int P>
-__attribute__((target("avx512f"))) void fp32_block_wide(const float* x, int64_t K, const float* w, float* y,
+template <int M, int P, typename W>
+__attribute__((target("avx512f"))) void fp32_block_wide(const float* x, int64_t K, const W* w, float* y,
                                                         int64_t ldy) {
   __m512 acc[M][P];
   for (int m = 0; m < M; ++m)
     for (int p = 0; p < P; ++p) acc[m][p] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     __m512 b[P];
-    for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(w + (p * K + k) * kPanel);
-    for (int p = 0; p < P; ++p) stream::ahead(w + (p * K + k) * kPanel, sizeof(float) * kPanel);
+    for (int p = 0; p < P; ++p) b[p] = wload16(w + (p * K + k) * kPanel);
+    for (int p = 0; p < P; ++p) stream::ahead(w + (p * K + k) * kPanel, sizeof(W) * kPanel);
     for (int m = 0; m < M; ++m) {
       const __m512 a = _mm512_set1_ps(x[m * K + k]);
       for (int p = 0; p < P; ++p) acc[m][p] = _mm512_fmadd_ps(a, b[p], acc[m][p]);
@@ -134,15 +147,15 @@ __attribute__((target("avx512f"))) void fp32_block_wide(const float* x, int64_t 
     for (int p = 0; p < P; ++p) _mm512_storeu_ps(y + m * ldy + kPanel * p, acc[m][p]);
 }
 
-template <int M, int P, bool Wide>
-inline void fp32_call(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+template <int M, int P, bool Wide, typename W>
+inline void fp32_call(const float* x, int64_t K, const W* w, float* y, int64_t ldy) {
   if constexpr (Wide) fp32_block_wide<M, P>(x, K, w, y, ldy);
   else fp32_block<M, P>(x, K, w, y, ldy);
 }
 
 // Panels [p0, p1) for M rows (one micro-kernel pass): pairs of panels, a lone one, the padded last one.
-template <int M, bool Wide>
-void fp32_rows(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t p0, int64_t p1) {
+template <int M, bool Wide, typename W>
+void fp32_rows(const float* x, int64_t K, const W* w, float* y, int64_t N, int64_t p0, int64_t p1) {
   int64_t p = p0;
   for (; p + 2 <= p1 && (p + 2) * kPanel <= N; p += 2) fp32_call<M, 2, Wide>(x, K, w + p * K * kPanel, y + p * kPanel, N);
   for (; p < p1; ++p) {
@@ -158,8 +171,8 @@ void fp32_rows(const float* x, int64_t K, const float* w, float* y, int64_t N, i
 }
 
 // fp32_rows for a run-time row count 1..R: one instantiation per count, so each keeps its accumulators in registers.
-template <int R, bool Wide>
-void fp32_rows_upto(int64_t rows, const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t p0,
+template <int R, bool Wide, typename W>
+void fp32_rows_upto(int64_t rows, const float* x, int64_t K, const W* w, float* y, int64_t N, int64_t p0,
                     int64_t p1) {
   if constexpr (R > 1) {
     if (rows < R) return fp32_rows_upto<R - 1, Wide>(rows, x, K, w, y, N, p0, p1);
@@ -264,20 +277,10 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return y;
 }
 
-at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& panels, int64_t N, bool wide) {
-  const int64_t K = x.size(1), M = x.size(0);
-  check_x(x, K);
-  TORCH_CHECK(panels.scalar_type() == at::kFloat && panels.is_contiguous() && panels.dim() == 3 &&
-              panels.size(1) == K && panels.size(2) == kPanel && panels.size(0) * kPanel >= N && N > 0,
-              "panels must be contiguous fp32 [ceil(N / ", kPanel, "), K, ", kPanel, "] for N = ", N, ", got ",
-              panels.sizes());
-  TORCH_CHECK(!wide || __builtin_cpu_supports("avx512f"), "the wide fp32 kernel needs AVX-512, which this CPU lacks");
-  at::Tensor y = at::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = panels.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+template <typename W>
+void panel_product(const float* xp, int64_t M, int64_t K, const W* wp, int64_t P, float* yp, int64_t N, bool wide) {
   const int64_t R = wide ? kPanelRowsWide : kPanelRows;
-  const int64_t P = panels.size(0), tile = tiles::size(P, M <= R, kTilePanels, 1);
+  const int64_t tile = tiles::size(P, M <= R, kTilePanels, 1);
   tiles::run((P + tile - 1) / tile, [&](int64_t t) {
     const int64_t p0 = t * tile, p1 = std::min(P, p0 + tile);
     for (int64_t m0 = 0; m0 < M; m0 += R) {
@@ -286,6 +289,24 @@ at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& panels, int64_t N, boo
       else fp32_rows_upto<kPanelRows, false>(rows, xp + m0 * K, K, wp, yp + m0 * N, N, p0, p1);
     }
   });
+}
+
+// x [M, K] fp32 times panels of fp32 or bf16 weights (bf16: widened exactly), fp32 sums: y [M, N] fp32.
+at::Tensor fp32_mm(const at::Tensor& x, const at::Tensor& panels, int64_t N, bool wide) {
+  const int64_t K = x.size(1), M = x.size(0);
+  check_x(x, K);
+  const bool bf16 = panels.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((bf16 || panels.scalar_type() == at::kFloat) && panels.is_contiguous() && panels.dim() == 3 &&
+              panels.size(1) == K && panels.size(2) == kPanel && panels.size(0) * kPanel >= N && N > 0,
+              "panels must be contiguous fp32 or bf16 [ceil(N / ", kPanel, "), K, ", kPanel, "] for N = ", N,
+              ", got ", panels.scalar_type(), " ", panels.sizes());
+  TORCH_CHECK(!wide || __builtin_cpu_supports("avx512f"), "the wide fp32 kernel needs AVX-512, which this CPU lacks");
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (bf16)
+    panel_product(x.data_ptr<float>(), M, K, reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>()),
+                  panels.size(0), y.data_ptr<float>(), N, wide);
+  else
+    panel_product(x.data_ptr<float>(), M, K, panels.data_ptr<float>(), panels.size(0), y.data_ptr<float>(), N, wide);
   return y;
 }
 

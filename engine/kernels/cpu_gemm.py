@@ -167,6 +167,11 @@ def _self_check() -> None:
         if _wide and not torch.equal(torch.ops.latency_lab_gemv.fp32_mm(x, panels, n, False), got):
             raise RuntimeError(f"fp32 kernel: AVX-512 and AVX2 differ at {m} rows")
         _close(int4_gemv(x, packed, s16, o16), x @ w4.T, 1e-3, "4-bit")
+        wb = w.bfloat16()
+        got = fp32_mm(x, fp32_panels(wb), n)
+        _close(got, x @ wb.float().T, 1e-5, "bf16-weight")
+        if _wide and not torch.equal(torch.ops.latency_lab_gemv.fp32_mm(x, fp32_panels(wb), n, False), got):
+            raise RuntimeError(f"bf16-weight kernel: AVX-512 and AVX2 differ at {m} rows")
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
@@ -196,8 +201,8 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
 
 
 def fp32_panels(weight: torch.Tensor) -> torch.Tensor:
-    """What `fp32_mm` reads: weight [N, K] fp32 as panels [ceil(N / 16), K, 16] (16 output channels
-    side by side for each input; the last panel padded with zeros). A copy: the weight's size again."""
+    """What `fp32_mm` reads: weight [N, K] fp32 or bf16 as panels [ceil(N / 16), K, 16] of its dtype (16 output
+    channels side by side for each input; the last panel padded with zeros). A copy: the weight's size again."""
     n, k = weight.shape
     panels = -(-n // PANEL)
     padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, panels * PANEL - n))
@@ -205,8 +210,9 @@ def fp32_panels(weight: torch.Tensor) -> torch.Tensor:
 
 
 def fp32_mm(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
-    """x [M, K] fp32 @ weight.T -> [M, n], from `fp32_panels(weight)` (each output summed in one
-    fixed order: a row's bits are the same at any M, and on either kernel, AVX-512 or AVX2)."""
+    """x [M, K] fp32 @ weight.T -> [M, n] fp32, from `fp32_panels(weight)` (each output summed in one
+    fixed order: a row's bits are the same at any M, and on either kernel, AVX-512 or AVX2). bf16 panels
+    give the fp32 product of the bf16 weights (each widened exactly), half the bytes streamed."""
     return torch.ops.latency_lab_gemv.fp32_mm(x, panels, n, _wide)
 
 
@@ -243,11 +249,12 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset
 
 
 # --- our fp32 kernel on a model's Linears (the catalogue, cpu_layers, the compiled step) ---
-def plain_fp32_cpu(linear: nn.Module) -> bool:
-    """A plain (not quantized) Linear with a contiguous fp32 CPU weight: what our fp32 kernel takes.
-    Tensor properties only, so the compiled step can ask it while tracing."""
+def plain_fp32_cpu(linear: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
+    """A plain (not quantized) Linear with a contiguous CPU weight of `dtype` (fp32; bf16: the panels of its
+    bf16 weights): what our panel kernel takes. Tensor properties only, so the compiled step can ask it
+    while tracing."""
     w = getattr(linear, "weight", None)
-    return type(linear) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
+    return type(linear) is nn.Linear and w.dtype == dtype and w.device.type == "cpu" and w.is_contiguous()
 
 
 class _Panels:
@@ -282,8 +289,9 @@ def panels(linear: nn.Linear) -> torch.Tensor:
 
 
 def ours(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x) through our fp32 kernel: the same bits for a row in any batch."""
-    y = fp32_mm(x.reshape(-1, x.shape[-1]).contiguous(), panels(linear), linear.out_features)
+    """linear(x) through our panel kernel: the same bits for a row in any batch. A bf16 Linear: its bf16
+    activations widened to fp32, the fp32 sums (and bias) rounded to bf16 once, as a bf16 matmul does."""
+    y = fp32_mm(x.reshape(-1, x.shape[-1]).float().contiguous(), panels(linear), linear.out_features)
     if linear.bias is not None:
-        y = y + linear.bias
-    return y.view(*x.shape[:-1], y.shape[-1])
+        y = y + linear.bias.float()
+    return y.to(x.dtype).view(*x.shape[:-1], y.shape[-1])

@@ -26,8 +26,10 @@ The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
 - fp32 CPU Linear: `OURS_FP32` for up to OURS_ROWS rows where the fp32 one-row decision is 'ours' (by
   rule where our kernel builds); else `ONEDNN_PACKED` for 2..PACKED_FP32_MAX rows (1 row too where the
   one-row decision is 'packed'), where oneDNN packs fp32; else `ATEN` (MKL);
-- bf16 CPU Linear: `ATEN_NO_ONEDNN` for 1-2 rows (oneDNN's bf16 GEMM is slow for a row or two:
-  `python -m engine.bench dtypes`), `ONEDNN_PACKED` from 3 rows where oneDNN packs bf16, else `ATEN`.
+- bf16 CPU Linear: for 1-2 rows `OURS_BF16` where our kernel builds (by rule: the panels of its bf16 weights
+  stream at fp32's speed a byte, where ATen's GEMV and oneDNN read them far slower: `python -m engine.bench
+  dtypes`), else `ATEN_NO_ONEDNN` (oneDNN's bf16 GEMM is slow for a row or two); `ONEDNN_PACKED` from 3 rows
+  where oneDNN packs bf16, else `ATEN`.
 Packed fp32 stops at PACKED_FP32_MAX rows because long prefills were faster through MKL
 (`python -m engine.bench verify` and `bandwidth` measure both).
 
@@ -89,7 +91,8 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
              "lm_head": [model.lm_head]}
     mods = [m for ms in roles.values() for m in ms]
     measurable = dev == "cpu" and model.device.type == "cpu"  # nothing is timed on meta, nor for another device
-    ours_builds = dev == "cpu" and any(plain_fp32_cpu(m) for m in mods) and cpu_gemm.available()
+    ours_builds = dev == "cpu" and any(plain_fp32_cpu(m) or plain_fp32_cpu(m, torch.bfloat16) for m in mods) and \
+        cpu_gemm.available()
     made: list[Decision] = []
 
     def table(one: str | None, wo: str | None) -> dict[str, LinearPlan]:
@@ -216,7 +219,10 @@ def _linear_plan(m, dev, caps, one_row, wo, ours_builds, form: str | None = None
             return LinearPlan(((PACKED_FP32_MAX, Kernel.ONEDNN_PACKED), (ALL, Kernel.ATEN)), exact=True)
         return LinearPlan(((1, Kernel.ATEN), (PACKED_FP32_MAX, Kernel.ONEDNN_PACKED), (ALL, Kernel.ATEN)), exact=True)
     if dtype == torch.bfloat16:
-        first = Kernel.ATEN_NO_ONEDNN if torch.backends.mkldnn.is_available() else Kernel.ATEN
+        if ours_builds and plain_fp32_cpu(m, torch.bfloat16):
+            first = Kernel.OURS_BF16
+        else:
+            first = Kernel.ATEN_NO_ONEDNN if torch.backends.mkldnn.is_available() else Kernel.ATEN
         return LinearPlan(((2, first), (ALL, Kernel.ONEDNN_PACKED if caps.packed_bf16_weights else Kernel.ATEN)))
     return LinearPlan(((ALL, Kernel.ATEN),))
 
@@ -350,9 +356,9 @@ def _step_modes(model, dev, caps, mods) -> tuple[dict, str | None]:
     if kinds:
         weights = f"the compiled step does not trace {', '.join(kinds)} layers (bitsandbytes); pick int8wo or int4wo"
     elif dev == "cpu" and model.dtype == torch.bfloat16 and any(type(m) is nn.Linear for m in mods):
-        weights = ("a bf16 model's plain linears take their one-row matmuls on CPU with oneDNN switched off, "
-                   "which a compiled graph cannot do; pick a variant whose every linear is weight-only "
-                   "(int8wo+head, int4wo+head) or fp32 weights")
+        weights = ("the compiled step does not trace a bf16 model's plain linears on CPU (their one-row matmuls "
+                   "run our bf16 panels, or ATen's with oneDNN switched off, which a graph cannot do); pick a "
+                   "variant whose every linear is weight-only (int8wo+head, int4wo+head) or fp32 weights")
     return {"eager": None,
             "static": None if dev == "cuda" else "the static step serves one-token steps on a GPU; on CPU the eager "
                                                  "forward keeps its exact per-sequence attention",
