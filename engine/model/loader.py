@@ -69,10 +69,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: on CUDA bf16 (fp16 where bf16 is missing). On CPU fp32 where our fp32 kernels serve
-    (engine/kernels/cpu_gemm.py: its one-row product streams fp32 weights faster than any bf16 path we
-    have streams half the bytes, even with bf16 dot products in hardware; and the page's bf16, fp16 and
-    quantized variants are casts down from it); else bf16 where the CPU has native bf16 dot products
+    """`auto`: on CUDA bf16 (fp16 where bf16 is missing). On CPU fp32 where our kernels serve
+    (engine/kernels/cpu_gemm.py): the full-precision reference that the page's bf16, fp16 and quantized
+    variants are cast down from and measured against, decoding there as fast as a bf16 model (its layers
+    in one C++ call; a bf16 model's stream half the bytes through the same panels, in Python); bf16, which
+    prefills faster, is one click away. Else bf16 where the CPU has native bf16 dot products
     (AVX512-BF16/AMX), fp32 where bf16 is emulated. `python -m engine.bench dtypes` prints each dtype's
     prefill and decode (docs/engine.md, "dtypes")."""
     if name != "auto":
