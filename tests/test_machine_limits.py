@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from engine.measure import machine_limits
+from engine.measure import machine_limits, probes
 from engine.measure.machine_limits import MachineLimits
 
 FAKE = MachineLimits(key={}, measured_at="2026-12-03T10:00:00Z", copy_gbps=3.0, matmul_tflops={"fp32": 0.05},
@@ -60,7 +60,7 @@ def test_device_dispatch_sizes_and_dtypes(monkeypatch):
     monkeypatch.setattr(machine_limits, "llc_bytes", lambda: 96 * 2**20)  # a stacked-cache CPU: 8× its cache
     assert machine_limits.buffer_mib("cpu") == 768
     assert machine_limits.buffer_mib("cuda") == 1024
-    assert machine_limits._inner(torch.device("cuda")) == 10 and machine_limits._inner(torch.device("cpu")) == 1
+    assert probes._inner(torch.device("cuda")) == 10 and probes._inner(torch.device("cpu")) == 1
     with capabilities.forced(native_bf16=False, cuda_bf16=True):
         assert machine_limits.probe_dtypes("fp32", "cpu") == ("fp32", "int8")  # emulated bf16 is no roof
         assert machine_limits.probe_dtypes("fp32", "cuda") == ("fp32", "bf16")  # int8: the CPU's w8a roof
@@ -72,7 +72,7 @@ def test_device_dispatch_sizes_and_dtypes(monkeypatch):
     clock.sync(torch.device("cpu"))
     assert len(synced) == 1
     before = clock.syncs  # every repeat of a probe is timed between two done-stamps on the probed device
-    _, reps = machine_limits._best_of(lambda: None, torch.device("cpu"), budget_s=0.0)
+    _, reps = probes._best_of(lambda: None, torch.device("cpu"), budget_s=0.0)
     assert reps >= 2 and clock.syncs - before >= 2 * reps
 
 
@@ -117,7 +117,7 @@ def test_the_api_the_page_and_bench_bandwidth_divide_by_the_one_cached_limit(tin
 
 def test_the_int8_peak_is_integer_products_and_says_so():
     """The w8a variants' roof: torch._int_mm of int8 matrices, counted in operations (TOP/s), beside fp32."""
-    probe = machine_limits.MatmulProbe(torch.device("cpu"), torch.int8, max_n=256)
+    probe = probes.MatmulProbe(torch.device("cpu"), torch.int8, max_n=256)
     assert probe.a.dtype == torch.int8 and probe.mm(probe.a, probe.b).dtype == torch.int32
     assert "_int_mm" in probe.info["op"] and probe.round(0.01) > 0
     limits = MachineLimits(key={"test": True}, measured_at="2026-12-05T09:00:00Z", copy_gbps=7.0,
@@ -153,15 +153,15 @@ def test_the_read_probe_takes_the_faster_of_its_readers_and_ours_reads_every_byt
     reads with our fp32 one-row product too where our kernels are built, and the limit is the faster."""
     from engine.kernels import cpu_gemm
 
-    probe = machine_limits.ReadProbe(torch.device("cpu"), mib=4)
+    probe = probes.ReadProbe(torch.device("cpu"), mib=4)
     if cpu_gemm.built_reason() is None:
         out = probe.readers["fp32_mm(buf as panels)"]()
         # a buffer of ones as panels of 2,048 inputs: every output sums 2,048 ones, all outputs the whole buffer
         assert out.shape == (1, probe.buf.numel() // probe.K) and torch.all(out == probe.K)
     monkeypatch.setattr(cpu_gemm, "built_reason", lambda: "no C++ compiler found")
-    assert list(machine_limits.ReadProbe(torch.device("cpu"), mib=4).readers) == ["torch.sum(buf)"]  # torch's alone
+    assert list(probes.ReadProbe(torch.device("cpu"), mib=4).readers) == ["torch.sum(buf)"]  # torch's alone
     slow_then_fast = iter([2.0, 1.0, 1.0, 4.0])  # seconds a read: reader 1 then 2 in round 1, again in round 2
-    monkeypatch.setattr(machine_limits, "_best_of", lambda fn, *a, **k: (next(slow_then_fast), 2))
+    monkeypatch.setattr(probes, "_best_of", lambda fn, *a, **k: (next(slow_then_fast), 2))
     probe.readers = {"a": None, "b": None}
     probe.best = {"a": 0.0, "b": 0.0}
     gb = probe.buf.numel() * 4 / 1e9

@@ -53,6 +53,7 @@ import torch
 from engine.platform import capabilities
 from engine.core import clock
 from engine.core.timeline import peak_unit
+from engine.measure.probes import CopyProbe, MatmulProbe, ReadProbe
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
@@ -269,7 +270,8 @@ def measure(device: torch.device | str = "cpu", dtypes=("fp32",), seconds: float
     False: the matmul peaks only, read and copy left None)."""
     device = torch.device(device)
     t0 = clock.now_ns()
-    probes = {"read": ReadProbe(device), "copy": CopyProbe(device)} if bandwidth else {}
+    mib = buffer_mib(device)
+    probes = {"read": ReadProbe(device, mib), "copy": CopyProbe(device, mib)} if bandwidth else {}
     errors = {}
     for name in dtypes:
         try:
@@ -297,23 +299,6 @@ def _round(v, nd):
     return None if v is None else round(v, nd)
 
 
-def _best_of(fn, device: torch.device, budget_s: float, min_reps: int = 2, inner: int = 1) -> tuple[float, int]:
-    """The shortest time of `fn()` over repeats filling `budget_s` (after one warm-up); each repeat
-    times `inner` calls between two synchronizations (a GPU's launch cost spread over them)."""
-    fn()
-    clock.sync(device)
-    best, reps, end = float("inf"), 0, clock.now_ns() + budget_s * 1e9
-    while reps < min_reps or clock.now_ns() < end:
-        t = clock.done_ns(device)
-        for _ in range(inner):
-            fn()
-        best = min(best, (clock.done_ns(device) - t) / 1e9 / inner)
-        reps += 1
-        if reps >= 200:
-            break
-    return best, reps
-
-
 def llc_bytes() -> int | None:
     """The last-level cache's size from sysfs (the highest cache level cpu0 reports), None if unknown."""
     best = None
@@ -329,90 +314,11 @@ def llc_bytes() -> int | None:
     return best[1] if best else None
 
 
-def _inner(device: torch.device) -> int:
-    """Calls per timed repeat: 10 on CUDA (a 1 GiB read takes well under a millisecond there), 1 on CPU."""
-    return 10 if device.type == "cuda" else 1
-
-
 def buffer_mib(device: torch.device | str = "cpu") -> int:
     """The size of each bandwidth buffer, MiB: far past the last-level cache (the one definition)."""
     if torch.device(device).type == "cuda":
         return 1024
     return max(256, 8 * (llc_bytes() or 0) // 2**20)
-
-
-class ReadProbe:
-    """GB/s of the fastest reader we have over one buffer: bytes read per second, all threads. `torch.sum(buf)`
-    everywhere; on CPU where our kernels are built (whatever their switch says: this measures the machine), also
-    our fp32 one-row product over the same buffer seen as its panels (engine/kernels/cpu_gemm.py `fp32_mm`, the
-    reader of an fp32 decode step, which asks for its lines ahead). The limit is the faster: on an Intel Xeon
-    torch.sum read below what an fp32 step streamed, so every such step read "above the limit" (docs/roofline.md,
-    "Why two readers"; `python -m engine.bench limits --force` prints each reader's best)."""
-
-    K = 2048  # the buffer as panels [rows, K, 16]: one-row products over 2,048 inputs (a MiB holds 8 such panels)
-
-    def __init__(self, device: torch.device, mib: int | None = None):
-        self.device, mib = device, mib or buffer_mib(device)
-        self.buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
-        self.readers = {"torch.sum(buf)": lambda: torch.sum(self.buf)}
-        if device.type == "cpu":
-            from engine.kernels import cpu_gemm
-
-            if cpu_gemm.built_reason() is None:
-                panels, x = self.buf.view(-1, self.K, cpu_gemm.PANEL), torch.ones(1, self.K)
-                n = panels.shape[0] * cpu_gemm.PANEL
-                self.readers["fp32_mm(buf as panels)"] = lambda: cpu_gemm.fp32_mm(x, panels, n)
-        self.best = {name: 0.0 for name in self.readers}  # each reader's best GB/s over the rounds
-        self.info = {"buffer_mib": mib, "op": " | ".join(self.readers), "readers_gbps": self.best}
-
-    def round(self, budget_s: float) -> float:
-        """This round's rate: the faster reader's (each reader's best over the rounds kept in `info`)."""
-        rates = {}
-        for name, fn in self.readers.items():
-            best, _ = _best_of(fn, self.device, budget_s / len(self.readers), inner=_inner(self.device))
-            rates[name] = self.buf.numel() * 4 / best / 1e9
-            self.best[name] = round(max(self.best[name], rates[name]), 2)
-        return max(rates.values())
-
-
-class CopyProbe:
-    """GB/s of `dst.copy_(src)`: bytes read + written per second."""
-
-    def __init__(self, device: torch.device, mib: int | None = None):
-        self.device, mib = device, mib or buffer_mib(device)
-        self.src = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
-        self.dst = torch.empty_like(self.src)
-        self.info = {"buffer_mib": mib, "op": "dst.copy_(src)"}
-
-    def round(self, budget_s: float) -> float:
-        best, _ = _best_of(lambda: self.dst.copy_(self.src), self.device, budget_s, inner=_inner(self.device))
-        return 2 * self.src.numel() * 4 / best / 1e9
-
-
-class MatmulProbe:
-    """TFLOP/s of `torch.mm` on square matrices of `dtype` (2·N³ FLOP per product); N doubled from
-    256 until one product takes ≥ 20 ms (after a warm-up product of that size)."""
-
-    def __init__(self, device: torch.device, dtype: torch.dtype, max_n: int | None = None):
-        self.device = device
-        max_n = max_n or (8192 if device.type == "cuda" else 2048)
-        self.mm = torch._int_mm if dtype == torch.int8 else torch.mm  # int8: int32 products, CPU and CUDA
-        n = 256
-        while True:
-            self.a, self.b = (torch.randint(-127, 128, (n, n), device=device, dtype=dtype) if dtype == torch.int8
-                              else torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-            self.mm(self.a, self.b)  # warm-up: the first product of a size pays for thread start and packing
-            t = clock.done_ns(device)
-            self.mm(self.a, self.b)
-            if clock.done_ns(device) - t >= 0.02e9 or n >= max_n:
-                break
-            n *= 2
-        self.n = n
-        self.info = {"n": n, "op": f"torch.{self.mm.__name__} {n}x{n} {dtype}"}
-
-    def round(self, budget_s: float) -> float:
-        best, _ = _best_of(lambda: self.mm(self.a, self.b), self.device, budget_s)
-        return 2 * self.n**3 / best / 1e12
 
 
 def probe_dtypes(loaded_dtype: str, device: torch.device | str = "cpu") -> tuple[str, ...]:
