@@ -26,11 +26,11 @@ def _pct(v):
 def _share(v: dict) -> str:
     """A bandwidth bench row's share of the read bandwidth, as the bench prints it: never above 100%; a step
     from the last-level cache, or above a stale limit, says so instead (engine/measure/machine_limits.py)."""
-    from engine.measure.machine_limits import over_limit
+    from engine.measure.machine_limits import STALE_NOTE, over_limit
 
     fraction = v.get("fraction_of_read")
     if v.get("limit_stale") or (over_limit(fraction) and not v.get("from_cache")):
-        return "above the measured limit: limit stale"
+        return STALE_NOTE
     return "from the last-level cache" if over_limit(fraction) else _pct(fraction)
 
 
@@ -255,10 +255,10 @@ def plots(report: dict) -> dict[str, str]:
         r = s.get("result") or {}
         if s["name"].startswith("bandwidth") and r.get("variants"):
             names = list(r["variants"])
+            shares = [_share(r["variants"][k]) for k in names]
             svg = bars_svg(f"decode per weights variant ({s['name']})", names,
                            {"tok/s": [r["variants"][k].get("tok_s") for k in names]}, "tok/s",
-                           [_share(r["variants"][k]) + (" of read bandwidth" if _share(r["variants"][k]).endswith("%")
-                                                         else "") for k in names])
+                           [share + " of read bandwidth" if share.endswith("%") else share for share in shares])
         elif s["name"] == "batching" and r.get("comparison"):
             rows, (a, b) = r["comparison"], r["max_batches"][:2]
             svg = bars_svg("continuous batching: output tok/s", [f"{x['clients']} clients" for x in rows],

@@ -142,15 +142,16 @@ def fraction_text(fraction: float | None, step_bytes: float | None = None) -> st
     if fraction is None:
         return "—"
     if over_limit(fraction):
-        return CACHE_NOTE if cache_resident(step_bytes) else "above the measured limit: limit stale"
+        return CACHE_NOTE if cache_resident(step_bytes) else STALE_NOTE
     return f"{fraction:.0%}"
 
 
 CACHE_NOTE = "above the memory's read bandwidth: the step's bytes fit in the last-level cache"
+STALE_NOTE = "above the measured limit: limit stale"  # what is shown in place of a share above a stale limit
 
 
 def stale_note(limits: MachineLimits, what: list[str]) -> str:
-    return (f"above the measured limit: limit stale ({_limits_words(limits, what)}, probed {limits.date} while the "
+    return (f"{STALE_NOTE} ({_limits_words(limits, what)}, probed {limits.date} while the "
             "machine was likely busy); re-measured at the next quiet moment")
 
 
