@@ -145,10 +145,10 @@ def _register_fakes() -> None:
 
 
 def _self_check() -> None:
-    """Both kernels against the dequantized fp32 product, at row counts inside and across the 4-row
-    blocks: a miscompiled or
-    misdispatched kernel must not serve (tolerances: int8 exact up to summation order; 4-bit within
-    its int16 activation rounding)."""
+    """The kernels against the dequantized fp32 product (the panels: over fp32 and bf16 weights, and the AVX-512
+    form against the AVX2 one), at row counts inside and across the 4-row blocks: a miscompiled or
+    misdispatched kernel must not serve (tolerances: int8 and the panels exact up to summation order; 4-bit
+    within its int16 activation rounding)."""
     gen = torch.Generator().manual_seed(0)
     n, k = 72, 96  # not multiples of the row split, two int4 group pairs and a tail group
     w = torch.randn(n, k, generator=gen)
@@ -158,20 +158,17 @@ def _self_check() -> None:
     packed, s16, o16 = pack_int4(q4, scale, zero)
     scale, zero = s16.float(), o16.float() + 8 * s16.float()  # what the kernel holds
     w4 = (q4.float() - 8) * scale.repeat_interleave(GROUP, 1) + zero.repeat_interleave(GROUP, 1)
+    panel_weights = {"fp32": w, "bf16-weight": w.bfloat16()}
+    panels = {what: fp32_panels(weight) for what, weight in panel_weights.items()}  # built once, read at every m
     for m in (1, 2, 3, 4, 5, 8, 9):
         x = torch.randn(m, k, generator=gen)
         _close(int8_gemv(x, q8, s8), x @ (q8.float() * s8[:, None]).T, 1e-5, "int8")
-        panels = fp32_panels(w)
-        got = fp32_mm(x, panels, n)
-        _close(got, x @ w.T, 1e-5, "fp32")
-        if _wide and not torch.equal(torch.ops.latency_lab_gemv.fp32_mm(x, panels, n, False), got):
-            raise RuntimeError(f"fp32 kernel: AVX-512 and AVX2 differ at {m} rows")
         _close(int4_gemv(x, packed, s16, o16), x @ w4.T, 1e-3, "4-bit")
-        wb = w.bfloat16()
-        got = fp32_mm(x, fp32_panels(wb), n)
-        _close(got, x @ wb.float().T, 1e-5, "bf16-weight")
-        if _wide and not torch.equal(torch.ops.latency_lab_gemv.fp32_mm(x, fp32_panels(wb), n, False), got):
-            raise RuntimeError(f"bf16-weight kernel: AVX-512 and AVX2 differ at {m} rows")
+        for what, weight in panel_weights.items():
+            got = fp32_mm(x, panels[what], n)
+            _close(got, x @ weight.float().T, 1e-5, what)
+            if _wide and not torch.equal(torch.ops.latency_lab_gemv.fp32_mm(x, panels[what], n, False), got):
+                raise RuntimeError(f"{what} kernel: AVX-512 and AVX2 differ at {m} rows")
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
