@@ -245,8 +245,8 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, offset
     return torch.ops.latency_lab_gemv.int4_gemv(x, packed, scale, offset, GROUP)
 
 
-# --- our fp32 kernel on a model's Linears (the catalogue, cpu_layers, the compiled step) ---
-def plain_fp32_cpu(linear: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
+# --- our panel kernel on a model's Linears (the catalogue, cpu_layers, the compiled step) ---
+def plain_cpu(linear: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
     """A plain (not quantized) Linear with a contiguous CPU weight of `dtype` (fp32; bf16: the panels of its
     bf16 weights): what our panel kernel takes. Tensor properties only, so the compiled step can ask it
     while tracing."""

@@ -22,7 +22,7 @@ import torch
 
 from engine.core.config import KV_CACHE_DTYPES
 from engine.kernels import cpu_gemm, cpu_qdot, switches
-from engine.kernels.cpu_gemm import panels, plain_fp32_cpu
+from engine.kernels.cpu_gemm import panels, plain_cpu
 
 NAME = "one C++ call a forward (engine/kernels/cpu_layers.py)"
 KV_KINDS = KV_CACHE_DTYPES  # the cache precisions it stores and reads (KVCache.kind): every one (Plan.loop_kv)
@@ -51,7 +51,7 @@ def _kind(lin, form: str | None) -> tuple[int, int] | None:
     None where it cannot. The w8a layers are known by their attributes (engine/quant/w8a.py: int8_activations,
     KIND and WEIGHTS, declared there once; quant is above);
     `form` is the plan's for them (Plan.w8a_form; None: the torch reference, which the loop does not run)."""
-    if plain_fp32_cpu(lin):
+    if plain_cpu(lin):
         return 0, 0
     if not getattr(lin, "int8_activations", False) or form is None:
         return None
@@ -91,7 +91,7 @@ def layer_weights(model, form: str | None, head_norm: bool = False, hardware_str
         mods = blk._modules
         lins = (mods["qkv"], mods["o"], mods["gate_up"], mods["down"])
         if kind == 0:
-            if not all(plain_fp32_cpu(lin) for lin in lins):
+            if not all(plain_cpu(lin) for lin in lins):
                 return None
             tensors, bias = [[panels(lin)] for lin in lins], [lin._parameters["bias"] for lin in lins]
         else:  # every one a w8a layer of the first one's class

@@ -54,7 +54,7 @@ from torch import nn
 from engine.core.config import KV_CACHE_DTYPES
 from engine.kernels import catalogue, cpu_attention, cpu_gemm, cpu_layers, cpu_qdot
 from engine.kernels.catalogue import Kernel
-from engine.kernels.cpu_gemm import plain_fp32_cpu
+from engine.kernels.cpu_gemm import plain_cpu
 from engine.model.loaded import DTYPE_NAMES
 from engine.platform import capabilities, decisions
 from engine.quant.weight_only import INT8_CUDA_CAVEAT, Int8WeightOnlyLinear, WeightOnlyLinear
@@ -91,8 +91,8 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
              "lm_head": [model.lm_head]}
     mods = [m for ms in roles.values() for m in ms]
     measurable = dev == "cpu" and model.device.type == "cpu"  # nothing is timed on meta, nor for another device
-    ours_builds = dev == "cpu" and any(plain_fp32_cpu(m) or plain_fp32_cpu(m, torch.bfloat16) for m in mods) and \
-        cpu_gemm.available()
+    ours_builds = (dev == "cpu" and any(plain_cpu(m, d) for m in mods for d in (torch.float32, torch.bfloat16))
+                   and cpu_gemm.available())
     made: list[Decision] = []
 
     def table(one: str | None, wo: str | None) -> dict[str, LinearPlan]:
@@ -211,7 +211,7 @@ def _linear_plan(m, dev, caps, one_row, wo, ours_builds, form: str | None = None
         return LinearPlan(((ALL, Kernel.ATEN),))
     dtype = m.weight.dtype
     if dtype == torch.float32:
-        if one_row == "ours" and ours_builds and plain_fp32_cpu(m):
+        if one_row == "ours" and ours_builds and plain_cpu(m):
             return LinearPlan(((OURS_ROWS, Kernel.OURS_FP32), (ALL, Kernel.ATEN)), exact=True)
         if not caps.packed_fp32_weights:
             return LinearPlan(((ALL, Kernel.ATEN),), exact=True)
@@ -219,7 +219,7 @@ def _linear_plan(m, dev, caps, one_row, wo, ours_builds, form: str | None = None
             return LinearPlan(((PACKED_FP32_MAX, Kernel.ONEDNN_PACKED), (ALL, Kernel.ATEN)), exact=True)
         return LinearPlan(((1, Kernel.ATEN), (PACKED_FP32_MAX, Kernel.ONEDNN_PACKED), (ALL, Kernel.ATEN)), exact=True)
     if dtype == torch.bfloat16:
-        if ours_builds and plain_fp32_cpu(m, torch.bfloat16):
+        if ours_builds and plain_cpu(m, torch.bfloat16):
             first = Kernel.OURS_BF16
         else:
             first = Kernel.ATEN_NO_ONEDNN if torch.backends.mkldnn.is_available() else Kernel.ATEN
