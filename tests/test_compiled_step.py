@@ -129,6 +129,21 @@ def test_a_bf16_model_whose_every_linear_is_weight_only_compiles(tiny_model_dir)
 
 
 @needs_compiler
+def test_bf16wo_compiles_its_panel_products_and_picks_the_eager_tokens(tiny):
+    """bf16wo's products are our panel op over bf16 panels (an opaque call in the graph, as fp32's are):
+    the compiled step serves it and picks the eager step's tokens."""
+    from engine.serving.variants import build
+
+    variant, runner = build(tiny, "bf16wo+head")
+    assert runner.plan.compiled_reason is None
+    runner.prepare("compiled", variant.tokenizer)
+    assert runner.compiled_info()["top1_agreement"] == 1.0
+    eager = run(variant, ask("hi"), runner=runner, temperature=0.0, max_new_tokens=8)
+    compiled = run(variant, ask("hi"), runner=runner, temperature=0.0, max_new_tokens=8, compiled_decode=True)
+    assert compiled.timeline.counters.decode_step == "compiled" and compiled.token_ids == eager.token_ids
+
+
+@needs_compiler
 def test_a_grown_cache_keeps_the_graph_and_the_tokens(tiny):
     """The cache's capacity is dynamic in the graph: a cache that grows mid-reply (reallocated)
     keeps the compiled step and gives the tokens of the eager step."""

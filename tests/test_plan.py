@@ -14,7 +14,7 @@ import torch
 from engine.kernels import cpu_attention, cpu_gemm
 from engine.kernels.catalogue import Kernel
 from engine.platform import capabilities, decisions
-from engine.quant.quantize import INT8_ACTIVATIONS, METHODS, WEIGHT_ONLY, split_name
+from engine.quant.quantize import FP32_ACTIVATIONS, INT8_ACTIVATIONS, METHODS, WEIGHT_ONLY, split_name
 from engine.runtime.plan import EVERY_ROW_FORMS, ROLES, make_plan
 from engine.serving.variants import build, precheck
 
@@ -83,6 +83,13 @@ def test_every_weights_variant_has_a_plan_on_this_cpu(built, name):
         assert all(plan.linears[r].kernel(n) is long for r in ROLES[:4] for n in (300, 5000))
         assert plan.describe()["cpp_rows"] == (None if plan.layer_loop == "cpp" and every else plan.cpp_rows)
         assert plan.decision("w8a kernel form") is not None and plan.weight_only_text.startswith("int8 activations")
+    elif method in FP32_ACTIVATIONS:  # bf16wo: our panels over its bf16 weights, fp32 rows, in the C++ loop
+        one = Kernel.OURS_BF16W if ours else Kernel.ATEN
+        assert all(plan.linears[r].kernel(1) is one for r in ROLES[:4]) and plan.layer_loop == ("cpp" if ours else "python")
+        assert all(plan.linears[r].kernel(300) is Kernel.ATEN for r in ROLES)  # past 256 rows: widened into MKL
+        assert (plan.linears["lm_head"].kernel(1) is one) == (head is not None)
+        why = plan.step_modes["inductor"]  # no layer of it the compiled step refuses: a missing compiler at most
+        assert why is None or "C++ compiler" in why
     elif method in WEIGHT_ONLY:
         chosen = plan.decision("weight-only kernels")
         want = Kernel.WO_OURS if chosen is not None and chosen.choice == "ours" else Kernel.WO_TORCH

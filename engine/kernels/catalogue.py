@@ -40,6 +40,8 @@ class Kernel(enum.Enum):
     OURS_FP32 = ("ours-fp32", "our fp32 panel kernel (engine/kernels/cpu_gemm.py)", True)
     OURS_BF16 = ("ours-bf16", "our panel kernel over a bf16 Linear's weights: widened exactly, fp32 sums, "
                               "rounded to bf16 once (engine/kernels/cpu_gemm.py)", True)
+    OURS_BF16W = ("ours-bf16w", "our panel kernel over bf16 weights for fp32 activations (bf16wo): widened "
+                                "exactly, fp32 sums and outputs (engine/kernels/cpu_gemm.py)", True)
     ONEDNN_PACKED = ("onednn-packed", "oneDNN over a pre-packed weight copy", True)
     ATEN = ("aten", "ATen's plain matmul (F.linear: MKL for fp32 on CPU)", False)
     ATEN_NO_ONEDNN = ("aten-no-onednn", "ATen's own bf16 GEMV, oneDNN bypassed", False)
@@ -59,9 +61,12 @@ class Kernel(enum.Enum):
         return "int8" if self is Kernel.WO_INT8ACT else None
 
 
+OURS_PANELS = (Kernel.OURS_FP32, Kernel.OURS_BF16, Kernel.OURS_BF16W)  # our panel kernel (cpu_gemm.ours), any weights
+
+
 def run(kernel: Kernel, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """linear(x) through `kernel`."""
-    if kernel in (Kernel.OURS_FP32, Kernel.OURS_BF16):
+    if kernel in OURS_PANELS:
         return ours(linear, x)
     if kernel is Kernel.ONEDNN_PACKED:
         packed = packed_weight(linear)
@@ -83,7 +88,7 @@ def run(kernel: Kernel, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def prepare(kernel: Kernel, linear: nn.Module) -> None:
     """Make the weight copy `kernel` reads for `linear` now, not inside a request's first step."""
-    if kernel in (Kernel.OURS_FP32, Kernel.OURS_BF16):
+    if kernel in OURS_PANELS:
         cpu_gemm.panels(linear)
     elif kernel is Kernel.ONEDNN_PACKED:
         packed_weight(linear)

@@ -254,6 +254,17 @@ def plain_cpu(linear: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
     return type(linear) is nn.Linear and w.dtype == dtype and w.device.type == "cpu" and w.is_contiguous()
 
 
+def fp32_rows(linear: nn.Module) -> bool:
+    """Whether our panel kernel takes `linear`'s fp32 rows to fp32 outputs: a plain fp32 Linear (fp32 panels), or
+    a layer that keeps bf16 weights for fp32 products (engine/quant/bf16_weights.py, known by `bf16_weights`:
+    bf16 panels, widened exactly). What the C++ layer loop's fp32 projections are."""
+    if plain_cpu(linear):
+        return True
+    w = getattr(linear, "weight", None)
+    return (getattr(linear, "bf16_weights", False) and w.dtype == torch.bfloat16 and w.device.type == "cpu"
+            and w.is_contiguous())
+
+
 class _Panels:
     """Our fp32 kernel's copy of one Linear's weight (fp32_panels), kept on the module, where
     the compiled step's tracing can read it. Not deep-copied: a variant copied from the model makes
@@ -287,7 +298,8 @@ def panels(linear: nn.Linear) -> torch.Tensor:
 
 def ours(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """linear(x) through our panel kernel: the same bits for a row in any batch. A bf16 Linear: its bf16
-    activations widened to fp32, the fp32 sums (and bias) rounded to bf16 once, as a bf16 matmul does."""
+    activations widened to fp32, the fp32 sums (and bias) rounded to bf16 once, as a bf16 matmul does. A layer
+    with bf16 weights for fp32 products (`fp32_rows`): fp32 in, fp32 out."""
     y = fp32_mm(x.reshape(-1, x.shape[-1]).float().contiguous(), panels(linear), linear.out_features)
     if linear.bias is not None:
         y = y + linear.bias.float()

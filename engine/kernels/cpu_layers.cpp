@@ -11,8 +11,8 @@
 // released once for the whole forward.
 //
 // weights: per layer, the attention norm weight, q/k/v's weights, o's, the MLP norm weight, gate/up's,
-// down's; a projection's weights are `kind`'s: 0, fp32 panels (engine/kernels/cpu_gemm.py:
-// fp32_panels); 1, int8 weights and fp32 scales; 2, 4-bit groups with their fp16 scales and offsets (the w8a
+// down's; a projection's weights are `kind`'s: 0, panels for fp32 rows (engine/kernels/cpu_gemm.py fp32_panels: of
+// fp32 weights, or of bf16wo's bf16 ones, widened exactly in fp32_mm); 1, int8 weights and fp32 scales; 2, 4-bit groups with their fp16 scales and offsets (the w8a
 // layers of engine/quant/w8a.py, through cpu_fused.cpp's projections in form `isa`). biases: per layer 4 (q/k/v, o,
 // gate/up, down), undefined where none. outs: the 4 projections' output sizes. Sequence b brings
 // lengths[b] rows from row offsets[b], at positions from starts[b]; `decode` lists the sequences
@@ -74,7 +74,7 @@ struct Layers {
       : weights(std::move(w)), biases(std::move(b)), outs(std::move(o)), eps(e), scale(sc), H(h), KV(kv), D(d),
         q_size(q), kv_size(kvs), kind(k), isa(i), wide(wd), embed(std::move(emb)), head_norm(std::move(hn)),
         head_bias(std::move(hb)), head(std::move(hd)), head_eps(he), head_kind(hk), head_isa(hi) {
-    TORCH_CHECK(kind >= 0 && kind <= 2, "Layers: kind 0 (fp32 panels), 1 (int8w8a) or 2 (int4w8a)");
+    TORCH_CHECK(kind >= 0 && kind <= 2, "Layers: kind 0 (fp32 or bf16 panels), 1 (int8w8a) or 2 (int4w8a)");
     TORCH_CHECK(head.empty() || (head_norm.has_value() && (head_kind == 1 || head_kind == 2) &&
                                  static_cast<int64_t>(head.size()) == Kind{head_kind, head_isa, wide}.tensors()),
                 "Layers: a head is a w8a layer's weights (kind 1: int8 and scales; 2: 4-bit groups) and its norm");
@@ -105,7 +105,7 @@ at::Tensor embedded(const at::Tensor& table, const at::Tensor& ids) {
   return x;
 }
 
-// cpu_gemm.ours (fp32 panels): x [R, K] -> [R, n]
+// cpu_gemm.ours (fp32 or bf16 panels, fp32 rows): x [R, K] -> [R, n]
 at::Tensor mm(const at::Tensor& x, const at::Tensor* w, int64_t n, const std::optional<at::Tensor>& bias, Kind k) {
   static auto fp32 = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("latency_lab_gemv::fp32_mm", "")

@@ -9,8 +9,9 @@ bandwidth --python-loop` alone; figures: docs/batching.md). The C++ loop calls t
 and our kernels on the same tensors in the same order, so it gives the same bits (tested against
 the Python loop), and lets go of the lock once a forward.
 
-Where: where our kernels build (engine/kernels/cpu_gemm.py) and every projection of the model is a plain
-fp32 Linear they serve, or a w8a layer of one kind (engine/quant/w8a.py: int8w8a or int4w8a) told one
+Where: where our kernels build (engine/kernels/cpu_gemm.py) and every projection of the model takes fp32 rows
+on our panel kernel (a plain fp32 Linear, or a bf16wo layer's bf16 weights: cpu_gemm.fp32_rows), or is a w8a
+layer of one kind (engine/quant/w8a.py: int8w8a or int4w8a) told one
 form of our integer kernels (engine/kernels/cpu_qdot.py), and the execution plan (engine/runtime/plan.py)
 sends every row to those kernels; else the Python loop runs. Its switch (engine/kernels/switches.py, `LATENCY_LAB_LAYERS=off`)
 forces the Python loop; `switches.forced_off("layers")` does for a block of code.
@@ -22,7 +23,7 @@ import torch
 
 from engine.core.config import KV_CACHE_DTYPES
 from engine.kernels import cpu_gemm, cpu_qdot, switches
-from engine.kernels.cpu_gemm import panels, plain_cpu
+from engine.kernels.cpu_gemm import fp32_rows, panels
 
 NAME = "one C++ call a forward (engine/kernels/cpu_layers.py)"
 KV_KINDS = KV_CACHE_DTYPES  # the cache precisions it stores and reads (KVCache.kind): every one (Plan.loop_kv)
@@ -47,11 +48,12 @@ def _projections(blk) -> tuple:
 
 
 def _kind(lin, form: str | None) -> tuple[int, int] | None:
-    """(kind, form code) of a projection the loop runs (cpu_layers.cpp: 0 fp32 panels, 1 int8w8a, 2 int4w8a),
+    """(kind, form code) of a projection the loop runs (cpu_layers.cpp: 0 panels for fp32 rows: fp32 weights, or
+    bf16 ones (cpu_gemm.fp32_rows); 1 int8w8a, 2 int4w8a),
     None where it cannot. The w8a layers are known by their attributes (engine/quant/w8a.py: int8_activations,
     KIND and WEIGHTS, declared there once; quant is above);
     `form` is the plan's for them (Plan.w8a_form; None: the torch reference, which the loop does not run)."""
-    if plain_cpu(lin):
+    if fp32_rows(lin):
         return 0, 0
     if not getattr(lin, "int8_activations", False) or form is None:
         return None
@@ -91,7 +93,7 @@ def layer_weights(model, form: str | None, head_norm: bool = False, hardware_str
         mods = blk._modules
         lins = (mods["qkv"], mods["o"], mods["gate_up"], mods["down"])
         if kind == 0:
-            if not all(plain_cpu(lin) for lin in lins):
+            if not all(fp32_rows(lin) for lin in lins):
                 return None
             tensors, bias = [[panels(lin)] for lin in lins], [lin._parameters["bias"] for lin in lins]
         else:  # every one a w8a layer of the first one's class

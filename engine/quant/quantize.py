@@ -14,6 +14,8 @@ Methods (`METHODS`):
   int8wo+head, int4wo+head   the same, with `lm_head` quantized too (see below)
   int4wo+head8   int4wo blocks, `lm_head` in int8wo: SmolLM2's blocks survive 4 bits (its GGUF
                  is already 4-bit), its lm_head (8-bit in the GGUF) does not
+  bf16wo, bf16wo+head   bf16 weights with fp32 activations, sums, norms and KV (engine/quant/bf16_weights.py):
+          half of fp32's bytes, the weights' rounding the only error; CPU only, over an fp32 load
   int8w8a, int4w8a, int8w8a+head, int4w8a+head8 (lm_head int8w8a)   int8wo's / int4wo's weights with the
           activations quantized to int8 per block of 32 in every product: integer dot products
           (engine/quant/w8a.py, engine/kernels/cpu_qdot.py), CPU only; other bits than the wo variants,
@@ -54,6 +56,7 @@ from engine.core.errors import InvalidRequest, LoadError
 from engine.model.loaded import DTYPE_NAMES, LoadedModel, first_line
 from engine.platform import capabilities
 from engine.quant import bnb, w8a
+from engine.quant.bf16_weights import Bf16WeightLinear
 from engine.quant.weight_only import (
     INT8_CUDA_CAVEAT,
     Int4WeightOnlyLinear,
@@ -71,6 +74,10 @@ QUANTIZED = {
     "int4wo": "4-bit weights, scale+zero per group of 32 (torch._weight_int4pack_mm), activations in its fast dtype",
     "int4wo+head": "int4wo with lm_head quantized too (its own 4-bit copy; the embedding stays)",
     "int4wo+head8": "int4wo with lm_head in int8 (int8wo's kernel): most of +head's speed, little of its error",
+    # bf16 weights, fp32 everything else (engine/quant/bf16_weights.py): not the `bf16` cast, hence its own name
+    "bf16wo": "bf16 weights, fp32 activations and sums: half of fp32's bytes a decode step, on our fp32 panel "
+              "kernel and the C++ layer loop (CPU)",
+    "bf16wo+head": "bf16wo with lm_head in bf16 too (its own copy; the embedding stays fp32)",
     # int8 activations: the products quantize x per block of 32 (engine/quant/w8a.py), so the bits change: the name says so
     "int8w8a": "int8wo's weights, activations quantized to int8 per block of 32: integer dot products (CPU)",
     "int8w8a+head": "int8w8a with lm_head quantized too (its own int8 copy; the embedding stays)",
@@ -82,6 +89,7 @@ QUANTIZED = {
 HEAD_SUFFIXES = {"head": None, "head8": "int8wo"}
 WEIGHT_ONLY = ("int8wo", "int4wo")  # torch's own kernels (below)
 INT8_ACTIVATIONS = ("int8w8a", "int4w8a")  # our integer dot-product kernels (engine/quant/w8a.py), CPU only
+FP32_ACTIVATIONS = ("bf16wo",)  # narrower weights for an fp32 model's products (engine/quant/bf16_weights.py), CPU only
 METHODS = {**{name: f"unquantized {name}" for name in DTYPE_NAMES}, **QUANTIZED}
 # Variants once offered, now refused with what to pick instead (a saved config or an old client may still
 # name one). int4w8a+head: its 4-bit lm_head with int8 activations missed issue 41's quality bound (top-1
@@ -124,6 +132,8 @@ def build_variant(base: LoadedModel, name: str, activations: Mapping[str, torch.
             raise ValueError(f"{m}: its activation dtype is the plan's decision, and none was given")
     if method in INT8_ACTIVATIONS:  # (a +head8 head is int8w8a too: the same check)
         _check_w8a(base, head is not None)
+    if method in FP32_ACTIVATIONS:
+        _check_fp32_activations(method, base)
     extra = f" (here: {dtype_name(activations[method])})" if method in WEIGHT_ONLY else ""
     try:
         model = _cast(base, DTYPE_NAMES[method]) if method in DTYPE_NAMES else _quantized(base, method, head,
@@ -165,6 +175,8 @@ def precheck(base: LoadedModel, name: str) -> str | None:
                 check_weight_only(m, base, m == head)
         elif method in INT8_ACTIVATIONS:  # (a +head8 head is int8w8a too: the same check)
             _check_w8a(base, head is not None)
+        elif method in FP32_ACTIVATIONS:
+            _check_fp32_activations(method, base)
         else:
             bnb.check(method, base, quantizable_linears(base.model))
     except LoadError as exc:
@@ -195,11 +207,12 @@ def _cast(base: LoadedModel, dtype: torch.dtype) -> nn.Module:
 
 _BNB = {"int8": bnb.int8_linear, "nf4": bnb.four_bit_linear, "fp4": bnb.four_bit_linear}
 _WEIGHT_ONLY = {"int8wo": Int8WeightOnlyLinear.from_linear, "int4wo": Int4WeightOnlyLinear.from_linear}
-_W8A = {"int8w8a": w8a.Int8W8ALinear.from_linear, "int4w8a": w8a.Int4W8ALinear.from_linear}
+_FROM_LINEAR = {"int8w8a": w8a.Int8W8ALinear.from_linear, "int4w8a": w8a.Int4W8ALinear.from_linear,
+        "bf16wo": Bf16WeightLinear.from_linear}  # the layers that need no more than the linear
 
 
 def _quantized(base: LoadedModel, name: str, head: str | None, activations: Mapping[str, torch.dtype]) -> nn.Module:
-    if name not in WEIGHT_ONLY + INT8_ACTIVATIONS:
+    if name not in WEIGHT_ONLY + INT8_ACTIVATIONS + FP32_ACTIVATIONS:
         bnb.check(name, base, quantizable_linears(base.model))
     # New module objects that share every tensor with the base; the linears are then replaced.
     src = base.model
@@ -208,8 +221,8 @@ def _quantized(base: LoadedModel, name: str, head: str | None, activations: Mapp
         method = head if attr == "lm_head" else name
         if method in _WEIGHT_ONLY:
             layer = _WEIGHT_ONLY[method](linear, compute_dtype=activations[method])
-        elif method in _W8A:
-            layer = _W8A[method](linear)
+        elif method in _FROM_LINEAR:
+            layer = _FROM_LINEAR[method](linear)
         else:
             layer = _BNB[method](linear, name=method, device=base.device, dtype=base.dtype)
         setattr(parent, attr, layer)
@@ -239,6 +252,16 @@ def _check_w8a(base: LoadedModel, include_lm_head: bool) -> None:
     """Refuse, before building, an int8-activation variant this device or these layer shapes cannot run."""
     w8a.check(base.device, [(lin.in_features, lin.out_features)
                             for _, _, lin in quantizable_linears(base.model, include_lm_head=include_lm_head)])
+
+
+def _check_fp32_activations(method: str, base: LoadedModel) -> None:
+    """Refuse, before building, bf16wo where it cannot mean what it says: off the CPU, or over a model whose
+    activations are not fp32 (a bf16 load's weights are bf16 already)."""
+    if base.device.type != "cpu":
+        raise LoadError(f"quantization {method!r} runs on CPU (our panel kernel); on {base.device.type} pick bf16")
+    if base.dtype != torch.float32:
+        raise LoadError(f"quantization {method!r} keeps fp32 activations over bf16 weights; the engine loaded "
+                        f"{dtype_name(base.dtype)}, so start it with --dtype fp32 (or compare the bf16 cast)")
 
 
 def weight_only_shapes(method: str, base: LoadedModel, include_lm_head: bool) -> tuple[tuple[int, int], ...]:

@@ -26,6 +26,9 @@ The table (kernels: engine/kernels/catalogue.py), by the projection's kind:
 - fp32 CPU Linear: `OURS_FP32` for up to OURS_ROWS rows where the fp32 one-row decision is 'ours' (by
   rule where our kernel builds); else `ONEDNN_PACKED` for 2..PACKED_FP32_MAX rows (1 row too where the
   one-row decision is 'packed'), where oneDNN packs fp32; else `ATEN` (MKL);
+- bf16wo (engine/quant/bf16_weights.py: bf16 weights, fp32 activations): `OURS_BF16W` for up to OURS_ROWS rows
+  where our kernel builds (by rule: the fp32 kernel's own code and order over half the bytes), past them and
+  elsewhere its own forward (`ATEN`: the weights widened, then MKL);
 - bf16 CPU Linear: for 1-2 rows `OURS_BF16` where our kernel builds (by rule: the panels of its bf16 weights
   stream at fp32's speed a byte, where ATen's GEMV and oneDNN read them far slower: `python -m engine.bench
   dtypes`), else `ATEN_NO_ONEDNN` (oneDNN's bf16 GEMM is slow for a row or two); `ONEDNN_PACKED` from 3 rows
@@ -54,7 +57,7 @@ from torch import nn
 from engine.core.config import KV_CACHE_DTYPES
 from engine.kernels import catalogue, cpu_attention, cpu_gemm, cpu_layers, cpu_qdot
 from engine.kernels.catalogue import Kernel
-from engine.kernels.cpu_gemm import plain_cpu
+from engine.kernels.cpu_gemm import fp32_rows, plain_cpu
 from engine.model.loaded import DTYPE_NAMES
 from engine.platform import capabilities, decisions
 from engine.quant.weight_only import INT8_CUDA_CAVEAT, Int8WeightOnlyLinear, WeightOnlyLinear
@@ -91,7 +94,7 @@ def make_plan(model, device=None, caps=None, cache_dir=None, weights: str | None
              "lm_head": [model.lm_head]}
     mods = [m for ms in roles.values() for m in ms]
     measurable = dev == "cpu" and model.device.type == "cpu"  # nothing is timed on meta, nor for another device
-    ours_builds = (dev == "cpu" and any(plain_cpu(m, d) for m in mods for d in (torch.float32, torch.bfloat16))
+    ours_builds = (dev == "cpu" and any(fp32_rows(m) or plain_cpu(m, torch.bfloat16) for m in mods)
                    and cpu_gemm.available())
     made: list[Decision] = []
 
@@ -172,9 +175,13 @@ def w8a_form(dev: str, caps) -> tuple[str | None, str]:
     return None, cpu_qdot.unavailable_reason() or "the capabilities allow none of " + ", ".join(cpu_qdot.ISAS)
 
 
+LOOP_KERNELS = (Kernel.OURS_FP32, Kernel.OURS_BF16W, Kernel.WO_INT8ACT)  # the one-row kernels the C++ loop calls
+
+
 def _layer_loop_reason(model, dev, linears, form) -> str | None:
     """Why the layers run in Python (None: in one C++ call, for rows up to the first bucket's bound): the
-    loop takes every projection as a plain fp32 Linear on our fp32 kernel, or as a w8a layer of one kind
+    loop takes every projection as fp32 rows on our panel kernel (fp32 weights, or bf16wo's bf16 ones), or as a w8a
+    layer of one kind
     and the plan's form on our integer kernels (cpu_layers.loop_kind)."""
     blocks = [linears[r] for r in ROLES[:4]]
     if dev != "cpu":
@@ -182,9 +189,9 @@ def _layer_loop_reason(model, dev, linears, form) -> str | None:
     if model.dtype != torch.float32:  # its norms, rotary tables and attention run fp32 activations only
         return f"the C++ loop runs fp32 activations; this model's are {DTYPE_NAMES_BY.get(model.dtype, model.dtype)}"
     if cpu_layers.loop_kind(model, form) is None:
-        return ("a projection is not a plain fp32 Linear nor a w8a layer of one form our kernels serve "
-                "(quantized, bf16, GPU)")
-    if any(lp.buckets[0][1] not in (Kernel.OURS_FP32, Kernel.WO_INT8ACT) or lp != blocks[0] for lp in blocks):
+        return ("a projection is not a plain fp32 Linear, a bf16wo layer nor a w8a layer of one form our kernels "
+                "serve (quantized, bf16, GPU)")
+    if any(lp.buckets[0][1] not in LOOP_KERNELS or lp != blocks[0] for lp in blocks):
         return f"the kernel decision sends one-row products to {blocks[0].kernel(1).short}, not our kernel"
     return cpu_layers.shape_reason(model) or cpu_layers.unavailable_reason()
 
@@ -202,6 +209,10 @@ def _linear_plan(m, dev, caps, one_row, wo, ours_builds, form: str | None = None
         if dev != "cpu" or form in EVERY_ROW_FORMS:
             return LinearPlan(((ALL, Kernel.WO_INT8ACT),), exact=True)
         return LinearPlan(((OURS_ROWS, Kernel.WO_INT8ACT), (ALL, Kernel.WO_DEQUANT_FP32)), exact=True)
+    if getattr(m, "bf16_weights", False):  # engine/quant/bf16_weights.py: fp32 rows over bf16 weights
+        if ours_builds and fp32_rows(m):
+            return LinearPlan(((OURS_ROWS, Kernel.OURS_BF16W), (ALL, Kernel.ATEN)), exact=True)
+        return LinearPlan(((ALL, Kernel.ATEN),), exact=True)
     if isinstance(m, WeightOnlyLinear):
         kernel = Kernel.WO_OURS if dev == "cpu" and m.has_ours and wo == "ours" else Kernel.WO_TORCH
         return LinearPlan(((ALL, kernel),))

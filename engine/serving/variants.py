@@ -28,6 +28,8 @@ from torch import nn
 
 from engine.core.errors import LoadError
 from engine.core.info import VariantInfo
+from engine.kernels import cpu_gemm
+from engine.kernels.catalogue import Kernel
 from engine.model.loaded import LoadedModel, weight_bytes
 from engine.platform import capabilities
 from engine.platform.device_memory import device_memory
@@ -199,8 +201,15 @@ class VariantSet:
 
     def _kernel_fallback(self, name: str, plan) -> str | None:
         """Why w8a variant `name` runs the torch reference here rather than our integer kernels (None: it
-        runs them, or it is no w8a variant): the plan's rule, and once built its plan's own form."""
-        if quantize.split_name(name)[0] not in quantize.INT8_ACTIVATIONS:
+        runs them, or it is no w8a variant): the plan's rule, and once built its plan's own form. For bf16wo,
+        why its products widen the weights each time rather than run our panel kernel."""
+        method = quantize.split_name(name)[0]
+        if method in quantize.FP32_ACTIVATIONS:
+            if plan is not None:
+                return None if plan.linears["qkv"].kernel(1) is Kernel.OURS_BF16W else "its plan chose ATen"
+            why = cpu_gemm.unavailable_reason()
+            return f"our panel kernel does not run here ({why}): each product would widen the weights first" if why else None
+        if method not in quantize.INT8_ACTIVATIONS:
             return None
         if plan is not None and plan.w8a_form:
             return None
