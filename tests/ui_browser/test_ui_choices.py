@@ -7,7 +7,7 @@ import time
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from engine.kernels import cpu_qdot
+from engine.kernels import cpu_gemm, cpu_qdot
 from engine.platform import capabilities
 from ui.compare.tab import preset_missing
 from ui.shell.presets import QUANT_VARIANT, load_prompt_sets, teaching_presets
@@ -99,8 +99,10 @@ def test_every_preset_runs_both_panes_and_fills_the_delta_table(page_server, bro
     if not capabilities.detect().cpp_compiler:  # the presets a machine may lack (each says why)
         assert "C++ compiler" in missing["compiled_step"]
     if cpu_qdot.best_form(capabilities.detect()) is None:
-        assert "integer kernels" in missing["quantization"]
-    assert all(p["available"] for n, p in presets.items() if n not in ("compiled_step", "quantization")), missing
+        assert "our kernels" in missing["quantization"]
+    if cpu_gemm.unavailable_reason() is not None:
+        assert "our kernels" in missing["bf16_weights"]
+    assert all(p["available"] for n, p in presets.items() if n not in ("compiled_step", "quantization", "bf16_weights")), missing
     for name in (n for n, p in presets.items() if p["available"]):
         page.evaluate("() => { const d = document.querySelector('#lab-delta'); d.dataset.seen = d.innerHTML; }")
         page.click(f"#lab-preset-{name}")

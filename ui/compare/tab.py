@@ -41,7 +41,7 @@ def preset_missing(preset: dict, info: EngineInfo) -> str | None:
     if not variant.available:
         return f"This preset needs the '{need}' weights variant, which cannot run here: {variant.reason}"
     if variant.kernel_fallback:  # it would run, slowly: the lesson would be the fallback's, not the variant's
-        return (f"This preset needs the integer kernels of '{need}', which cannot run here: {variant.kernel_fallback}. "
+        return (f"This preset needs our kernels for '{need}', which cannot run here: {variant.kernel_fallback}. "
                 f"The variant still runs on the same arithmetic in torch, slower: pick it under Weights to measure it.")
     return None
 

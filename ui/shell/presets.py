@@ -43,6 +43,9 @@ def custom_prompt_set(text: str) -> dict:
 # and `python -m engine.bench peer`). Where its kernels cannot run, the preset says why instead of running
 # (the torch reference would teach that 4-bit weights are slow).
 QUANT_VARIANT = "int4w8a+head8"
+# The weights the bf16-weights preset gives B: the same model with each weight rounded once to bf16 and the math kept
+# fp32 (engine/quant/bf16_weights.py), on our panel kernel; where that kernel cannot run, the preset says why.
+BF16_WEIGHTS_VARIANT = "bf16wo+head"
 
 # Each teaching preset changes one thing between A and B, so the delta table shows one effect.
 TEACHING = {
@@ -106,6 +109,19 @@ TEACHING = {
         "a": {"quantization": "int4wo+head"}, "b": {"quantization": "int4wo+head", "compiled_decode": True},
         "needs_variant": "int4wo+head",
     },
+    "bf16_weights": {
+        "title": f"fp32 weights vs bf16 weights ({BF16_WEIGHTS_VARIANT})",
+        "explain": f"Same prompt: A with the fp32 weights as loaded, B with every weight rounded once to bf16 "
+                   f"({BF16_WEIGHTS_VARIANT}); the activations, sums, norms and KV cache stay fp32. A decode step reads "
+                   "every weight once, so B's step reads about half the bytes: watch B's decode rate (tok/s, TPOT) and "
+                   "bytes per token. The weights' rounding is B's only error, measured, not assumed: the line under "
+                   "the delta table says whether the greedy replies match, and after B's first reply the engine "
+                   "measures its top-1 agreement with the fp32 weights (engine info). B's first turn also rounds the "
+                   "weights (setup, inside TTFT): run the pair again for the TTFT that follows.",
+        "set": "open_questions", "item": 2,
+        "a": {"quantization": None}, "b": {"quantization": BF16_WEIGHTS_VARIANT},
+        "needs_variant": BF16_WEIGHTS_VARIANT,  # over an fp32 load, with our panel kernel (ui/compare/tab.py preset_missing)
+    },
     "quantization": {
         "title": f"Weights as loaded vs 4-bit ({QUANT_VARIANT})",
         "explain": f"Same prompt: A with the weights as loaded, B with {QUANT_VARIANT} (4-bit blocks, an int8 lm_head, "
@@ -122,7 +138,7 @@ TEACHING = {
                    "token can cost more than A's (engine info's kernels say which).",
         "set": "open_questions", "item": 2,
         "a": {"quantization": None}, "b": {"quantization": QUANT_VARIANT},
-        "needs_variant": QUANT_VARIANT,  # and its integer kernels (ui/compare/tab.py preset_missing)
+        "needs_variant": QUANT_VARIANT,  # and our integer kernels (ui/compare/tab.py preset_missing)
     },
 }
 
