@@ -64,7 +64,7 @@ def suite(peer_python: str | None, cuda: bool) -> list[Step]:
              load_flags=False),
         Step("bandwidth", "decode per weights variant, against the read bandwidth", "engine.bench",
              ["bandwidth", "--dtype", "fp32", "--rounds", "4", "--steps", "4",  # fp32 loaded: every
-              "--variants", "bf16,int8wo,int8wo+head,int4wo,int4wo+head,int8w8a+head,int4w8a+head8"],  # a downcast
+              "--variants", "bf16,bf16wo+head,int8wo,int8wo+head,int4wo,int4wo+head,int8w8a+head,int4w8a+head8"],  # a downcast
              ["bandwidth", "--rounds", "1", "--steps", "1",
                                                                 "--variants", "int8wo"]),
         Step("kv", "KV reuse: a 6-turn chat's last-turn TTFT", "engine.bench", ["kv", "--runs", "3"],
