@@ -16,6 +16,11 @@ reverse order, so that no engine always runs after the same one):
   keeps the previous prompt's KV and reuses the longest common prefix; we use the prefix cache).
 `ratio` = our best decode tok/s (short prompt) / llama.cpp's.
 
+`--peer-ggufs A.gguf,B.gguf`: more GGUF files llama.cpp runs in the same rounds, each its own peer (named by
+its file), e.g. the bundled weights in F32 and BF16 (scripts/gguf_export.py makes them offline in the
+llama-cpp-python venv) beside our fp32 and `bf16wo+head`: what bf16 weights buy llama.cpp on this CPU
+against what they buy us.
+
 ONNX Runtime GenAI is the second peer where `--ort-python` and `--ort-models` are given (its venv and
 the models its builder exported from the bundled model's cached transformers folder, offline:
 engine/bench/peer_ort.py gives the commands): the same token ids, in the same rounds, after llama.cpp.
@@ -31,6 +36,7 @@ import platform
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from engine.cli import comma_list
 from engine.bench import CHAT_PROMPTS, load_model, median, peer_ort, run_request
@@ -79,6 +85,9 @@ def add_args(p):
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, then the peers; every other round reversed)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens decoded per measured reply")
     p.add_argument("--warm-tokens", type=int, default=8, help="tokens generated in the warm-TTFT turn")
+    p.add_argument("--peer-ggufs", default="", type=comma_list(),
+                   help="more GGUF files llama.cpp runs, each its own peer beside the bundled Q4_1 (e.g. the same "
+                        "weights in F32 and BF16, made offline by scripts/gguf_export.py)")
     p.add_argument("--compare-variants", default="", type=comma_list(),
                    help="also measure these weight variants of ours (comma-separated, e.g. int8wo)")
     p.add_argument("--compiled", action="store_true",
@@ -171,6 +180,9 @@ def run(args, out):
     from engine.platform.capabilities import detect
     from engine.serving.variants import VariantSet
 
+    missing = [g for g in args.peer_ggufs if not os.path.isfile(g)]
+    if missing:
+        raise LatencyLabError(f"--peer-ggufs: no GGUF file at {missing[0]} (scripts/gguf_export.py makes one)")
     if not os.path.exists(args.peer_python):
         raise LatencyLabError(f"no llama-cpp-python venv at {args.peer_python}: build one (see "
                               "`python -m engine.bench peer --help`) or pass --peer-python")
@@ -200,9 +212,10 @@ def run(args, out):
                 f"step {info['top1_agreement']:.0%})")
             configs[f"{label} compiled"] = (served, True)
     ort_jobs = peer_ort.jobs(args, job)
-    runs = {"llama.cpp": [], **{name: [] for name in ort_jobs}, **{name: [] for name in configs}}
+    llama_jobs = {"llama.cpp": job, **{f"llama.cpp {Path(g).stem}": {**job, "gguf": g} for g in args.peer_ggufs}}
+    runs = {**{name: [] for name in llama_jobs}, **{name: [] for name in ort_jobs}, **{name: [] for name in configs}}
     turns = [(name, lambda c=c: ours(c[0], ids, args, c[1])) for name, c in configs.items()]
-    turns += [("llama.cpp", lambda: peer(args, job))]
+    turns += [(name, lambda j=j: peer(args, j)) for name, j in llama_jobs.items()]
     turns += [(name, lambda j=j: peer_ort.run_peer(args, j)) for name, j in ort_jobs.items()]
     for r in range(args.rounds):  # counterbalanced: every other round in the reverse order
         for name, run in turns if r % 2 == 0 else turns[::-1]:
@@ -228,9 +241,9 @@ def run(args, out):
             f"CPU/token, {row['tokens_short']:.0f} tokens), {row['decode_tps_long']:.1f} after {len(ids['long'])} tokens "
             f"({_ms(row['cpu_ms_per_token_long'])} CPU/token); cold TTFT {row['cold_ttft_ms']:.0f} ms; "
             f"warm TTFT {row['warm_ttft_ms']:.0f} ms")
-    peers = ["llama.cpp", *ort_jobs]
+    peers = [*llama_jobs, *ort_jobs]
     best = max((n for n in table if n not in peers), key=lambda n: table[n]["decode_tps_short"])
-    for name in ort_jobs:
+    for name in [*list(llama_jobs)[1:], *ort_jobs]:
         out(f"ours ({best}) ÷ {name}: decode {table[best]['decode_tps_short'] / table[name]['decode_tps_short']:.2f}x "
             f"short, {table[best]['decode_tps_long'] / table[name]['decode_tps_long']:.2f}x long; cold TTFT "
             f"{table[name]['cold_ttft_ms'] / table[best]['cold_ttft_ms']:.2f}x faster")
