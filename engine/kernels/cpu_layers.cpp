@@ -11,9 +11,10 @@
 // released once for the whole forward.
 //
 // weights: per layer, the attention norm weight, q/k/v's weights, o's, the MLP norm weight, gate/up's,
-// down's; a projection's weights are `kind`'s: 0, panels for fp32 rows (engine/kernels/cpu_gemm.py fp32_panels: of
-// fp32 weights, or of bf16wo's bf16 ones, widened exactly in fp32_mm); 1, int8 weights and fp32 scales; 2, 4-bit groups with their fp16 scales and offsets (the w8a
-// layers of engine/quant/w8a.py, through cpu_fused.cpp's projections in form `isa`). biases: per layer 4 (q/k/v, o,
+// down's; a projection's weights are `kind`'s: 0, panels for fp32 rows (engine/kernels/cpu_gemm.py fp32_panels:
+// of fp32 weights, or of bf16wo's bf16 ones, widened exactly in fp32_mm); 1, int8 weights and fp32 scales; 2,
+// 4-bit groups with their fp16 scales and offsets (the w8a layers of engine/quant/w8a.py, through cpu_fused.cpp's
+// projections in form `isa`). biases: per layer 4 (q/k/v, o,
 // gate/up, down), undefined where none. outs: the 4 projections' output sizes. Sequence b brings
 // lengths[b] rows from row offsets[b], at positions from starts[b]; `decode` lists the sequences
 // whose single row goes through our decode attention kernel, `others` those through SDPA with

@@ -208,7 +208,7 @@ def _cast(base: LoadedModel, dtype: torch.dtype) -> nn.Module:
 _BNB = {"int8": bnb.int8_linear, "nf4": bnb.four_bit_linear, "fp4": bnb.four_bit_linear}
 _WEIGHT_ONLY = {"int8wo": Int8WeightOnlyLinear.from_linear, "int4wo": Int4WeightOnlyLinear.from_linear}
 _FROM_LINEAR = {"int8w8a": w8a.Int8W8ALinear.from_linear, "int4w8a": w8a.Int4W8ALinear.from_linear,
-        "bf16wo": Bf16WeightLinear.from_linear}  # the layers that need no more than the linear
+                "bf16wo": Bf16WeightLinear.from_linear}  # the layers built from the linear alone
 
 
 def _quantized(base: LoadedModel, name: str, head: str | None, activations: Mapping[str, torch.dtype]) -> nn.Module:
