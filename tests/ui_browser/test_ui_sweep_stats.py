@@ -10,6 +10,7 @@ import re
 
 from .test_ui_page import open_ab, run_ab, set_number
 
+NO_DIFFERENCE = re.compile(r"no (practical )?difference.*")  # a paired table row's decision where it names no winner
 INTERVAL = re.compile(r"\d+\.\d{2,6}–\d+\.\d{2,6}")  # more than 2 decimals only beside 1 (stats.bound_text)
 
 
@@ -42,11 +43,13 @@ def named_winner(text) -> bool:
 
 
 def aa_verdict(page, text, rerun):
-    """An A/A sweep's verdict, and once more where it named a winner. A true A/A names one in at most
-    α of sweeps (tests/test_ui_stats_aa.py counts it over seeded draws: ~3%), so one such sweep on a
-    busy machine is a chance event, while a biased method (A always first) names one every time: a
-    second sweep that also names a winner fails the test; one that does not is what an A/A should read."""
-    if named_winner(text):
+    """An A/A sweep's verdict, and once more where it named a winner, in its verdict or in any row of its table.
+    A true A/A names one in at most α of sweeps (tests/test_ui_stats_aa.py counts it over seeded draws: ~3%),
+    so one such sweep on a busy machine is a chance event, while a biased method (A always first) names one
+    every time: a second sweep that also names a winner anywhere fails the test (assert_no_difference_anywhere);
+    one that does not is what an A/A should read. (The verdict speaks for TTFT, TPOT and total only; a CI run
+    beside a CPU-bound job once saw prefill alone named, 0.68-0.92, with the verdict clean.)"""
+    if named_winner(text) or any(not NO_DIFFERENCE.fullmatch(d) for _, d in decisions(page).values()):
         print(f"first A/A sweep named a winner (a chance event at rate <= α); sweeping again: {text}")
         page.evaluate("document.querySelector('#lab-sweep-summary .lab-verdict').remove()")  # wait for the new one
         text = rerun()
@@ -59,7 +62,7 @@ def assert_no_difference_anywhere(page, text, items):
     found = decisions(page)
     assert {"ttft_ms", "tpot_ms", "e2e_ms"} <= set(found), found
     for metric, (interval, decision) in found.items():
-        assert re.fullmatch(r"no (practical )?difference.*", decision), (metric, interval, decision)
+        assert NO_DIFFERENCE.fullmatch(decision), (metric, interval, decision)
     assert "A/A check" in page.inner_text("#lab-sweep-summary .lab-aa-note")
 
 
