@@ -35,6 +35,16 @@ def _rounded(model):
 
 @needs_kernels
 def test_bf16wo_gives_the_fp32_bits_of_its_rounded_weights_in_either_loop(bundled, monkeypatch):
+    _same_bits_as_rounded_fp32(bundled, monkeypatch)
+
+
+@needs_kernels
+def test_bf16wo_gives_the_fp32_bits_of_its_rounded_weights_on_a_tiny_model(tiny, monkeypatch):
+    """The same on the tiny model: quick enough for scripts/qemu_cpu_classes.sh (the AVX2 kernel under Haswell)."""
+    _same_bits_as_rounded_fp32(tiny, monkeypatch)
+
+
+def _same_bits_as_rounded_fp32(bundled, monkeypatch):
     variant = build(bundled, "bf16wo")[0].model
     assert all(type(m) is Bf16WeightLinear and m.weight.dtype == torch.bfloat16
                for blk in variant.blocks for m in (blk.qkv, blk.o, blk.gate_up, blk.down))
