@@ -250,19 +250,20 @@ def plain_cpu(linear: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
     """A plain (not quantized) Linear with a contiguous CPU weight of `dtype` (fp32; bf16: the panels of its
     bf16 weights): what our panel kernel takes. Tensor properties only, so the compiled step can ask it
     while tracing."""
-    w = getattr(linear, "weight", None)
-    return type(linear) is nn.Linear and w.dtype == dtype and w.device.type == "cpu" and w.is_contiguous()
+    return type(linear) is nn.Linear and _panel_weight(linear, dtype)
 
 
 def fp32_rows(linear: nn.Module) -> bool:
     """Whether our panel kernel takes `linear`'s fp32 rows to fp32 outputs: a plain fp32 Linear (fp32 panels), or
     a layer that keeps bf16 weights for fp32 products (engine/quant/bf16_weights.py, known by `bf16_weights`:
     bf16 panels, widened exactly). What the C++ layer loop's fp32 projections are."""
-    if plain_cpu(linear):
-        return True
+    return plain_cpu(linear) or (getattr(linear, "bf16_weights", False) and _panel_weight(linear, torch.bfloat16))
+
+
+def _panel_weight(linear: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether `linear`'s weight is one our panels can be made from: contiguous, on the CPU, of `dtype`."""
     w = getattr(linear, "weight", None)
-    return (getattr(linear, "bf16_weights", False) and w.dtype == torch.bfloat16 and w.device.type == "cpu"
-            and w.is_contiguous())
+    return w.dtype == dtype and w.device.type == "cpu" and w.is_contiguous()
 
 
 class _Panels:
