@@ -47,6 +47,14 @@ QUANT_VARIANT = "int4w8a+head8"
 # fp32 (engine/quant/bf16_weights.py), on our panel kernel; where that kernel cannot run, the preset says why.
 BF16_WEIGHTS_VARIANT = "bf16wo+head"
 
+
+def _weights_panes(variant: str) -> dict:
+    """A weights preset's panes: A with the weights as loaded, B with `variant` (which the preset needs), on the
+    same open question."""
+    return {"set": "open_questions", "item": 2, "a": {"quantization": None}, "b": {"quantization": variant},
+            "needs_variant": variant}  # over what load, with which of our kernels: ui/compare/tab.py preset_missing
+
+
 # Each teaching preset changes one thing between A and B, so the delta table shows one effect.
 TEACHING = {
     "kv_reuse": {
@@ -118,9 +126,7 @@ TEACHING = {
                    "the delta table says whether the greedy replies match, and after B's first reply the engine "
                    "measures its top-1 agreement with the fp32 weights (engine info). B's first turn also rounds the "
                    "weights (setup, inside TTFT): run the pair again for the TTFT that follows.",
-        "set": "open_questions", "item": 2,
-        "a": {"quantization": None}, "b": {"quantization": BF16_WEIGHTS_VARIANT},
-        "needs_variant": BF16_WEIGHTS_VARIANT,  # over an fp32 load, with our panel kernel (ui/compare/tab.py preset_missing)
+        **_weights_panes(BF16_WEIGHTS_VARIANT),
     },
     "quantization": {
         "title": f"Weights as loaded vs 4-bit ({QUANT_VARIANT})",
@@ -136,9 +142,7 @@ TEACHING = {
                    "16 rows at a time, where the CPU has AMX: the same bits, faster); with AVX2 "
                    "only, past 256 prompt tokens it takes the fp32 GEMM over dequantized weights, where B's first "
                    "token can cost more than A's (engine info's kernels say which).",
-        "set": "open_questions", "item": 2,
-        "a": {"quantization": None}, "b": {"quantization": QUANT_VARIANT},
-        "needs_variant": QUANT_VARIANT,  # and our integer kernels (ui/compare/tab.py preset_missing)
+        **_weights_panes(QUANT_VARIANT),
     },
 }
 
