@@ -44,11 +44,11 @@ def test_bf16wo_gives_the_fp32_bits_of_its_rounded_weights_on_a_tiny_model(tiny,
     _same_bits_as_rounded_fp32(tiny, monkeypatch)
 
 
-def _same_bits_as_rounded_fp32(bundled, monkeypatch):
-    variant = build(bundled, "bf16wo")[0].model
+def _same_bits_as_rounded_fp32(loaded, monkeypatch):
+    variant = build(loaded, "bf16wo")[0].model
     assert all(type(m) is Bf16WeightLinear and m.weight.dtype == torch.bfloat16
                for blk in variant.blocks for m in (blk.qkv, blk.o, blk.gate_up, blk.down))
-    reference = _rounded(bundled.model)
+    reference = _rounded(loaded.model)
     _layers(monkeypatch, True)
     ours, fp32 = _runner(variant), _runner(reference)
     assert ours.plan.layer_loop == fp32.plan.layer_loop == "cpp"
@@ -63,7 +63,7 @@ def _same_bits_as_rounded_fp32(bundled, monkeypatch):
     for got in ((logits, kv, alone), (py_logits, py_kv, py_alone)):
         assert all(torch.equal(a, b) for a, b in zip(got[0] + got[1] + got[2], ref_logits + ref_kv + ref_alone))
     # and they are not the unrounded fp32 model's: the rounding is the variant's one error
-    assert not torch.equal(alone[0], _alone_run(_runner(bundled.model))[0])
+    assert not torch.equal(alone[0], _alone_run(_runner(loaded.model))[0])
 
 
 @needs_kernels
